@@ -455,6 +455,80 @@ pub fn count_split(board: Board, spec: SplitSpec, stop: &AtomicBool) -> Option<T
     Some(tally)
 }
 
+/// The ring part of a complete solution under `spec` (its queens on ring lines).
+fn ring_of(spec: SplitSpec, s: &Prefix) -> Prefix {
+    let n = s.board().n();
+    let mut ring = Prefix::empty(s.board());
+    for (c, r) in s.queens() {
+        if spec.on_ring(n, c) || spec.on_ring(n, r) {
+            ring.place(c, r)
+                .expect("a subset of a valid placement is valid");
+        }
+    }
+    ring
+}
+
+/// Every solution that a stored completion stands for.
+///
+/// `rows` is a completion of a sub-problem of `spec` (its ring part canonical).
+/// The result holds one image of it per member of the ring's class, `weight`
+/// solutions in all, identity first. Over all completions of all sub-problems
+/// this lists every solution of the board exactly once (module docs, steps 2
+/// and 3), so an export can stream them without remembering what it wrote.
+///
+/// # Errors
+///
+/// [`ErrorKind::PrefixInvalid`] when `rows` is not a solution of its length, and
+/// [`ErrorKind::NotCanonical`] when its ring part is not canonical.
+pub fn images_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let (s, ring) = completion(spec, rows)?;
+    let mut seen_rings: Vec<Prefix> = Vec::with_capacity(8);
+    let mut out = Vec::with_capacity(8);
+    for g in Symmetry::ALL {
+        let image_ring = g.apply_prefix(&ring);
+        if !seen_rings.contains(&image_ring) {
+            seen_rings.push(image_ring);
+            out.push(g.apply_prefix(&s).rows().to_vec());
+        }
+    }
+    Ok(out)
+}
+
+/// The class representative to list for a stored completion, if this
+/// completion is the one that represents its class.
+///
+/// Each class of solutions meets the completions of its canonical ring in one
+/// orbit of the ring's stabilizer; the least member of that orbit answers
+/// `Some(canonical form of the class)` and the others `None`. Over all stored
+/// completions this yields every class exactly once.
+///
+/// # Errors
+///
+/// As [`images_of_completion`].
+pub fn unique_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Option<Vec<u8>>> {
+    let (s, ring) = completion(spec, rows)?;
+    let stab = Stabilizer::of(&ring);
+    let least = Symmetry::ALL
+        .iter()
+        .filter(|&&g| stab.contains(g))
+        .all(|&g| s <= g.apply_prefix(&s));
+    Ok(least.then(|| crate::symmetry::canonical_rows(rows)))
+}
+
+/// Validates a stored completion and splits off its ring part.
+fn completion(spec: SplitSpec, rows: &[u8]) -> Result<(Prefix, Prefix)> {
+    let n = u64::try_from(rows.len()).expect("a slice length fits in u64");
+    let s = Prefix::from_rows(Board::new(n)?, rows)?;
+    if !s.is_complete() {
+        return Err(Error::new(ErrorKind::NotCanonical));
+    }
+    let ring = ring_of(spec, &s);
+    if canonical(&ring).0 != ring {
+        return Err(Error::new(ErrorKind::NotCanonical));
+    }
+    Ok((s, ring))
+}
+
 /// Used by tests and by the CLI's `solutions --unique`: true when `rows` (a
 /// complete solution) is the canonical member of its class.
 pub fn is_canonical_solution(rows: &[u8]) -> bool {
@@ -607,6 +681,38 @@ mod tests {
                 ..ok
             };
             assert!(sym.check(spec, &odd).is_err());
+        }
+    }
+
+    #[test]
+    fn stored_completions_expand_to_every_solution_once() {
+        for n in 1..=9u8 {
+            let board = Board::new(n.into()).unwrap();
+            let spec = SplitSpec::new(1, 1).unwrap();
+            let mut all = vec![];
+            let mut unique = vec![];
+            for sub in split(board, spec) {
+                search::search(sub.prefix(), &mut |rows: &[u8]| {
+                    all.extend(images_of_completion(spec, rows).unwrap());
+                    unique.extend(unique_of_completion(spec, rows).unwrap());
+                    ControlFlow::Continue(())
+                });
+            }
+            let mut direct = vec![];
+            search::search(&Prefix::empty(board), &mut |rows: &[u8]| {
+                direct.push(rows.to_vec());
+                ControlFlow::Continue(())
+            });
+            all.sort();
+            assert_eq!(all, direct, "n={n}");
+            let mut want: Vec<_> = direct
+                .iter()
+                .filter(|r| is_canonical_solution(r))
+                .cloned()
+                .collect();
+            unique.sort();
+            want.sort();
+            assert_eq!(unique, want, "unique n={n}");
         }
     }
 
