@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::search::{self, CountStats};
+use crate::search::CountStats;
 use crate::split::{SubCounts, SubProblem};
 
 /// Solutions are handed to [`JobSink::solutions`] in batches of at most this
@@ -283,7 +283,7 @@ fn list(sub: &SubProblem, i: usize, job: &Job) -> Option<u64> {
     let mut batch = Vec::with_capacity(n * SOLUTION_BATCH.min(64));
     let mut count = 0u64;
     let mut stopped = false;
-    search::search(sub.prefix(), &mut |rows: &[u8]| {
+    sub.list(&mut |rows: &[u8]| {
         if job.stop.load(Ordering::Relaxed) {
             stopped = true;
             return std::ops::ControlFlow::Break(());

@@ -1,93 +1,117 @@
 //! The symmetric split of a search into sub-problems, and the fold of their
 //! counts into the total and unique counts.
 //!
-//! # The split (version 1)
+//! Two splits are implemented; [`SplitSpec::ring`] picks one. Both rest on
+//! the same facts about the *border*: the four lines column 0, column N−1,
+//! row 0 and row N−1. Every symmetry maps the border onto itself, and every
+//! solution has exactly one queen on each border line.
 //!
-//! Fix a ring depth `k ≥ 1`. The *ring* is the set of lines within distance
-//! `k` of the border: columns `0..k` and `N-k..N`, and the rows with the same
-//! numbers. Every symmetry of the board maps the ring onto itself (it maps the
-//! border lines onto border lines at the same depth).
+//! # The ring split (`ring = 1, 2, 3`)
 //!
-//! For a solution `S`, its *ring part* `R(S)` is the set of its queens that
-//! stand on a ring line. Because each line of a solution holds exactly one
-//! queen, `R(S)` has a queen on every ring line; call such a valid placement a
-//! *ring placement*. The split enumerates all ring placements, keeps the
-//! canonical member `P` of each symmetry class (the least image, see
-//! [`crate::symmetry`]), and gives it the weight `w(P) = 8 / |Stab(P)|`, the
-//! size of its class. Each kept `P` is then extended in every valid way over
-//! the next `extra` free columns, left to right; each extension is one
-//! [`SubProblem`].
+//! This is the Q27 project's design. Fix a depth `k`; the *ring* is the set of
+//! lines within `k` of the edge. For a solution `S`, its *ring part* `R(S)` is
+//! its queens on ring lines; it has a queen on every ring line (a *ring
+//! placement*). The split enumerates ring placements, keeps the canonical
+//! member `P` of each symmetry class (the least image, see
+//! [`crate::symmetry`]), and gives it the weight `w(P) = 8 / |Stab(P)|`.
 //!
-//! The completions of a sub-problem are the solutions that contain its prefix
-//! and have no other queen on a ring line. Since the ring placement of a
-//! sub-problem covers every ring line, the search places its queens on inner
-//! lines only, so "no other queen on a ring line" holds by construction.
+//! 1. *Partition.* Every solution has exactly one ring part, so the sets
+//!    `{S : R(S) = P}` partition the solutions.
+//! 2. *Equivariance.* `R(g S) = g R(S)` since `g` maps the ring onto itself,
+//!    so every member of the class of `P` has the same number of completions.
+//! 3. *Classes.* The class of `P` has `8 / |Stab(P)|` members and exactly one
+//!    canonical member. Hence `Q(N) = Σ_P w(P)·c(P)`.
 //!
-//! # Why the weighted sum is exactly Q(N)
+//! Pre-placing every ring queen makes each sub-problem repeat the top of the
+//! search tree, which is why the ring split is the slower one; it is kept as an
+//! independent second way to compute every count.
 //!
-//! 1. *Partition.* Every solution `S` has exactly one ring part `R(S)`, so the
-//!    sets `{S : R(S) = P}` over all ring placements `P` partition the solutions.
-//! 2. *Equivariance.* For a symmetry `g`, `R(g S) = g R(S)`, because `g` maps
-//!    the ring onto itself. So `S ↦ g S` is a bijection from `{S : R(S) = P}` to
-//!    `{S : R(S) = g P}`: every member of the class of `P` has the same number
-//!    of completions `c(P)`.
-//! 3. *Classes.* The class of `P` has `8 / |Stab(P)|` members (orbit-stabilizer),
-//!    and exactly one of them is canonical, since the order is total.
-//! 4. *Extensions.* Fixing the next `extra` free columns in every valid way
-//!    partitions the completions of `P` once more (each completion has exactly
-//!    one queen in each of those columns).
+//! # The border split (`ring = 0`, the default)
 //!
-//! Hence `Q(N) = Σ_P w(P)·c(P) = Σ_sub-problems w·count`. The unit tests check
-//! this coverage directly: for every N ≤ 11, every solution found by a plain
-//! search maps to exactly one sub-problem per class member.
+//! Give each border queen its *corner distance* `m`: its distance, along its
+//! border line, to the nearer end of that line (a queen in a corner has
+//! `m = 0`). Let `k` be the largest corner distance of the four border queens
+//! of a solution, and call the border queens with `m = k` its *tied set*. The
+//! images of a solution in which the column-0 queen has the largest corner
+//! distance and stands in the lower half, `rows[0] = k ≤ N−1−k`, are its
+//! *T-images*; every class has at least one. (`k ≥ 1`: four queens cannot all
+//! sit in corners, since corners on one line share it and opposite corners
+//! share a diagonal.)
 //!
-//! # Unique solutions
+//! Every class of solutions falls in exactly one of three cases, decided by
+//! the stabilizer of its tied set, which is the same for every member:
 //!
-//! By Burnside's lemma the number of classes of solutions is
-//! `U = (1/8) Σ_g Fix(g)`. Any `g` that fixes `S` fixes `R(S)`, so only the
-//! symmetries in `Stab(P)` can fix completions of `P`, and summing class by
-//! class gives `U = (1/8) Σ_P w(P) · Σ_{g ∈ Stab(P)} Fix_g(P)`, where
-//! `Fix_g(P)` counts the completions of `P` that `g` maps to themselves:
+//! 1. *One farthest queen* (the tied set is the column-0 queen alone, off the
+//!    middle row). One sub-problem per `k`: the queen at `(0, k)`, and on the
+//!    three other border lines every square with `m ≥ k` forbidden. Each class
+//!    has exactly one T-image, and no symmetry fixes its members (a symmetry
+//!    fixing `S` fixes its only farthest queen, and none fixes a single
+//!    border square off the middle). Weight 8.
+//! 2. *Several farthest queens, in a set that no symmetry fixes.* The tied
+//!    set is pre-placed and the border lines outside it are restricted to
+//!    `m < k` as above. Of the T-images of a class, which correspond one to
+//!    one with the T-images of its tied set, the split keeps the one whose
+//!    tied set is the least; there is exactly one because the tied set has no
+//!    symmetry. Its members have no symmetry either. Weight 8.
+//!    *Case 1b, odd N:* when the column-0 queen alone is farthest and stands
+//!    on the middle row, its tied set is fixed by the top-bottom mirror, and
+//!    both `S` and its mirror image are T-images. The mirror swaps the queens
+//!    of rows 0 and N−1 (keeping their columns), and those two columns differ,
+//!    so exactly one of the two images has its row-0 queen left of its
+//!    row-(N−1) queen. The split keeps that one: the row-0 queen is pre-placed
+//!    at each column `c`, and row N−1 is forbidden left of `c`. No other border
+//!    queen can tie with a middle one (each tie position shares a row or a
+//!    diagonal with it), and no symmetry fixes the members. Weight 8.
+//! 3. *A tied set with a symmetry* (rare). Here the whole border is
+//!    pre-placed as in the ring split: the sub-problem is the least T-image
+//!    `P` of the class of border placements, with weight `8 / |Stab(P)|`.
 //!
-//! * the identity fixes all `c(P)` completions;
-//! * the half turn and the quarter turns fix `fixed180` and `fixed90` of them
-//!   (`Rot270` fixes the same ones as `Rot90`, its inverse);
-//! * a reflection fixes no solution of N > 1: the mirror in an axis would put
-//!   two queens on one line, and the mirror in a diagonal would pair queens
-//!   `(x, y)` and `(y, x)` on one anti-diagonal, or put every queen on the
-//!   diagonal. For N = 1 it fixes the single solution.
+//! Cases 1 and 2 merge thousands of ring placements into one search whose
+//! masks prune as it goes, so the top of the tree is searched once.
 //!
-//! [`Tally`] accumulates `w·count` and `w·Σ_g Fix_g` and divides by 8 at the
-//! end; a remainder would prove a wrong input and is reported as an error.
+//! # Both splits: extensions, unique solutions, small boards
 //!
-//! # Small boards
+//! *Extensions.* Each base sub-problem is extended in every valid way over
+//! the next `extra` free columns (respecting its masks); each completion has
+//! exactly one queen in each of those columns, so this partitions again.
 //!
-//! When `2k ≥ N` the ring is the whole board and the "ring placements" are
-//! the solutions themselves, each a sub-problem with one completion. Nothing in
-//! the argument above assumes a large board, and the tests cover every N from 1.
+//! *Unique solutions.* By Burnside's lemma the number of classes is
+//! `U = (1/8) Σ_g Fix(g)`. A sub-problem with weight 8 contributes its count
+//! (no symmetry fixes its completions). For a ring placement `P`, only the
+//! symmetries in `Stab(P)` can fix completions, and the classes meeting the
+//! completions of `P` number `(1/|Stab(P)|) Σ_{g ∈ Stab(P)} Fix_g(P)`:
+//! the identity fixes all `c(P)` completions, the half turn `fixed180`, each
+//! quarter turn `fixed90`, and a reflection none for N > 1 (a mirror in an axis
+//! would put two queens on one line; a mirror in a diagonal pairs queens
+//! `(x, y)` and `(y, x)` on one anti-diagonal). [`Tally`] accumulates `8·U`
+//! exactly and divides at the end; a remainder is reported as an error.
+//!
+//! *Small boards.* For N < 4 the border split falls back to the ring split
+//! with `ring = 1`, whose ring is then the whole board (each sub-problem is a
+//! solution, and for N = 1 every reflection fixes it). The tests check every
+//! N from 1 against brute force.
 
 use std::sync::atomic::AtomicBool;
 
-use crate::board::{Board, EMPTY, Prefix};
+use crate::board::{Board, EMPTY, MAX_N, Prefix};
 use crate::error::{Error, ErrorKind, Result};
-use crate::search::{self, CountStats};
+use crate::search::{self, CountStats, Outcome, Sink};
 use crate::symmetry::{Stabilizer, Symmetry, canonical};
 
-/// The version of the split algorithm. It changes whenever the list of
+/// The version of the split algorithms. It changes whenever the list of
 /// sub-problems for a given `(N, SplitSpec)` could change, so that stored runs
 /// and workers can refuse a mismatch.
 pub const SPLIT_VERSION: u32 = 1;
 
-/// How finely to split: the depth of the symmetric ring and the number of
-/// extra columns pre-placed after it.
+/// Which split, and how finely: see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitSpec {
-    /// Ring depth `k ≥ 1`: lines within `k` of the border are pre-placed and
-    /// reduced by symmetry. `1` gives about N⁴/16 sub-problems; `2` about
-    /// N⁸/300 and suits only very large runs.
+    /// `0`: the border split (fast, the default). `1..=3`: the ring split with
+    /// that ring depth (`2` gives about N⁸/300 sub-problems and suits only
+    /// very large runs).
     pub ring: u8,
-    /// Free columns filled after the ring, each multiplying the number of
-    /// sub-problems by up to N (plain partition, no symmetry).
+    /// Free columns filled after the base placement, each multiplying the
+    /// number of sub-problems by up to N (plain partition, no symmetry).
     pub extra: u8,
 }
 
@@ -96,11 +120,11 @@ impl SplitSpec {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::SplitInvalid`] when `ring` is not 1..=3 or `extra` exceeds 8.
+    /// [`ErrorKind::SplitInvalid`] when `ring` is not 0..=3 or `extra` exceeds 8.
     pub fn new(ring: u8, extra: u8) -> Result<SplitSpec> {
-        if !(1..=3).contains(&ring) {
+        if ring > 3 {
             return Err(split_invalid(format!(
-                "ring depth {ring} is not supported: use 1, 2 or 3"
+                "ring depth {ring} is not supported: use 0 (border split), 1, 2 or 3"
             )));
         }
         if extra > 8 {
@@ -111,35 +135,66 @@ impl SplitSpec {
         Ok(SplitSpec { ring, extra })
     }
 
-    /// The spec used for counting on one machine: a one-deep ring, with extra
-    /// columns added until there are at least `min_subproblems` sub-problems
-    /// (estimated as `N⁴/16 · (N/2)^extra`), so that threads stay busy to the end.
+    /// The border split with the fewest extra columns that gives at least
+    /// `min_subproblems` sub-problems (at most 6 extra columns), so that
+    /// threads stay busy to the end.
     pub fn for_count(board: Board, min_subproblems: u64) -> SplitSpec {
-        let n = u64::from(board.n());
-        let mut estimate = (n.pow(4) / 16).max(1);
-        let mut extra = 0;
-        while estimate < min_subproblems && extra < 4 && u64::from(extra) + 6 < n {
-            estimate *= (n / 2).max(1);
-            extra += 1;
+        let mut spec = SplitSpec { ring: 0, extra: 0 };
+        while spec.extra < 6
+            && (split(board, spec).len() as u64) < min_subproblems
+            && usize::from(spec.extra) + 4 < board.len()
+        {
+            spec.extra += 1;
         }
-        SplitSpec { ring: 1, extra }
+        spec
     }
 
-    /// True when square line `i` (a column or a row index) is on the ring.
-    fn on_ring(self, n: u8, i: u8) -> bool {
-        i < self.ring || i + self.ring >= n
+    fn strategy(self, n: u8) -> Strategy {
+        match self.ring {
+            0 if n >= 4 => Strategy::Border,
+            0 => Strategy::Ring(1),
+            depth => Strategy::Ring(depth),
+        }
     }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Strategy {
+    Border,
+    Ring(u8),
 }
 
 fn split_invalid(reason: String) -> Error {
     Error::new(ErrorKind::SplitInvalid { reason })
 }
 
-/// One unit of work: a prefix to complete, with the symmetry data of its ring.
+/// Border lines, as bits of [`Kind::Border::strict`].
+const LINE_RIGHT: u8 = 1; // column N−1
+const LINE_BOTTOM: u8 = 2; // row 0
+const LINE_TOP: u8 = 4; // row N−1
+
+/// How a sub-problem's completions are constrained and weighted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Border split, cases 1, 1b and 2: the column-0 queen is at row `k`, the
+    /// border lines in `strict` must hold their queen at corner distance < k,
+    /// and no symmetry fixes a completion.
+    Border {
+        k: u8,
+        strict: u8,
+        /// Case 1b: row N−1 is forbidden left of the row-0 queen.
+        top_after_bottom: bool,
+    },
+    /// A complete ring (or border) placement and its stabilizer.
+    Ring { stabilizer: Stabilizer },
+}
+
+/// One unit of work: a prefix to complete, with the constraints and symmetry
+/// data of its class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SubProblem {
     prefix: Prefix,
-    stabilizer: Stabilizer,
+    kind: Kind,
 }
 
 /// The counts a worker reports for one sub-problem.
@@ -147,53 +202,216 @@ pub struct SubProblem {
 pub struct SubCounts {
     /// Completions of the sub-problem's prefix.
     pub count: u128,
-    /// Completions that the half turn maps to themselves; 0 unless the ring is
-    /// symmetric under the half turn.
+    /// Completions that the half turn maps to themselves; 0 unless the
+    /// sub-problem's ring placement is symmetric under the half turn.
     pub fixed180: u128,
-    /// Completions that the quarter turn maps to themselves; 0 unless the ring
-    /// is symmetric under the quarter turn.
+    /// Completions that the quarter turn maps to themselves; 0 unless the
+    /// ring placement is symmetric under the quarter turn.
     pub fixed90: u128,
 }
 
+/// Corner distance of position `p` on a line of `n` squares.
+fn corner(n: u8, p: u8) -> u8 {
+    p.min(n - 1 - p)
+}
+
+/// The corner distance of a queen on the border, `None` inside the board.
+/// A corner queen lies on two border lines, at distance 0 on both.
+fn border_m(n: u8, (c, r): (u8, u8)) -> Option<u8> {
+    let on_col = c == 0 || c == n - 1;
+    let on_row = r == 0 || r == n - 1;
+    match (on_col, on_row) {
+        (true, true) => Some(0),
+        (true, false) => Some(corner(n, r)),
+        (false, true) => Some(corner(n, c)),
+        (false, false) => None,
+    }
+}
+
+/// The queens of `p` on the border with corner distance exactly `k`.
+fn tied_set(p: &Prefix, k: u8) -> Prefix {
+    let n = p.board().n();
+    let mut out = Prefix::empty(p.board());
+    for q in p.queens().filter(|&q| border_m(n, q) == Some(k)) {
+        out.place(q.0, q.1)
+            .expect("a subset of a valid placement is valid");
+    }
+    out
+}
+
+/// The queens of `p` on ring lines of depth `depth` (depth 1: the border).
+fn ring_part(p: &Prefix, depth: u8) -> Prefix {
+    let n = p.board().n();
+    let on = |i: u8| i < depth || i + depth >= n;
+    let mut out = Prefix::empty(p.board());
+    for (c, r) in p.queens().filter(|&(c, r)| on(c) || on(r)) {
+        out.place(c, r)
+            .expect("a subset of a valid placement is valid");
+    }
+    out
+}
+
+/// True when `p` has a queen on every ring line of depth `depth`.
+fn ring_complete(p: &Prefix, depth: u8) -> bool {
+    let n = p.board().n();
+    let used = p.used_rows();
+    (0..n)
+        .filter(|&i| i < depth || i + depth >= n)
+        .all(|i| p.get(i).is_some() && used & (1 << i) != 0)
+}
+
+/// The column of the queen on row 0. The caller MUST know there is one.
+fn bottom_col(p: &Prefix) -> u8 {
+    p.queens()
+        .find(|&(_, r)| r == 0)
+        .expect("a queen on row 0")
+        .0
+}
+
+/// True when `x` is the least of its T-images (images whose column-0 queen
+/// is at row `k`; see the module docs). `x` itself must be one.
+fn least_t_image(x: &Prefix, k: u8) -> bool {
+    Symmetry::ALL.iter().all(|g| {
+        let img = g.apply_prefix(x);
+        img.get(0) != Some(k) || *x <= img
+    })
+}
+
+/// Rows forbidden by the `strict` border lines for a border sub-problem at
+/// distance `k`, per column; with `top_before`, row N−1 is also forbidden in
+/// the columns left of that one (case 1b).
+fn strict_masks(
+    n: u8,
+    k: u8,
+    strict: u8,
+    top_before: Option<u8>,
+) -> [u32; MAX_N as usize] {
+    let mut f = [0u32; MAX_N as usize];
+    for c in 0..top_before.unwrap_or(0) {
+        f[usize::from(c)] |= 1 << (n - 1);
+    }
+    for p in (0..n).filter(|&p| corner(n, p) >= k) {
+        if strict & LINE_RIGHT != 0 {
+            f[usize::from(n - 1)] |= 1 << p;
+        }
+        if strict & LINE_BOTTOM != 0 {
+            f[usize::from(p)] |= 1;
+        }
+        if strict & LINE_TOP != 0 {
+            f[usize::from(p)] |= 1 << (n - 1);
+        }
+    }
+    f
+}
+
 impl SubProblem {
-    /// Rebuilds a sub-problem from its prefix (as received from a coordinator)
-    /// and checks that it belongs to the split `spec` of its board.
+    /// Rebuilds a sub-problem from its prefix (as received from a coordinator
+    /// or read from a store) and checks that it belongs to the split `spec`.
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::NotCanonical`] when the ring part is incomplete or not
-    /// canonical, or the extra queens are not in the first free columns.
+    /// [`ErrorKind::NotCanonical`] when the prefix is not one of the split's
+    /// sub-problems.
     pub fn from_prefix(spec: SplitSpec, prefix: Prefix) -> Result<SubProblem> {
+        let not = || Error::new(ErrorKind::NotCanonical);
         let n = prefix.board().n();
-        let mut ring = Prefix::empty(prefix.board());
-        for (c, r) in prefix.queens() {
-            if spec.on_ring(n, c) || spec.on_ring(n, r) {
-                ring.place(c, r)
-                    .expect("a subset of a valid placement is valid");
+        let (base, kind) = match spec.strategy(n) {
+            Strategy::Ring(depth) => {
+                let ring = ring_part(&prefix, depth);
+                if !ring_complete(&ring, depth) || canonical(&ring).0 != ring {
+                    return Err(not());
+                }
+                (
+                    ring,
+                    Kind::Ring {
+                        stabilizer: Stabilizer::of(&ring),
+                    },
+                )
             }
-        }
-        let complete = (0..n)
-            .filter(|&i| spec.on_ring(n, i))
-            .all(|i| ring.get(i).is_some() && ring.used_rows() & (1 << i) != 0);
-        if !complete || canonical(&ring).0 != ring {
-            return Err(Error::new(ErrorKind::NotCanonical));
-        }
-        // The extra queens must fill exactly the first free columns of the ring.
-        let extras = prefix.len() - ring.len();
+            Strategy::Border => {
+                let k = prefix.get(0).ok_or_else(not)?;
+                if k == 0 || k > n - 1 - k {
+                    return Err(not());
+                }
+                if prefix
+                    .queens()
+                    .any(|q| border_m(n, q).is_some_and(|m| m > k))
+                {
+                    return Err(not());
+                }
+                let tied = tied_set(&prefix, k);
+                if k == n - 1 - k && tied.len() == 1 {
+                    // Case 1b: the base is the column-0 queen and the row-0 queen.
+                    let (c, _) =
+                        prefix.queens().find(|&(_, r)| r == 0).ok_or_else(not)?;
+                    if c == n - 1 {
+                        return Err(not());
+                    }
+                    let mut base = tied;
+                    base.place(c, 0).map_err(|_| not())?;
+                    let kind = Kind::Border {
+                        k,
+                        strict: LINE_RIGHT | LINE_TOP,
+                        top_after_bottom: true,
+                    };
+                    (base, kind)
+                } else if Stabilizer::of(&tied).order() == 1 {
+                    if !least_t_image(&tied, k) {
+                        return Err(not());
+                    }
+                    let used = tied.used_rows();
+                    let mut strict = 0;
+                    if tied.get(n - 1).is_none() {
+                        strict |= LINE_RIGHT;
+                    }
+                    if used & 1 == 0 {
+                        strict |= LINE_BOTTOM;
+                    }
+                    if used & (1 << (n - 1)) == 0 {
+                        strict |= LINE_TOP;
+                    }
+                    (
+                        tied,
+                        Kind::Border {
+                            k,
+                            strict,
+                            top_after_bottom: false,
+                        },
+                    )
+                } else {
+                    let ring = ring_part(&prefix, 1);
+                    if !ring_complete(&ring, 1) || !least_t_image(&ring, k) {
+                        return Err(not());
+                    }
+                    (
+                        ring,
+                        Kind::Ring {
+                            stabilizer: Stabilizer::of(&ring),
+                        },
+                    )
+                }
+            }
+        };
+        // The other queens must fill exactly the first free columns of the base.
         let expected: Vec<u8> = (0..n)
-            .filter(|&c| ring.get(c).is_none())
+            .filter(|&c| base.get(c).is_none())
             .take(usize::from(spec.extra))
             .collect();
         let actual: Vec<u8> = (0..n)
-            .filter(|&c| ring.get(c).is_none() && prefix.get(c).is_some())
+            .filter(|&c| base.get(c).is_none() && prefix.get(c).is_some())
             .collect();
-        if extras != expected.len() || actual != expected {
-            return Err(Error::new(ErrorKind::NotCanonical));
+        if actual != expected {
+            return Err(not());
         }
-        Ok(SubProblem {
-            prefix,
-            stabilizer: Stabilizer::of(&ring),
-        })
+        let sub = SubProblem { prefix, kind };
+        let forbidden = sub.forbidden();
+        if prefix
+            .queens()
+            .any(|(c, r)| forbidden[usize::from(c)] & (1 << r) != 0)
+        {
+            return Err(not());
+        }
+        Ok(sub)
     }
 
     /// The partial placement to complete.
@@ -201,23 +419,44 @@ impl SubProblem {
         &self.prefix
     }
 
-    /// The symmetries that fix the sub-problem's ring placement.
+    /// The symmetries that can fix a completion: those of the ring placement
+    /// for ring sub-problems, the identity alone otherwise.
     pub fn stabilizer(&self) -> Stabilizer {
-        self.stabilizer
+        match self.kind {
+            Kind::Border { .. } => Stabilizer::trivial(),
+            Kind::Ring { stabilizer } => stabilizer,
+        }
     }
 
-    /// How many solutions each completion stands for: the size of the ring's
-    /// symmetry class, 8, 4, 2 or (N = 1 only) 1.
+    /// How many solutions each completion stands for: 8, 4, 2 or (N = 1
+    /// only) 1.
     pub fn weight(&self) -> u32 {
-        self.stabilizer.orbit_size()
+        self.stabilizer().orbit_size()
+    }
+
+    /// Squares the completions must avoid, as a row mask per column.
+    fn forbidden(&self) -> [u32; MAX_N as usize] {
+        match self.kind {
+            Kind::Border {
+                k,
+                strict,
+                top_after_bottom,
+            } => {
+                let n = self.prefix.board().n();
+                let bottom = top_after_bottom.then(|| bottom_col(&self.prefix));
+                strict_masks(n, k, strict, bottom)
+            }
+            Kind::Ring { .. } => [0; MAX_N as usize],
+        }
     }
 
     /// Counts the completions, and the symmetric ones when the ring is
     /// symmetric. Returns `None` when `stop` was set.
     pub fn solve(&self, stop: &AtomicBool) -> Option<(SubCounts, CountStats)> {
-        let stats = search::count_stats(&self.prefix, stop)?;
+        let stats = search::count_masked(&self.prefix, &self.forbidden(), stop)?;
+        let stab = self.stabilizer();
         let fixed = |g: Symmetry| -> Option<u128> {
-            if self.stabilizer.contains(g) {
+            if stab.contains(g) {
                 search::count_fixed(&self.prefix, g, stop)
             } else {
                 Some(0)
@@ -231,11 +470,40 @@ impl SubProblem {
         Some((counts, stats))
     }
 
+    /// Lists the completions in lexicographic order, passing each to `sink`
+    /// until it returns `Break`.
+    pub fn list<S: Sink + ?Sized>(&self, sink: &mut S) -> Outcome {
+        search::search_masked(&self.prefix, &self.forbidden(), sink)
+    }
+
+    /// True when `rows` (a complete placement) is a completion of this
+    /// sub-problem: a solution that contains the prefix and avoids its
+    /// forbidden squares. Lets a coordinator check every reported solution.
+    pub fn is_completion(&self, rows: &[u8]) -> bool {
+        let Ok(s) = Prefix::from_rows(self.prefix.board(), rows) else {
+            return false;
+        };
+        let forbidden = self.forbidden();
+        s.is_complete()
+            && self.prefix.queens().all(|(c, r)| s.get(c) == Some(r))
+            && s.queens()
+                .all(|(c, r)| forbidden[usize::from(c)] & (1 << r) == 0)
+            && match self.kind {
+                // The inner search cannot reach ring lines, but a stored
+                // solution could: check that its ring part is the prefix's.
+                Kind::Ring { .. } => {
+                    let depth = ring_depth_of(&self.prefix);
+                    ring_part(&s, depth) == ring_part(&self.prefix, depth)
+                }
+                Kind::Border { .. } => true,
+            }
+    }
+
     /// An estimate of the work of [`SubProblem::solve`], in arbitrary units that
     /// are comparable within one split. Used for progress, ETA and job sizes,
     /// never for counts.
     pub fn estimate(&self) -> u64 {
-        search::estimate_work(&self.prefix)
+        search::estimate_work(&self.prefix, &self.forbidden())
     }
 
     /// Checks reported counts against invariants that every true result
@@ -247,14 +515,12 @@ impl SubProblem {
     /// [`ErrorKind::CountsInvalid`] naming the broken invariant.
     pub fn check(&self, spec: SplitSpec, c: &SubCounts) -> Result<()> {
         let bad = |reason| Err(Error::new(ErrorKind::CountsInvalid { reason }));
-        let stab = self.stabilizer;
+        let stab = self.stabilizer();
         if !stab.contains(Symmetry::Rot180) && c.fixed180 != 0 {
-            return bad("fixed180 is not 0 although the half turn does not fix the ring");
+            return bad("fixed180 is not 0 although the half turn fixes no completion");
         }
         if !stab.contains(Symmetry::Rot90) && c.fixed90 != 0 {
-            return bad(
-                "fixed90 is not 0 although the quarter turn does not fix the ring",
-            );
+            return bad("fixed90 is not 0 although the quarter turn fixes no completion");
         }
         if c.fixed180 > c.count || c.fixed90 > c.fixed180 {
             return bad(
@@ -266,7 +532,9 @@ impl SubProblem {
         }
         // With no extra columns the stabilizer acts on this sub-problem's own
         // completions, so its orbits give exact divisibility conditions.
-        if spec.extra == 0 || self.prefix.is_complete() {
+        if matches!(self.kind, Kind::Ring { .. })
+            && (spec.extra == 0 || self.prefix.is_complete())
+        {
             if stab.contains(Symmetry::Rot180) && (c.count - c.fixed180) % 2 != 0 {
                 return bad("completions not fixed by the half turn must come in pairs");
             }
@@ -283,11 +551,9 @@ impl SubProblem {
     /// `Σ_{g ∈ Stab} Fix_g` for this sub-problem (see the module docs).
     fn orbit_sum(&self, c: &SubCounts) -> Result<u128> {
         let n = self.prefix.board().n();
+        let stab = self.stabilizer();
         let mut sum = 0u128;
-        for g in Symmetry::ALL {
-            if !self.stabilizer.contains(g) {
-                continue;
-            }
+        for g in Symmetry::ALL.into_iter().filter(|&g| stab.contains(g)) {
             let fixed = match g {
                 Symmetry::Identity => c.count,
                 Symmetry::Rot180 => c.fixed180,
@@ -302,6 +568,15 @@ impl SubProblem {
         }
         Ok(sum)
     }
+}
+
+/// The ring depth of a ring sub-problem's prefix: the largest depth whose
+/// ring it fills (the border split's case 3 and `ring = 1` use depth 1).
+fn ring_depth_of(p: &Prefix) -> u8 {
+    (1..=3u8)
+        .rev()
+        .find(|&d| ring_complete(&ring_part(p, d), d))
+        .unwrap_or(1)
 }
 
 /// The running totals of a split: folds sub-problem counts into Q(N) and U(N).
@@ -365,75 +640,192 @@ impl Tally {
 /// their prefixes. Deterministic: the same inputs give the same list on every
 /// machine (the basis of job ids in stored runs).
 pub fn split(board: Board, spec: SplitSpec) -> Vec<SubProblem> {
-    let n = board.n();
-    let ring_cols: Vec<u8> = (0..n).filter(|&i| spec.on_ring(n, i)).collect();
-    let mut rings = vec![];
-    place_ring_cols(&ring_cols, 0, Prefix::empty(board), spec, &mut rings);
+    let bases = match spec.strategy(board.n()) {
+        Strategy::Ring(depth) => ring_bases(board, depth),
+        Strategy::Border => border_bases(board),
+    };
     let mut out = vec![];
-    for ring in rings {
-        let stabilizer = Stabilizer::of(&ring);
-        extend(ring, spec.extra, &mut |prefix| {
-            out.push(SubProblem { prefix, stabilizer })
+    for (base, kind) in bases {
+        let sub = SubProblem { prefix: base, kind };
+        let forbidden = sub.forbidden();
+        extend(base, spec.extra, &forbidden, &mut |prefix| {
+            out.push(SubProblem { prefix, kind });
         });
     }
     out.sort_by(|a, b| a.prefix.cmp(&b.prefix));
     out
 }
 
-/// Step 1: a row for every ring column.
-fn place_ring_cols(
-    cols: &[u8],
-    i: usize,
-    p: Prefix,
-    spec: SplitSpec,
-    out: &mut Vec<Prefix>,
-) {
-    let n = p.board().n();
-    let Some(&c) = cols.get(i) else {
-        place_ring_rows(0, p, spec, out);
-        return;
+/// The canonical ring placements of the ring split.
+fn ring_bases(board: Board, depth: u8) -> Vec<(Prefix, Kind)> {
+    let n = board.n();
+    let on = |i: u8| i < depth || i + depth >= n;
+    let ring_cols: Vec<u8> = (0..n).filter(|&i| on(i)).collect();
+    let mut rings = vec![];
+    // Step 1: a row for every ring column. Step 2: a queen on an inner column
+    // for every ring row still empty.
+    fill_cols(&ring_cols, Prefix::empty(board), &mut |p| {
+        fill_rows(p, &on, &mut |ring| {
+            if canonical(&ring).0 == ring {
+                rings.push(ring);
+            }
+        });
+    });
+    rings
+        .into_iter()
+        .map(|r| {
+            (
+                r,
+                Kind::Ring {
+                    stabilizer: Stabilizer::of(&r),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Every valid way to put a queen in each of `cols`.
+fn fill_cols(cols: &[u8], p: Prefix, emit: &mut dyn FnMut(Prefix)) {
+    let Some((&c, rest)) = cols.split_first() else {
+        return emit(p);
     };
-    for r in 0..n {
+    for r in 0..p.board().n() {
         if p.allows(c, r) {
             let mut q = p;
             q.place(c, r).expect("allowed square");
-            place_ring_cols(cols, i + 1, q, spec, out);
+            fill_cols(rest, q, emit);
         }
     }
 }
 
-/// Step 2: a queen on an inner column for every ring row still empty. Keeps the
-/// canonical complete ring placements.
-fn place_ring_rows(from: u8, p: Prefix, spec: SplitSpec, out: &mut Vec<Prefix>) {
+/// Every valid way to give each empty row `r` with `on(r)` a queen on a
+/// column with `!on(c)`.
+fn fill_rows(p: Prefix, on: &dyn Fn(u8) -> bool, emit: &mut dyn FnMut(Prefix)) {
     let n = p.board().n();
     let used = p.used_rows();
-    let Some(r) = (from..n).find(|&r| spec.on_ring(n, r) && used & (1 << r) == 0) else {
-        if canonical(&p).0 == p {
-            out.push(p);
-        }
-        return;
+    let Some(r) = (0..n).find(|&r| on(r) && used & (1 << r) == 0) else {
+        return emit(p);
     };
-    for c in (0..n).filter(|&c| !spec.on_ring(n, c)) {
+    for c in (0..n).filter(|&c| !on(c)) {
         if p.allows(c, r) {
             let mut q = p;
             q.place(c, r).expect("allowed square");
-            place_ring_rows(r + 1, q, spec, out);
+            fill_rows(q, on, emit);
         }
     }
 }
 
-/// Step 3: fill the next `extra` free columns in every valid way.
-fn extend(p: Prefix, extra: u8, emit: &mut dyn FnMut(Prefix)) {
+/// The base sub-problems of the border split (module docs, cases 1 to 3).
+fn border_bases(board: Board) -> Vec<(Prefix, Kind)> {
+    let n = board.n();
+    let mut out = vec![];
+    for k in (1..n).take_while(|&k| k <= n - 1 - k) {
+        // Each line other than column 0 is either strict (None) or tied at
+        // one of the (one or two) positions with corner distance k.
+        let mut options = vec![None, Some(k)];
+        if n - 1 - k != k {
+            options.push(Some(n - 1 - k));
+        }
+        for &right in &options {
+            for &bottom in &options {
+                for &top in &options {
+                    let mut x = Prefix::empty(board);
+                    x.place(0, k).expect("first queen");
+                    let tied_ok = right.is_none_or(|r| x.place(n - 1, r).is_ok())
+                        && bottom.is_none_or(|c| x.place(c, 0).is_ok())
+                        && top.is_none_or(|c| x.place(c, n - 1).is_ok());
+                    if !tied_ok {
+                        continue;
+                    }
+                    let strict =
+                        [(right, LINE_RIGHT), (bottom, LINE_BOTTOM), (top, LINE_TOP)]
+                            .iter()
+                            .filter(|(o, _)| o.is_none())
+                            .fold(0, |s, &(_, bit)| s | bit);
+                    if k == n - 1 - k && x.len() == 1 {
+                        // Case 1b: the row-0 queen left of the row-(N−1) queen.
+                        for c in 1..n - 1 {
+                            let mut y = x;
+                            if c != k && y.place(c, 0).is_ok() {
+                                let strict = LINE_RIGHT | LINE_TOP;
+                                out.push((
+                                    y,
+                                    Kind::Border {
+                                        k,
+                                        strict,
+                                        top_after_bottom: true,
+                                    },
+                                ));
+                            }
+                        }
+                    } else if Stabilizer::of(&x).order() == 1 {
+                        if least_t_image(&x, k) {
+                            out.push((
+                                x,
+                                Kind::Border {
+                                    k,
+                                    strict,
+                                    top_after_bottom: false,
+                                },
+                            ));
+                        }
+                    } else {
+                        // Case 3: complete the border on the strict lines.
+                        complete_border(x, k, strict, &mut |ring| {
+                            if least_t_image(&ring, k) {
+                                let stabilizer = Stabilizer::of(&ring);
+                                out.push((ring, Kind::Ring { stabilizer }));
+                            }
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every valid way to give each strict border line a queen with corner
+/// distance below `k`. The right column goes first, so that a corner queen
+/// there also fills row 0 or row N−1.
+fn complete_border(x: Prefix, k: u8, strict: u8, emit: &mut dyn FnMut(Prefix)) {
+    let n = x.board().n();
+    let near = move |p: u8| corner(n, p) < k;
+    let used = x.used_rows();
+    if strict & LINE_RIGHT != 0 && x.get(n - 1).is_none() {
+        for r in (0..n).filter(|&r| near(r) && x.allows(n - 1, r)) {
+            let mut q = x;
+            q.place(n - 1, r).expect("allowed square");
+            complete_border(q, k, strict, emit);
+        }
+        return;
+    }
+    for (bit, row) in [(LINE_BOTTOM, 0), (LINE_TOP, n - 1)] {
+        if strict & bit != 0 && used & (1 << row) == 0 {
+            for c in (0..n).filter(|&c| near(c) && x.allows(c, row)) {
+                let mut q = x;
+                q.place(c, row).expect("allowed square");
+                complete_border(q, k, strict, emit);
+            }
+            return;
+        }
+    }
+    emit(x);
+}
+
+/// Fills the next `extra` free columns in every valid way that avoids
+/// `forbidden`.
+fn extend(p: Prefix, extra: u8, forbidden: &[u32], emit: &mut dyn FnMut(Prefix)) {
     let n = p.board().n();
     let Some(c) = (0..n).find(|&c| p.get(c).is_none()).filter(|_| extra > 0) else {
         emit(p);
         return;
     };
     for r in 0..n {
-        if p.allows(c, r) {
+        if forbidden[usize::from(c)] & (1 << r) == 0 && p.allows(c, r) {
             let mut q = p;
             q.place(c, r).expect("allowed square");
-            extend(q, extra - 1, emit);
+            extend(q, extra - 1, forbidden, emit);
         }
     }
 }
@@ -455,39 +847,75 @@ pub fn count_split(board: Board, spec: SplitSpec, stop: &AtomicBool) -> Option<T
     Some(tally)
 }
 
-/// The ring part of a complete solution under `spec` (its queens on ring lines).
-fn ring_of(spec: SplitSpec, s: &Prefix) -> Prefix {
-    let n = s.board().n();
-    let mut ring = Prefix::empty(s.board());
-    for (c, r) in s.queens() {
-        if spec.on_ring(n, c) || spec.on_ring(n, r) {
-            ring.place(c, r)
-                .expect("a subset of a valid placement is valid");
-        }
+/// Rebuilds the sub-problem that a stored completion belongs to.
+fn owner(spec: SplitSpec, rows: &[u8]) -> Result<(Prefix, SubProblem)> {
+    let n = u64::try_from(rows.len()).expect("a slice length fits in u64");
+    let s = Prefix::from_rows(Board::new(n)?, rows)?;
+    if !s.is_complete() {
+        return Err(Error::new(ErrorKind::NotCanonical));
     }
-    ring
+    // The owner's prefix is the completion cut down to the base placement
+    // plus the first `extra` free columns of that base.
+    let nn = s.board().n();
+    let base = match spec.strategy(nn) {
+        Strategy::Ring(depth) => ring_part(&s, depth),
+        Strategy::Border => {
+            let k = s.get(0).expect("complete");
+            let mut tied = tied_set(&s, k);
+            if k == nn - 1 - k && tied.len() == 1 {
+                tied.place(bottom_col(&s), 0)
+                    .map_err(|_| Error::new(ErrorKind::NotCanonical))?;
+                tied
+            } else if Stabilizer::of(&tied).order() == 1 {
+                tied
+            } else {
+                ring_part(&s, 1)
+            }
+        }
+    };
+    let mut prefix = base;
+    for c in (0..nn)
+        .filter(|&c| base.get(c).is_none())
+        .take(usize::from(spec.extra))
+    {
+        prefix
+            .place(c, s.get(c).expect("complete"))
+            .expect("subset of a solution");
+    }
+    let sub = SubProblem::from_prefix(spec, prefix)?;
+    if !sub.is_completion(rows) {
+        return Err(Error::new(ErrorKind::NotCanonical));
+    }
+    Ok((s, sub))
 }
 
 /// Every solution that a stored completion stands for.
 ///
-/// `rows` is a completion of a sub-problem of `spec` (its ring part canonical).
-/// The result holds one image of it per member of the ring's class, `weight`
-/// solutions in all, identity first. Over all completions of all sub-problems
-/// this lists every solution of the board exactly once (module docs, steps 2
-/// and 3), so an export can stream them without remembering what it wrote.
+/// `rows` is a completion of a sub-problem of `spec`. The result holds one
+/// image of it per solution it stands for, `weight` solutions in all,
+/// identity first. Over all completions of all sub-problems this lists every
+/// solution of the board exactly once, so an export can stream them without
+/// remembering what it wrote.
 ///
 /// # Errors
 ///
-/// [`ErrorKind::PrefixInvalid`] when `rows` is not a solution of its length, and
-/// [`ErrorKind::NotCanonical`] when its ring part is not canonical.
+/// [`ErrorKind::PrefixInvalid`] when `rows` is not a valid placement, and
+/// [`ErrorKind::NotCanonical`] when it is not a completion of the split.
 pub fn images_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let (s, ring) = completion(spec, rows)?;
-    let mut seen_rings: Vec<Prefix> = Vec::with_capacity(8);
+    let (s, sub) = owner(spec, rows)?;
+    // One symmetry per coset of the stabilizer: those that give distinct
+    // images of the base placement give distinct solutions, and together all
+    // the members of the class that this completion stands for.
+    let base = match sub.kind {
+        Kind::Ring { .. } => ring_part(&s, ring_depth_of(sub.prefix())),
+        Kind::Border { .. } => s,
+    };
+    let mut seen: Vec<Prefix> = Vec::with_capacity(8);
     let mut out = Vec::with_capacity(8);
     for g in Symmetry::ALL {
-        let image_ring = g.apply_prefix(&ring);
-        if !seen_rings.contains(&image_ring) {
-            seen_rings.push(image_ring);
+        let image = g.apply_prefix(&base);
+        if !seen.contains(&image) {
+            seen.push(image);
             out.push(g.apply_prefix(&s).rows().to_vec());
         }
     }
@@ -497,8 +925,8 @@ pub fn images_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Vec<Vec<u8>>
 /// The class representative to list for a stored completion, if this
 /// completion is the one that represents its class.
 ///
-/// Each class of solutions meets the completions of its canonical ring in one
-/// orbit of the ring's stabilizer; the least member of that orbit answers
+/// Each class meets the completions of its sub-problems in one orbit of the
+/// sub-problem's stabilizer; the least member of that orbit answers
 /// `Some(canonical form of the class)` and the others `None`. Over all stored
 /// completions this yields every class exactly once.
 ///
@@ -506,8 +934,8 @@ pub fn images_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Vec<Vec<u8>>
 ///
 /// As [`images_of_completion`].
 pub fn unique_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Option<Vec<u8>>> {
-    let (s, ring) = completion(spec, rows)?;
-    let stab = Stabilizer::of(&ring);
+    let (s, sub) = owner(spec, rows)?;
+    let stab = sub.stabilizer();
     let least = Symmetry::ALL
         .iter()
         .filter(|&&g| stab.contains(g))
@@ -515,25 +943,22 @@ pub fn unique_of_completion(spec: SplitSpec, rows: &[u8]) -> Result<Option<Vec<u
     Ok(least.then(|| crate::symmetry::canonical_rows(rows)))
 }
 
-/// Validates a stored completion and splits off its ring part.
-fn completion(spec: SplitSpec, rows: &[u8]) -> Result<(Prefix, Prefix)> {
-    let n = u64::try_from(rows.len()).expect("a slice length fits in u64");
-    let s = Prefix::from_rows(Board::new(n)?, rows)?;
-    if !s.is_complete() {
-        return Err(Error::new(ErrorKind::NotCanonical));
-    }
-    let ring = ring_of(spec, &s);
-    if canonical(&ring).0 != ring {
-        return Err(Error::new(ErrorKind::NotCanonical));
-    }
-    Ok((s, ring))
-}
-
-/// Used by tests and by the CLI's `solutions --unique`: true when `rows` (a
-/// complete solution) is the canonical member of its class.
+/// True when `rows` (a complete solution) is the canonical member of its
+/// class: the least of its images. Used by `nq solutions --unique`.
 pub fn is_canonical_solution(rows: &[u8]) -> bool {
     debug_assert!(rows.iter().all(|&r| r != EMPTY));
     crate::symmetry::canonical_rows(rows) == rows
+}
+
+/// Lists every completion of every sub-problem to `sink`, for tests.
+#[cfg(test)]
+fn completions_impl(subs: &[SubProblem], sink: &mut dyn FnMut(&SubProblem, &[u8])) {
+    for sub in subs {
+        sub.list(&mut |rows: &[u8]| {
+            sink(sub, rows);
+            std::ops::ControlFlow::Continue(())
+        });
+    }
 }
 
 #[cfg(test)]
@@ -563,124 +988,122 @@ mod tests {
         (12, 14200, 1787),
     ];
 
+    fn all_solutions(board: Board) -> Vec<Vec<u8>> {
+        let mut out = vec![];
+        search::search(&Prefix::empty(board), &mut |rows: &[u8]| {
+            out.push(rows.to_vec());
+            ControlFlow::Continue(())
+        });
+        out
+    }
+
     #[test]
     fn weighted_counts_match_known_values_at_every_granularity() {
         for (n, q, u) in KNOWN {
             let board = Board::new(n.into()).unwrap();
-            let direct = search::count_board(board, &never()).unwrap();
-            assert_eq!(direct, q, "direct n={n}");
-            for ring in 1..=3 {
-                for extra in 0..=2 {
-                    if n >= 12 && (ring > 2 || extra > 1) {
+            assert_eq!(
+                search::count_board(board, &never()).unwrap(),
+                q,
+                "direct n={n}"
+            );
+            for ring in 0..=3 {
+                for extra in 0..=3 {
+                    if n >= 11 && (ring > 1 || extra > 2) {
                         continue; // keeps the test fast; covered for smaller n
                     }
                     let spec = SplitSpec::new(ring, extra).unwrap();
                     let t = count_split(board, spec, &never()).unwrap();
-                    assert_eq!(t.total, direct, "n={n} {spec:?}");
+                    assert_eq!(t.total, q, "n={n} {spec:?}");
                     assert_eq!(t.unique().unwrap(), u, "unique n={n} {spec:?}");
                 }
             }
         }
     }
 
-    /// Every solution maps to exactly one sub-problem per member of its ring's
-    /// class: the coverage argument of the module docs, checked by enumeration.
+    /// The coverage argument of the module docs, checked by enumeration: for
+    /// every class of solutions, the weighted number of times its members
+    /// appear as completions of sub-problems equals the size of the class.
     #[test]
-    fn every_solution_is_covered_exactly_once_per_class() {
-        for n in 1..=11u8 {
+    fn every_class_is_covered_exactly_once() {
+        for n in 1..=10u8 {
             let board = Board::new(n.into()).unwrap();
-            for spec in [
-                SplitSpec::new(1, 0).unwrap(),
-                SplitSpec::new(1, 2).unwrap(),
-                SplitSpec::new(2, 1).unwrap(),
-            ] {
+            for (ring, extra) in [(0, 0), (0, 2), (1, 0), (1, 2), (2, 1)] {
+                let spec = SplitSpec::new(ring, extra).unwrap();
                 let subs = split(board, spec);
-                let by_prefix: HashMap<Prefix, &SubProblem> =
-                    subs.iter().map(|s| (s.prefix, s)).collect();
-                assert_eq!(by_prefix.len(), subs.len(), "sub-problems are distinct");
-                let mut solutions = 0u128;
-                let mut weighted_hits = 0u128;
-                search::search(&Prefix::empty(board), &mut |rows: &[u8]| {
-                    solutions += 1;
-                    let s = Prefix::from_rows(board, rows).unwrap();
-                    // Which (image, sub-problem) pairs cover S? For each symmetry
-                    // g, g(S) restricted to the sub-problem's columns must be one
-                    // sub-problem's prefix.
-                    let mut hits = 0;
-                    for g in Symmetry::ALL {
-                        let img = g.apply_prefix(&s);
-                        let covering = subs
-                            .iter()
-                            .filter(|sub| {
-                                sub.prefix.queens().all(|(c, r)| img.get(c) == Some(r))
-                            })
-                            .filter(|sub| {
-                                // No other queen of img on a ring line.
-                                img.queens()
-                                    .filter(|&(c, r)| {
-                                        spec.on_ring(n, c) || spec.on_ring(n, r)
-                                    })
-                                    .all(|(c, r)| sub.prefix.get(c) == Some(r))
-                            })
-                            .count();
-                        assert!(covering <= 1, "n={n}: an image is covered twice");
-                        hits += covering;
-                    }
-                    // The images of S hit canonical sub-problems exactly
-                    // |Stab(ring)| times, so hits·w = 8 for every solution.
-                    let sub_weight = subs
-                        .iter()
-                        .find(|sub| {
-                            Symmetry::ALL.iter().any(|g| {
-                                let img = g.apply_prefix(&s);
-                                sub.prefix.queens().all(|(c, r)| img.get(c) == Some(r))
-                            })
-                        })
-                        .map(|sub| sub.weight())
-                        .expect("every solution is covered");
-                    assert_eq!(hits as u32 * sub_weight, 8, "n={n} {rows:?}");
-                    weighted_hits += 1;
-                    ControlFlow::Continue(())
+                let mut seen = std::collections::HashSet::new();
+                for sub in &subs {
+                    assert!(seen.insert(sub.prefix), "n={n}: sub-problems are distinct");
+                    // Every sub-problem is accepted back from its prefix.
+                    assert_eq!(SubProblem::from_prefix(spec, sub.prefix).unwrap(), *sub);
+                }
+                // Which sub-problems each solution completes, with weights.
+                let mut hits: HashMap<Vec<u8>, u32> = HashMap::new();
+                completions_impl(&subs, &mut |sub, rows| {
+                    assert!(sub.is_completion(rows));
+                    *hits.entry(rows.to_vec()).or_default() += sub.weight();
                 });
-                assert_eq!(weighted_hits, solutions);
+                for s in all_solutions(board) {
+                    let p = Prefix::from_rows(board, &s).unwrap();
+                    let mut orbit: Vec<Prefix> =
+                        Symmetry::ALL.iter().map(|g| g.apply_prefix(&p)).collect();
+                    orbit.sort();
+                    orbit.dedup();
+                    let weighted: u32 = orbit
+                        .iter()
+                        .map(|y| hits.get(y.rows()).copied().unwrap_or(0))
+                        .sum();
+                    assert_eq!(
+                        weighted,
+                        orbit.len() as u32,
+                        "n={n} {spec:?}: class of {s:?} covered {weighted} times"
+                    );
+                }
             }
         }
     }
 
     #[test]
-    fn split_is_deterministic_and_round_trips() {
+    fn split_is_deterministic_and_checks_prefixes() {
         let board = Board::new(10).unwrap();
-        let spec = SplitSpec::new(1, 1).unwrap();
-        let a = split(board, spec);
-        assert_eq!(a, split(board, spec));
-        for sub in &a {
-            let back = SubProblem::from_prefix(spec, sub.prefix).unwrap();
-            assert_eq!(&back, sub);
+        for ring in [0, 1] {
+            let spec = SplitSpec::new(ring, 1).unwrap();
+            let a = split(board, spec);
+            assert_eq!(a, split(board, spec));
+            // A non-canonical image of a weight-8 base is refused.
+            let sub = a.iter().find(|s| s.weight() == 8).unwrap();
+            for g in &Symmetry::ALL[1..] {
+                let img = g.apply_prefix(&sub.prefix);
+                assert!(
+                    SubProblem::from_prefix(spec, img).is_err()
+                        || a.iter().any(|s| s.prefix == img),
+                    "{g:?} image of {sub:?} accepted"
+                );
+            }
         }
-        // A non-canonical ring is refused.
-        let sub = a.iter().find(|s| s.weight() == 8).unwrap();
-        let img = Symmetry::Rot90.apply_prefix(&sub.prefix);
-        assert!(SubProblem::from_prefix(SplitSpec::new(1, 0).unwrap(), img).is_err());
+        let empty = Prefix::empty(board);
+        assert!(SubProblem::from_prefix(SplitSpec::new(0, 0).unwrap(), empty).is_err());
     }
 
     #[test]
     fn check_rejects_impossible_counts() {
         let board = Board::new(10).unwrap();
-        let spec = SplitSpec::new(1, 0).unwrap();
-        let subs = split(board, spec);
-        let plain = subs.iter().find(|s| s.weight() == 8).unwrap();
-        let ok = plain.solve(&never()).unwrap().0;
-        assert!(plain.check(spec, &ok).is_ok());
-        let forged = SubCounts { fixed180: 1, ..ok };
-        assert!(plain.check(spec, &forged).is_err());
-        if let Some(sym) = subs.iter().find(|s| s.weight() < 8) {
-            let ok = sym.solve(&never()).unwrap().0;
-            assert!(sym.check(spec, &ok).is_ok());
-            let odd = SubCounts {
-                count: ok.count + 1,
-                ..ok
-            };
-            assert!(sym.check(spec, &odd).is_err());
+        for ring in [0, 1] {
+            let spec = SplitSpec::new(ring, 0).unwrap();
+            let subs = split(board, spec);
+            let plain = subs.iter().find(|s| s.weight() == 8).unwrap();
+            let ok = plain.solve(&never()).unwrap().0;
+            assert!(plain.check(spec, &ok).is_ok());
+            let forged = SubCounts { fixed180: 1, ..ok };
+            assert!(plain.check(spec, &forged).is_err());
+            if let Some(sym) = subs.iter().find(|s| s.weight() < 8) {
+                let ok = sym.solve(&never()).unwrap().0;
+                assert!(sym.check(spec, &ok).is_ok());
+                let odd = SubCounts {
+                    count: ok.count + 1,
+                    ..ok
+                };
+                assert!(sym.check(spec, &odd).is_err());
+            }
         }
     }
 
@@ -688,31 +1111,26 @@ mod tests {
     fn stored_completions_expand_to_every_solution_once() {
         for n in 1..=9u8 {
             let board = Board::new(n.into()).unwrap();
-            let spec = SplitSpec::new(1, 1).unwrap();
-            let mut all = vec![];
-            let mut unique = vec![];
-            for sub in split(board, spec) {
-                search::search(sub.prefix(), &mut |rows: &[u8]| {
+            for ring in [0, 1] {
+                let spec = SplitSpec::new(ring, 1).unwrap();
+                let mut all = vec![];
+                let mut unique = vec![];
+                completions_impl(&split(board, spec), &mut |_, rows| {
                     all.extend(images_of_completion(spec, rows).unwrap());
                     unique.extend(unique_of_completion(spec, rows).unwrap());
-                    ControlFlow::Continue(())
                 });
+                let direct = all_solutions(board);
+                all.sort();
+                assert_eq!(all, direct, "n={n} ring={ring}");
+                let mut want: Vec<_> = direct
+                    .iter()
+                    .filter(|r| is_canonical_solution(r))
+                    .cloned()
+                    .collect();
+                unique.sort();
+                want.sort();
+                assert_eq!(unique, want, "unique n={n} ring={ring}");
             }
-            let mut direct = vec![];
-            search::search(&Prefix::empty(board), &mut |rows: &[u8]| {
-                direct.push(rows.to_vec());
-                ControlFlow::Continue(())
-            });
-            all.sort();
-            assert_eq!(all, direct, "n={n}");
-            let mut want: Vec<_> = direct
-                .iter()
-                .filter(|r| is_canonical_solution(r))
-                .cloned()
-                .collect();
-            unique.sort();
-            want.sort();
-            assert_eq!(unique, want, "unique n={n}");
         }
     }
 
@@ -727,7 +1145,7 @@ mod tests {
 
     #[test]
     fn spec_validation_names_the_range() {
-        let e = SplitSpec::new(0, 0).unwrap_err().to_string();
-        assert!(e.contains("1, 2 or 3"), "{e}");
+        let e = SplitSpec::new(4, 0).unwrap_err().to_string();
+        assert!(e.contains("0 (border split), 1, 2 or 3"), "{e}");
     }
 }

@@ -149,6 +149,11 @@ impl Stabilizer {
         Stabilizer { bits }
     }
 
+    /// The stabilizer of a placement that no symmetry but the identity fixes.
+    pub fn trivial() -> Stabilizer {
+        Stabilizer { bits: 1 }
+    }
+
     /// True when `g` fixes the placement.
     pub fn contains(self, g: Symmetry) -> bool {
         let i = Symmetry::ALL

@@ -1,0 +1,142 @@
+//! The core's performance claims, measured as ratios within one process.
+//!
+//! Run with `cargo bench -p nq-core --bench count`. Environment:
+//! `NQ_BENCH_N` (default `16,17`), `NQ_BENCH_REPS` (default 3),
+//! `NQ_BENCH_THREADS_N` (default 16).
+//!
+//! Each figure is the minimum over `NQ_BENCH_REPS` runs, and the runs of the
+//! compared programs are interleaved, so that load from other processes on a
+//! shared machine hits both sides alike. The printed ratios, not the seconds,
+//! are what BENCHMARKS.md records. No result is asserted about time; every
+//! count is checked against the published value.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use nq_core::board::Board;
+use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
+use nq_core::split::{SplitSpec, SubProblem, Tally, count_split, split};
+
+/// Published Q(N) for the sizes benchmarked (OEIS A000170), to check results.
+fn published(n: u32) -> u128 {
+    match n {
+        12 => 14_200,
+        13 => 73_712,
+        14 => 365_596,
+        15 => 2_279_184,
+        16 => 14_772_512,
+        17 => 95_815_104,
+        18 => 666_090_624,
+        _ => panic!("no published value wired in for n={n}"),
+    }
+}
+
+fn env_list(name: &str, default: &str) -> Vec<u32> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("a comma-separated list of integers")
+        })
+        .collect()
+}
+
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let t = Instant::now();
+    let out = f();
+    (out, t.elapsed().as_secs_f64())
+}
+
+/// Sends each job's outcome, tagged with the job's index, to the collector.
+struct Collect {
+    index: usize,
+    tx: Mutex<mpsc::Sender<(usize, JobOutcome)>>,
+}
+
+impl JobSink for Collect {
+    fn done(&self, outcome: JobOutcome) {
+        let _ = self
+            .tx
+            .lock()
+            .expect("not poisoned")
+            .send((self.index, outcome));
+    }
+}
+
+/// Counts Q(N) through the pool with `threads` threads, the way `nq count`
+/// does: many small jobs, largest first, folded with the split's weights.
+fn pool_count(board: Board, threads: usize) -> u128 {
+    let spec = SplitSpec::for_count(board, 64 * threads as u64);
+    let mut subs: Vec<SubProblem> = split(board, spec);
+    subs.sort_by_key(|s| std::cmp::Reverse(s.estimate()));
+    let jobs: Vec<Vec<SubProblem>> = subs.chunks(4).map(<[_]>::to_vec).collect();
+    let pool = Pool::new(threads, "bench").expect("threads");
+    let (tx, rx) = mpsc::channel();
+    for (index, chunk) in jobs.iter().enumerate() {
+        pool.submit(Job {
+            subproblems: chunk.clone(),
+            list_solutions: false,
+            stop: Arc::new(AtomicBool::new(false)),
+            sink: Arc::new(Collect {
+                index,
+                tx: Mutex::new(tx.clone()),
+            }),
+        });
+    }
+    let mut tally = Tally::default();
+    for _ in 0..jobs.len() {
+        let (index, outcome) = rx.recv().expect("every job reports");
+        let JobOutcome::Done { counts, .. } = outcome else {
+            panic!("cancelled")
+        };
+        for (sub, c) in jobs[index].iter().zip(&counts) {
+            tally.add(sub, c).expect("no overflow");
+        }
+    }
+    tally.total
+}
+
+fn main() {
+    let reps = env_list("NQ_BENCH_REPS", "3")[0] as usize;
+    let stop = AtomicBool::new(false);
+    println!("| N | textbook mirror (s) | nq-core 1 thread (s) | speed-up |");
+    println!("|---|---|---|---|");
+    for n in env_list("NQ_BENCH_N", "16,17") {
+        let board = Board::new(n.into()).expect("valid N");
+        let spec = SplitSpec::new(0, 0).expect("valid spec");
+        let (mut best_base, mut best_core) = (f64::MAX, f64::MAX);
+        for _ in 0..reps {
+            let (q, t) = timed(|| nq_core::baseline::count_mirror(n));
+            assert_eq!(q, published(n), "textbook count n={n}");
+            best_base = best_base.min(t);
+            let (tally, t) =
+                timed(|| count_split(board, spec, &stop).expect("not stopped"));
+            assert_eq!(tally.total, published(n), "nq-core count n={n}");
+            best_core = best_core.min(t);
+        }
+        println!(
+            "| {n} | {best_base:.2} | {best_core:.2} | {:.2}× |",
+            best_base / best_core
+        );
+    }
+
+    let n = env_list("NQ_BENCH_THREADS_N", "16")[0];
+    let board = Board::new(n.into()).expect("valid N");
+    let (mut one, mut two) = (f64::MAX, f64::MAX);
+    for _ in 0..reps {
+        let (q, t) = timed(|| pool_count(board, 1));
+        assert_eq!(q, published(n));
+        one = one.min(t);
+        let (q, t) = timed(|| pool_count(board, 2));
+        assert_eq!(q, published(n));
+        two = two.min(t);
+    }
+    println!();
+    println!("| N | pool, 1 thread (s) | pool, 2 threads (s) | speed-up |");
+    println!("|---|---|---|---|");
+    println!("| {n} | {one:.2} | {two:.2} | {:.2}× |", one / two);
+}
