@@ -1,1 +1,190 @@
-fn main() {}
+//! `nq`: count, list, construct, verify and export N-Queens solutions on one
+//! machine.
+//!
+//! # Layout
+//!
+//! * `main.rs`: the command line ([`Args`]), dispatch, and error reporting.
+//! * [`count`]: `nq count`, the split → pool → tally run with its progress bar.
+//! * [`published`]: the OEIS values a count is checked against.
+//! * [`solutions`]: `nq solutions` and `nq one`, which write solutions.
+//! * [`check`]: `nq verify`, for notations and SAT models.
+//! * [`output`]: buffered stdout that `nq_core`'s `fmt::Write` writers can use.
+//!
+//! The work itself is all in `nq_core`; this crate parses, prints and times.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Parser, Subcommand};
+use nq_core::notation::Format;
+use nq_core::split::SplitSpec;
+use nq_core::{Board, MAX_N};
+
+mod check;
+mod count;
+mod output;
+mod published;
+mod solutions;
+
+/// Count, list, construct and verify N-Queens solutions, exactly.
+///
+/// Orientation: a square is (col, row), 0-based; column 0 is file `a`, row 0 is
+/// rank 1 (the bottom). A solution is the row of the queen in each column.
+#[derive(Debug, Parser)]
+#[command(name = "nq", version, arg_required_else_help = true)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Count all solutions and the solutions up to symmetry, on all cores.
+    Count(CountArgs),
+    /// List solutions in lexicographic order of their vector.
+    Solutions {
+        /// Board size N, from 1 to 32.
+        #[arg(value_parser = parse_board)]
+        n: Board,
+        /// Only the canonical solution of each symmetry class (the least of its 8
+        /// images).
+        #[arg(long)]
+        unique: bool,
+        /// Notation of the output.
+        #[arg(long, short, default_value = "vector", value_parser = format_parser())]
+        format: Format,
+        /// Stop after K solutions.
+        #[arg(long, value_name = "K")]
+        limit: Option<u64>,
+    },
+    /// Print one solution of any N (1 or at least 4), built in O(N) without
+    /// search.
+    One {
+        /// Board size N: 1, or any integer from 4 up; a million is fine.
+        n: u64,
+        /// Notation of the output (board and string are N² characters).
+        #[arg(long, short, default_value = "vector", value_parser = format_parser())]
+        format: Format,
+    },
+    /// Check solutions in any notations, or a SAT solver's model with --n.
+    ///
+    /// Prints a verdict for each solution and exits non-zero if any is invalid
+    /// or none is found.
+    Verify {
+        /// File to read; standard input when absent or `-`.
+        file: Option<PathBuf>,
+        /// Read a SAT solver's model of `nq cnf N` (DIMACS `s`/`v` lines, or a
+        /// bare list of literals) instead of solutions.
+        #[arg(long, value_name = "N")]
+        n: Option<u64>,
+    },
+    /// Write the problem as DIMACS CNF for a SAT solver.
+    ///
+    /// Variable col*N + row + 1 is a queen on (col, row). Read the solver's model
+    /// back with `nq verify --n N`.
+    Cnf {
+        /// Board size N, from 1 to 46340.
+        n: u64,
+    },
+}
+
+/// The arguments of `nq count`.
+#[derive(Debug, clap::Args)]
+struct CountArgs {
+    /// Board size N, from 1 to 32.
+    #[arg(value_parser = parse_board)]
+    n: Board,
+    /// Threads to count on [default: all cores].
+    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    threads: Option<u32>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Split into sub-problems as RING:EXTRA, the fields of nq-core's SplitSpec
+    /// (which split, then 0 to 8 extra pre-placed columns) [default: the core's
+    /// choice for 64 sub-problems per thread].
+    #[arg(long, value_name = "RING:EXTRA", value_parser = parse_split)]
+    split: Option<SplitSpec>,
+}
+
+/// A board size for the search, with the core's message naming the range.
+fn parse_board(s: &str) -> Result<Board, String> {
+    let n: u64 = s.trim().parse().map_err(|_| {
+        format!("`{s}` is not a board size: N must be an integer from 1 to {MAX_N}")
+    })?;
+    Board::new(n).map_err(|e| e.to_string())
+}
+
+/// `RING:EXTRA`, validated by the core.
+fn parse_split(s: &str) -> Result<SplitSpec, String> {
+    let form = || format!("`{s}` is not a split: expected RING:EXTRA, like 1:2");
+    let (ring, extra) = s.split_once(':').ok_or_else(form)?;
+    let ring = ring.trim().parse().map_err(|_| form())?;
+    let extra = extra.trim().parse().map_err(|_| form())?;
+    SplitSpec::new(ring, extra).map_err(|e| e.to_string())
+}
+
+/// Format names, listed in `--help` and in the error for an unknown name.
+fn format_parser() -> impl TypedValueParser<Value = Format> {
+    PossibleValuesParser::new(Format::ALL.map(Format::name))
+        .try_map(|name| name.parse::<Format>())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        // A broken pipe means the reader (`head`, say) has all it wants: stop
+        // quietly and successfully, as ripgrep does.
+        Err(e) if output::is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Count(a) => count::run(a.n, a.threads, a.split, a.json),
+        Command::Solutions {
+            n,
+            unique,
+            format,
+            limit,
+        } => solutions::list(n, unique, format, limit),
+        Command::One { n, format } => solutions::one(n, format),
+        Command::Verify { file, n } => check::run(file.as_deref(), n),
+        Command::Cnf { n } => {
+            let cnf = nq_core::cnf::Cnf::new(n)?;
+            let mut out = output::stdout();
+            let written = cnf.write_dimacs(&mut out);
+            out.finish().context("writing the CNF")?;
+            Ok(written?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn split_and_board_parsers_name_the_form() {
+        assert_eq!(parse_split("1:2"), Ok(SplitSpec::new(1, 2).unwrap()));
+        assert!(parse_split("12").unwrap_err().contains("RING:EXTRA"));
+        assert!(parse_split("4:0").unwrap_err().contains("1, 2 or 3"));
+        assert!(parse_board("abc").unwrap_err().contains("from 1 to 32"));
+        assert!(parse_board("33").unwrap_err().contains("from 1 to 32"));
+        assert_eq!(parse_board("8").unwrap().n(), 8);
+    }
+}

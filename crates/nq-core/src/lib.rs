@@ -17,19 +17,34 @@
 //! * [`pool`]: the fixed pool of OS threads that runs jobs of sub-problems.
 //! * [`baseline`]: the textbook mirror-only counter, kept as the comparator for
 //!   benchmarks.
+//! * [`notation`]: the text notations of a solution (board diagram, vector,
+//!   digits, algebraic, string, JSON): writing them and reading any mix back.
+//! * [`construct`]: one solution for N = 1 and any N ≥ 4 in O(N), by the
+//!   classical construction, for boards far beyond the search's 32.
+//! * [`verify`]: the O(N) checker of a claimed solution of any size, and the
+//!   reader of a SAT solver's model.
+//! * [`cnf`]: the problem as DIMACS CNF, for cross-checking with a SAT solver.
 //!
 //! A count on one machine is `split` → `pool` → `Tally`; a distributed run is
-//! the same with the coordinator between `split` and `pool`.
+//! the same with the coordinator between `split` and `pool`. The last four
+//! modules work on `rows[col]` of any length (`u32` rows), never on a
+//! [`Board`], and involve no search: `construct` builds a solution, `notation`
+//! writes and reads solutions, `verify` judges them, and `cnf` hands the
+//! problem to a SAT solver whose answer `verify` then reads.
 
 #![deny(missing_docs)]
 
 pub mod baseline;
 pub mod board;
+pub mod cnf;
+pub mod construct;
 pub mod error;
+pub mod notation;
 pub mod pool;
 pub mod search;
 pub mod split;
 pub mod symmetry;
+pub mod verify;
 
 pub use board::{Board, MAX_N, Prefix};
 pub use error::{Error, ErrorKind, Result};

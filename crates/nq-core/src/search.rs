@@ -129,7 +129,7 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
     let mut rows = [EMPTY; MAX_N as usize];
     rows[..prefix.board().len()].copy_from_slice(prefix.rows());
     let mut lister = Lister {
-        plan: &plan,
+        plan,
         rows,
         found: 0,
         sink,
@@ -285,7 +285,7 @@ impl Plan {
                 level -= 1;
                 [rem, used, up, down] = stack[level & 31];
                 pops = pops.wrapping_add(1);
-                if pops % 4096 == 0 {
+                if pops.is_multiple_of(4096) {
                     total += u128::from(partial);
                     partial = 0;
                     if stop.load(Ordering::Relaxed) {

@@ -535,13 +535,13 @@ impl SubProblem {
         if matches!(self.kind, Kind::Ring { .. })
             && (spec.extra == 0 || self.prefix.is_complete())
         {
-            if stab.contains(Symmetry::Rot180) && (c.count - c.fixed180) % 2 != 0 {
+            if stab.contains(Symmetry::Rot180) && !(c.count - c.fixed180).is_multiple_of(2) {
                 return bad("completions not fixed by the half turn must come in pairs");
             }
-            if stab.contains(Symmetry::Rot90) && (c.fixed180 - c.fixed90) % 2 != 0 {
+            if stab.contains(Symmetry::Rot90) && !(c.fixed180 - c.fixed90).is_multiple_of(2) {
                 return bad("completions fixed by the half turn only must come in pairs");
             }
-            if self.orbit_sum(c)? % u128::from(stab.order()) != 0 {
+            if !self.orbit_sum(c)?.is_multiple_of(u128::from(stab.order())) {
                 return bad("completions do not split into whole symmetry classes");
             }
         }
@@ -627,7 +627,7 @@ impl Tally {
     /// [`ErrorKind::CountsInvalid`] when `burnside` is not a multiple of 8,
     /// which no complete and correct set of counts can produce.
     pub fn unique(&self) -> Result<u128> {
-        if self.burnside % 8 != 0 {
+        if !self.burnside.is_multiple_of(8) {
             return Err(Error::new(ErrorKind::CountsInvalid {
                 reason: "the symmetry fold is not a multiple of 8: a count is wrong",
             }));
@@ -652,7 +652,7 @@ pub fn split(board: Board, spec: SplitSpec) -> Vec<SubProblem> {
             out.push(SubProblem { prefix, kind });
         });
     }
-    out.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+    out.sort_by_key(|s| s.prefix);
     out
 }
 
@@ -1131,6 +1131,37 @@ mod tests {
                 want.sort();
                 assert_eq!(unique, want, "unique n={n} ring={ring}");
             }
+        }
+    }
+
+    /// N = 13 and 14 through both splits, against OEIS A000170 / A002562.
+    #[test]
+    fn larger_boards_match_published_values() {
+        for (n, q, u) in [(13u64, 73_712u128, 9_233u128), (14, 365_596, 45_752)] {
+            let board = Board::new(n).unwrap();
+            for spec in [SplitSpec::new(0, 0).unwrap(), SplitSpec::new(0, 2).unwrap()] {
+                let t = count_split(board, spec, &never()).unwrap();
+                assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {spec:?}");
+            }
+            let t = count_split(board, SplitSpec::new(1, 0).unwrap(), &never()).unwrap();
+            assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} ring split");
+        }
+    }
+
+    /// The slow opt-in check of N = 15..=17 (about a minute in release):
+    /// `cargo test -p nq-core --release -- --ignored`.
+    #[test]
+    #[ignore = "slow: run with --ignored"]
+    fn published_values_15_to_17() {
+        let want = [
+            (15u64, 2_279_184u128, 285_053u128),
+            (16, 14_772_512, 1_846_955),
+            (17, 95_815_104, 11_977_939),
+        ];
+        for (n, q, u) in want {
+            let board = Board::new(n).unwrap();
+            let t = count_split(board, SplitSpec::new(0, 0).unwrap(), &never()).unwrap();
+            assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n}");
         }
     }
 
