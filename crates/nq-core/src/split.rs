@@ -535,10 +535,14 @@ impl SubProblem {
         if matches!(self.kind, Kind::Ring { .. })
             && (spec.extra == 0 || self.prefix.is_complete())
         {
-            if stab.contains(Symmetry::Rot180) && !(c.count - c.fixed180).is_multiple_of(2) {
+            if stab.contains(Symmetry::Rot180)
+                && !(c.count - c.fixed180).is_multiple_of(2)
+            {
                 return bad("completions not fixed by the half turn must come in pairs");
             }
-            if stab.contains(Symmetry::Rot90) && !(c.fixed180 - c.fixed90).is_multiple_of(2) {
+            if stab.contains(Symmetry::Rot90)
+                && !(c.fixed180 - c.fixed90).is_multiple_of(2)
+            {
                 return bad("completions fixed by the half turn only must come in pairs");
             }
             if !self.orbit_sum(c)?.is_multiple_of(u128::from(stab.order())) {
