@@ -14,7 +14,7 @@ use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
 use nq_core::search::CountStats;
 use nq_core::split::{SplitSpec, SubCounts, SubProblem, Tally, split};
 
-use crate::published;
+use nq_core::published;
 
 /// The default split aims at this many sub-problems per thread, so that the
 /// dynamic queue can even out their very different sizes.

@@ -5,7 +5,6 @@
 //!
 //! * `main.rs`: the command line ([`Args`]), dispatch, and error reporting.
 //! * [`count`]: `nq count`, the split → pool → tally run with its progress bar.
-//! * [`published`]: the OEIS values a count is checked against.
 //! * [`solutions`]: `nq solutions` and `nq one`, which write solutions.
 //! * [`check`]: `nq verify`, for notations and SAT models.
 //! * [`output`]: buffered stdout that `nq_core`'s `fmt::Write` writers can use.
@@ -25,7 +24,6 @@ use nq_core::{Board, MAX_N};
 mod check;
 mod count;
 mod output;
-mod published;
 mod solutions;
 
 /// Count, list, construct and verify N-Queens solutions, exactly.

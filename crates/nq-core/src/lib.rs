@@ -24,6 +24,7 @@
 //! * [`verify`]: the O(N) checker of a claimed solution of any size, and the
 //!   reader of a SAT solver's model.
 //! * [`cnf`]: the problem as DIMACS CNF, for cross-checking with a SAT solver.
+//! * [`published`]: the OEIS values for N ≤ 27, used only to check results.
 //!
 //! A count on one machine is `split` → `pool` → `Tally`; a distributed run is
 //! the same with the coordinator between `split` and `pool`. The last four
@@ -41,6 +42,7 @@ pub mod construct;
 pub mod error;
 pub mod notation;
 pub mod pool;
+pub mod published;
 pub mod search;
 pub mod split;
 pub mod symmetry;

@@ -1,4 +1,8 @@
-//! The published counts, used only to check a count, never to produce one.
+//! The published counts of OEIS A000170 and A002562.
+//!
+//! These are used ONLY to check a finished count and to say so in reports;
+//! nothing in nq ever uses them to produce or correct a result. They live in
+//! the core so that every binary checks against the same table.
 
 /// `(total, unique)` for N = 1..=27, index N − 1: totals from OEIS A000170 (all
 /// solutions), unique counts from OEIS A002562 (solutions up to rotation and
@@ -36,13 +40,13 @@ const PUBLISHED: [(u128, u128); 27] = [
 ];
 
 /// The published `(total, unique)` for a board of side `n`, if there is one.
-pub(crate) fn published(n: u8) -> Option<(u128, u128)> {
+pub fn published(n: u8) -> Option<(u128, u128)> {
     let i = usize::from(n).checked_sub(1)?;
     PUBLISHED.get(i).copied()
 }
 
 /// The largest N with a published count.
-pub(crate) const LARGEST: u8 = PUBLISHED.len() as u8;
+pub const LARGEST: u8 = PUBLISHED.len() as u8;
 
 #[cfg(test)]
 mod tests {
