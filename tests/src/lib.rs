@@ -1,1 +1,536 @@
-//! placeholder
+//! `nq-e2e`: the harness of nq's end-to-end tests and of the load-test tool.
+//!
+//! The tests in `tests/e2e.rs` run real `nq-coord` and `nq-worker` processes
+//! on loopback (the only way to test `kill -9` and restarts), and also the
+//! libraries in-process. This crate gives them:
+//!
+//! * [`binary`]: the path of a workspace binary, built first with the same
+//!   profile as the test itself, so a test never runs a stale binary;
+//! * [`Proc`]: a child process whose stdout and stderr are read line by line,
+//!   so tests wait on real signals (a `listening on` line, a log line, an
+//!   exit) and never on a sleep. Dropping it kills the process, and a failing
+//!   test prints what each process wrote;
+//! * [`Coord`] and [`worker`]: the two programs, started the way the tests
+//!   need them (`--listen 127.0.0.1:0`, a data directory, debug logs);
+//! * [`published`]: the published totals, OEIS A000170 and A002562.
+//!
+//! # Layout
+//!
+//! Everything is in this file; `src/bin/nq-loadtest.rs` is the load-test tool.
+
+#![deny(missing_docs)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+/// Q(n) and U(n) for n = 1..=27: OEIS A000170 (every solution) and A002562
+/// (solutions up to rotation and reflection). Q(27) is the largest published.
+pub const PUBLISHED: [(u32, u128, u128); 27] = [
+    (1, 1, 1),
+    (2, 0, 0),
+    (3, 0, 0),
+    (4, 2, 1),
+    (5, 10, 2),
+    (6, 4, 1),
+    (7, 40, 6),
+    (8, 92, 12),
+    (9, 352, 46),
+    (10, 724, 92),
+    (11, 2680, 341),
+    (12, 14200, 1787),
+    (13, 73712, 9233),
+    (14, 365596, 45752),
+    (15, 2279184, 285053),
+    (16, 14772512, 1846955),
+    (17, 95815104, 11977939),
+    (18, 666090624, 83263591),
+    (19, 4968057848, 621012754),
+    (20, 39029188884, 4878666808),
+    (21, 314666222712, 39333324973),
+    (22, 2691008701644, 336376244042),
+    (23, 24233937684440, 3029242658210),
+    (24, 227514171973736, 28439272956934),
+    (25, 2207893435808352, 275986683743434),
+    (26, 22317699616364044, 2789712466510289),
+    (27, 234907967154122528, 29363495934315694),
+];
+
+/// `(total, unique)` published for board `n`, if any.
+pub fn published(n: u32) -> Option<(u128, u128)> {
+    PUBLISHED
+        .iter()
+        .find(|&&(m, ..)| m == n)
+        .map(|&(_, q, u)| (q, u))
+}
+
+/// The target directory and cargo profile of the running executable: tests run
+/// from `target/<profile>/deps/`, binaries from `target/<profile>/`.
+fn target_and_profile() -> Result<(PathBuf, String)> {
+    let exe = std::env::current_exe().context("cannot locate the running executable")?;
+    let mut dir = exe.parent().context("executable has no directory")?;
+    if dir.file_name().is_some_and(|d| d == "deps") {
+        dir = dir.parent().context("deps has no parent")?;
+    }
+    let profile_dir = dir
+        .file_name()
+        .and_then(|p| p.to_str())
+        .context("profile directory is not UTF-8")?;
+    // Cargo puts the `dev` and `test` profiles in `debug/`.
+    let profile = match profile_dir {
+        "debug" => "dev",
+        other => other,
+    }
+    .to_owned();
+    let target = dir.parent().context("profile directory has no parent")?;
+    Ok((target.to_owned(), profile))
+}
+
+/// The path of workspace binary `name` (`nq-coord`, `nq-worker`), built with
+/// the running executable's profile and target directory.
+///
+/// The first call runs `cargo build -p nq-coord -p nq-worker` once per
+/// process (a no-op when they are up to date), so `cargo test -p nq-e2e` never
+/// runs stale binaries. `cargo test --workspace` has built them already.
+///
+/// # Errors
+///
+/// When cargo cannot be run or the build fails.
+pub fn binary(name: &str) -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let dir = BUILT
+        .get_or_init(|| build_binaries().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("{e}"))?;
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !path.exists() {
+        bail!("{} was not built", path.display());
+    }
+    Ok(path)
+}
+
+fn build_binaries() -> Result<PathBuf> {
+    let (target, profile) = target_and_profile()?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "nq-coord",
+            "-p",
+            "nq-worker",
+            "--profile",
+        ])
+        .arg(&profile)
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .context("cannot run cargo to build nq-coord and nq-worker")?;
+    if !status.success() {
+        bail!(
+            "`cargo build -p nq-coord -p nq-worker --profile {profile}` failed: {status}"
+        );
+    }
+    let dir = match profile.as_str() {
+        "dev" | "test" => "debug",
+        "bench" => "release",
+        other => other,
+    };
+    Ok(target.join(dir))
+}
+
+/// Which output of a process a line came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pipe {
+    /// Standard output.
+    Stdout,
+    /// Standard error (the logs).
+    Stderr,
+}
+
+/// A child process whose output is read line by line.
+///
+/// Dropping it kills the process (SIGKILL) and, if the thread is panicking,
+/// prints everything the process wrote, so a failing test shows why.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Child,
+    /// Lines as they arrive; closed when both pipes are closed.
+    lines: mpsc::UnboundedReceiver<(Pipe, String)>,
+    /// Every line seen, for [`Proc::output`] and failure reports.
+    log: Arc<Mutex<Vec<String>>>,
+    /// Lines read from `lines` but not consumed by a wait.
+    seen: VecDeque<(Pipe, String)>,
+    exit: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// Starts `program` with `args` and extra environment variables.
+    ///
+    /// # Errors
+    ///
+    /// When the process cannot be started.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        let (tx, lines) = mpsc::unbounded_channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        tokio::spawn(pump(stdout, Pipe::Stdout, tx.clone(), Arc::clone(&log)));
+        tokio::spawn(pump(stderr, Pipe::Stderr, tx, Arc::clone(&log)));
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+            lines,
+            log,
+            seen: VecDeque::new(),
+            exit: None,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Waits for the next line (from either pipe) for which `matches` holds,
+    /// and returns it. Lines before it are skipped.
+    ///
+    /// # Errors
+    ///
+    /// When the process closes its output first; the error quotes the output.
+    pub async fn line(&mut self, matches: impl Fn(Pipe, &str) -> bool) -> Result<String> {
+        while let Some((pipe, line)) = match self.seen.pop_front() {
+            Some(l) => Some(l),
+            None => self.lines.recv().await,
+        } {
+            if matches(pipe, &line) {
+                return Ok(line);
+            }
+        }
+        bail!(
+            "{} ended its output before the expected line:\n{}",
+            self.name,
+            self.output()
+        )
+    }
+
+    /// Waits for a line containing `needle`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Proc::line`].
+    pub async fn line_containing(&mut self, needle: &str) -> Result<String> {
+        self.line(|_, l| l.contains(needle)).await
+    }
+
+    /// Waits for the process to exit.
+    ///
+    /// # Errors
+    ///
+    /// When waiting fails.
+    pub async fn wait(&mut self) -> Result<ExitStatus> {
+        if let Some(status) = self.exit {
+            return Ok(status);
+        }
+        let status = self.child.wait().await.context("wait failed")?;
+        self.exit = Some(status);
+        // Let the pumps deliver the last lines.
+        while let Some(l) = self.lines.recv().await {
+            self.seen.push_back(l);
+        }
+        Ok(status)
+    }
+
+    /// Waits for the process to exit and fails unless it exited with 0.
+    ///
+    /// # Errors
+    ///
+    /// On a non-zero exit, quoting the output.
+    pub async fn success(&mut self) -> Result<()> {
+        let status = self.wait().await?;
+        if !status.success() {
+            bail!("{} exited with {status}:\n{}", self.name, self.output());
+        }
+        Ok(())
+    }
+
+    /// Sends SIGKILL and reaps the process.
+    ///
+    /// # Errors
+    ///
+    /// When the process cannot be killed.
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child.kill().await.context("kill failed")?;
+        self.wait().await?;
+        Ok(())
+    }
+
+    /// Sends SIGTERM (the polite stop that Docker and Kubernetes send).
+    ///
+    /// # Errors
+    ///
+    /// When the process is gone or the signal cannot be sent.
+    pub fn terminate(&self) -> Result<()> {
+        let pid = self.pid().context("the process has exited")?;
+        let pid = libc::pid_t::try_from(pid).context("pid out of range")?;
+        // SAFETY: kill(2) with a valid signal number has no memory effects.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+            bail!("kill -TERM {pid}: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Everything the process wrote so far, one line per line, stderr and
+    /// stdout interleaved in arrival order.
+    pub fn output(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // `kill_on_drop` kills the child; this only reports.
+        if std::thread::panicking() {
+            eprintln!("----- output of {} -----\n{}", self.name, self.output());
+        }
+    }
+}
+
+async fn pump(
+    pipe: impl AsyncRead + Unpin,
+    which: Pipe,
+    tx: mpsc::UnboundedSender<(Pipe, String)>,
+    log: Arc<Mutex<Vec<String>>>,
+) {
+    let mut lines = BufReader::new(pipe).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        log.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line.clone());
+        // The receiver may be gone (process dropped); keep draining the pipe
+        // so the child never blocks on a full pipe.
+        let _ = tx.send((which, line));
+    }
+}
+
+/// The environment of every process the harness starts: logs that tests read
+/// (the worker's per-job events are at debug level), without colour codes.
+pub const LOG_ENV: &[(&str, &str)] = &[
+    ("RUST_LOG", "info,nq_worker=debug,nq_coord=debug"),
+    ("NO_COLOR", "1"),
+];
+
+/// A running `nq-coord` process.
+#[derive(Debug)]
+pub struct Coord {
+    /// The process.
+    pub proc: Proc,
+    /// Where it listens, from its `listening on` line.
+    pub addr: SocketAddr,
+    /// Its data directory.
+    pub dir: PathBuf,
+}
+
+impl Coord {
+    /// Starts `nq-coord --data DIR --listen LISTEN ARGS…` and waits for its
+    /// `listening on <addr>` line.
+    ///
+    /// # Errors
+    ///
+    /// When it cannot start or exits before listening (the error quotes its
+    /// output).
+    pub async fn start(dir: &Path, listen: &str, args: &[&str]) -> Result<Coord> {
+        let mut all = vec![
+            "--data".to_owned(),
+            dir.display().to_string(),
+            "--listen".to_owned(),
+            listen.to_owned(),
+        ];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &all, LOG_ENV)?;
+        let line = proc
+            .line(|pipe, l| pipe == Pipe::Stdout && l.starts_with("listening on "))
+            .await?;
+        let addr = line["listening on ".len()..]
+            .trim()
+            .parse()
+            .with_context(|| format!("bad readiness line {line:?}"))?;
+        Ok(Coord {
+            proc,
+            addr,
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Starts a coordinator on an ephemeral loopback port.
+    ///
+    /// # Errors
+    ///
+    /// As [`Coord::start`].
+    pub async fn ephemeral(dir: &Path, args: &[&str]) -> Result<Coord> {
+        Coord::start(dir, "127.0.0.1:0", args).await
+    }
+
+    /// Waits for a clean exit and returns `DIR/report.json`.
+    ///
+    /// # Errors
+    ///
+    /// On a non-zero exit or a missing or invalid report.
+    pub async fn finish(&mut self) -> Result<Report> {
+        self.proc.success().await?;
+        Report::read(&self.dir)
+    }
+}
+
+/// The fields of `DIR/report.json` the tests check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Board size.
+    pub n: u32,
+    /// Q(n).
+    pub total: u128,
+    /// U(n).
+    pub unique: u128,
+    /// Jobs in the run.
+    pub jobs: u64,
+    /// Whether the totals equal the published ones.
+    pub published_match: Option<bool>,
+    /// Results that disagreed with an earlier result for the same job.
+    pub conflicts: u64,
+    /// The whole document.
+    pub json: serde_json::Value,
+}
+
+impl Report {
+    /// Reads `dir/report.json`. The counts are exact JSON integers.
+    ///
+    /// # Errors
+    ///
+    /// When the file is missing or a field is absent or not an integer.
+    pub fn read(dir: &Path) -> Result<Report> {
+        let path = dir.join("report.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        // Without serde_json's arbitrary_precision, integers beyond u64 parse
+        // as floats; those fail here instead of rounding (every published
+        // count fits in u64).
+        let int = |field: &str| -> Result<u128> {
+            let v = json
+                .get(field)
+                .with_context(|| format!("report.json lacks `{field}`: {text}"))?;
+            v.as_u64().map(u128::from).with_context(|| {
+                format!("report.json `{field}` is not an exact integer: {v}")
+            })
+        };
+        Ok(Report {
+            n: u32::try_from(int("n")?)?,
+            total: int("total")?,
+            unique: int("unique")?,
+            jobs: u64::try_from(int("jobs")?)?,
+            published_match: json.get("published_match").and_then(|v| v.as_bool()),
+            conflicts: u64::try_from(int("conflicts")?)?,
+            json,
+        })
+    }
+
+    /// Fails unless the totals are the published ones and nothing conflicted.
+    ///
+    /// # Errors
+    ///
+    /// Naming the wrong value.
+    pub fn check_published(&self) -> Result<()> {
+        let (q, u) = published(self.n)
+            .with_context(|| format!("no published value for {}", self.n))?;
+        if (self.total, self.unique) != (q, u) {
+            bail!(
+                "n={}: got total {} unique {}, published {q} / {u}",
+                self.n,
+                self.total,
+                self.unique
+            );
+        }
+        if self.conflicts != 0 {
+            bail!("n={}: {} conflicting results", self.n, self.conflicts);
+        }
+        if self.published_match == Some(false) {
+            bail!("report.json says published_match = false: {}", self.json);
+        }
+        Ok(())
+    }
+}
+
+/// Starts `nq-worker --connect ADDR ARGS…` with debug logs.
+///
+/// # Errors
+///
+/// When the process cannot start.
+pub fn worker(name: &str, connect: &str, args: &[&str]) -> Result<Proc> {
+    let mut all = vec![
+        "--connect".to_owned(),
+        connect.to_owned(),
+        "--name".to_owned(),
+        name.to_owned(),
+    ];
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    Proc::spawn(name, &binary("nq-worker")?, &all, LOG_ENV)
+}
+
+/// A loopback address with a port that was free a moment ago: bind an
+/// ephemeral port, then release it. For processes that must be told a port
+/// before anything listens on it.
+///
+/// # Errors
+///
+/// When no port can be bound.
+pub fn free_port() -> Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+/// Runs `fut` under a deadline, naming what timed out.
+///
+/// # Errors
+///
+/// The future's error, or a timeout.
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| anyhow!("{what}: timed out after {limit:?}"))?
+}

@@ -1,1 +1,55 @@
-//! placeholder
+//! `nq-coord`: the nq coordinator. It splits a board into prefix jobs, leases
+//! them to workers over gRPC (and to its own cores), checks every result, and
+//! keeps the run durable in sled so that it survives crashes and restarts.
+//!
+//! The entry point is [`run`]: give it a [`Config`], a bound listener and a
+//! shutdown future, and it returns a [`RunReport`]. The `nq-coord` binary
+//! (`src/main.rs`, behind the `build-binary` feature) only parses flags, sets
+//! up logging and progress display, and calls it.
+//!
+//! # Layout
+//!
+//! * [`config`]: [`Config`] and the parsers and defaults behind the flags.
+//! * [`scheduler`]: the pure state machine of jobs and leases, time passed in.
+//! * [`lease`]: [`lease::LeaseId`], [`lease::WorkerId`] and the lease table.
+//! * `plan` (private): the split, work estimates and grouping into jobs.
+//! * `session` (private): the state shared by one session's tasks.
+//! * `ledger` (private): the checked path of every result (verify, then
+//!   group commit: many results, one flush, then their acks) and solution
+//!   storage.
+//! * [`service`]: [`service::CoordinatorService`], the gRPC service, and the
+//!   one mapping of errors to `tonic::Status`.
+//! * `local` (private): the embedded worker on `nq_core::pool::Pool`.
+//! * [`progress`]: progress snapshots for displays.
+//! * [`report`]: [`RunReport`], its stdout line and `report.json`.
+//! * [`published`]: OEIS values, used only to check a finished run.
+//! * [`export`]: streaming the stored solutions of a solutions run.
+//! * `run` (private): [`run`] itself: setup, tasks, shutdown order.
+//!
+//! Data flows one way: `plan` → store → `scheduler` → (`service` | `local`)
+//! → `ledger` → store and `scheduler`.
+
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod export;
+pub mod lease;
+mod ledger;
+mod local;
+mod plan;
+pub mod progress;
+pub mod published;
+pub mod report;
+mod run;
+pub mod scheduler;
+pub mod service;
+mod session;
+
+pub use config::Config;
+pub use error::{Error, ReportFault, Result};
+pub use nq_store::JobId;
+pub use plan::MAX_SUBS_PER_JOB;
+pub use progress::Progress;
+pub use report::RunReport;
+pub use run::run;

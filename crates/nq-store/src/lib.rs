@@ -1,1 +1,1100 @@
-//! placeholder
+//! `nq-store`: the durable state of an nq coordinator's run, in sled.
+//!
+//! A data directory holds exactly one run: its manifest, its jobs, their state,
+//! their results and (in solutions mode) the solutions. The coordinator keeps
+//! only compact scheduling state in memory; whatever must survive a crash or a
+//! restart is here, and on startup the store is the truth.
+//!
+//! The API is synchronous (sled calls are fast and never wait on the network)
+//! with one exception, [`Store::flush_async`], whose future runs on any
+//! executor. Nothing in this crate depends on tokio or tonic.
+//!
+//! # Layout
+//!
+//! * [`Store`] (this file): opening a directory, the typed trees and every
+//!   read and write.
+//! * [`manifest`]: [`Manifest`] and [`RunKey`], what a directory was made for.
+//! * [`job`]: [`JobId`], the immutable [`StoredJob`] and the mutable
+//!   [`JobRecord`] with its [`JobState`] machine.
+//! * [`result`]: [`StoredResult`], [`Duplicate`], the group-commit
+//!   [`CommitBatch`] and the final [`RunSummary`].
+//! * `codec` (private): the byte encodings.
+//! * [`error`]: the [`Error`] enum.
+//!
+//! # Trees
+//!
+//! Every key is big-endian, so sled's byte order is numeric order.
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary` | see the types |
+//! | `jobs` | job id / [`job::JOBS_PER_CHUNK`] (8) | that many jobs: work (8) and prefixes (N bytes each) |
+//! | `records` | job id / [`job::RECORDS_PER_CHUNK`] (8) | that many [`JobRecord`]s, with the result once done; an absent record means pending, 0 attempts |
+//! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |
+//! | `solutions` | job id (8), sub-problem (4), batch (4) | completions, N bytes each |
+//!
+//! sled spends about a hundred bytes of memory per entry whatever the cache
+//! size (measured: a million small entries cost 100 to 200 MB), so the layout
+//! keeps entries few: jobs and job records are chunked, and a job's state and
+//! result share one record. Records are updated by read-modify-write of their
+//! chunk (a compare-and-swap loop, safe under concurrent writers).
+//!
+//! # Durability
+//!
+//! Writes become durable at the next [`Store::flush`] (or
+//! [`Store::flush_async`]). The coordinator acknowledges a result only after
+//! the flush that covers it, and it flushes once per group of results: gather
+//! them in a [`CommitBatch`], [`Store::apply`] it, flush, then acknowledge.
+//!
+//! A job is done when its record holds a result ([`JobState::Done`]).
+
+#![deny(missing_docs)]
+
+mod codec;
+pub mod error;
+pub mod job;
+pub mod manifest;
+pub mod result;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use nq_core::Board;
+
+pub use error::{Corruption, Error, Result};
+pub use job::{
+    JOBS_PER_CHUNK, JobId, JobRecord, JobState, NewJob, RECORDS_PER_CHUNK, StoredJob,
+};
+pub use manifest::{Manifest, RunKey};
+pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
+
+use codec::{Reader, key_u64};
+
+/// Default sled page cache, 16 MiB. sled's real heap is several times its
+/// nominal cache (measured: a million small entries take about 100 MB with a
+/// 16 MiB cache and 210 MB with 64 MiB), and the coordinator of a million-job
+/// run must stay under 200 MB. Each job is read about once, so a small cache
+/// costs little.
+pub const DEFAULT_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Name of the marker file written next to the database when a run is
+/// created. It holds the run id; its presence with no manifest in the
+/// database means the database lost data (see [`Error::Lost`]).
+pub const MARKER_FILE: &str = "nq-run";
+
+const MANIFEST: &[u8] = b"manifest";
+const BOOT: &[u8] = b"boot";
+const ELAPSED: &[u8] = b"elapsed_ms";
+const SUMMARY: &[u8] = b"summary";
+
+/// Options for [`Store::open`].
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// sled's page cache size in bytes. Default [`DEFAULT_CACHE_BYTES`].
+    pub cache_capacity: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            cache_capacity: DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
+/// What a new run is made of, besides its jobs (see [`Store::create_run`]).
+#[derive(Clone, Debug)]
+pub struct NewRun {
+    /// The parameters that identify the run.
+    pub key: RunKey,
+    /// Identifies the run across restarts.
+    pub run_id: String,
+    /// Version of the program creating it.
+    pub program_version: String,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// One batch of stored solutions (see [`Store::put_solutions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SolutionBatch {
+    /// The job.
+    pub job: JobId,
+    /// Index of the sub-problem in the job.
+    pub sub: u32,
+    /// Sequence number of the batch within the sub-problem.
+    pub seq: u32,
+    /// Complete placements, N bytes each (`rows[col]`), concatenated.
+    pub rows: Vec<u8>,
+}
+
+/// The durable state of one run. Cheap to share behind an `Arc`; every method
+/// takes `&self` and is safe to call from many threads.
+pub struct Store {
+    db: sled::Db,
+    meta: sled::Tree,
+    jobs: sled::Tree,
+    records: sled::Tree,
+    duplicates: sled::Tree,
+    solutions: sled::Tree,
+    dir: Option<PathBuf>,
+    /// The run's board, known once a manifest was read or written; jobs and
+    /// solutions cannot be decoded without it.
+    board: OnceLock<Board>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .field("board", &self.board.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in `dir`.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Locked`] when another process has it open;
+    /// * [`Error::NotAStore`] when `dir` is a non-empty directory that holds no
+    ///   sled database (it is left untouched);
+    /// * [`Error::Open`] for anything else sled refuses, naming `dir`.
+    pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store> {
+        if let Ok(mut entries) = std::fs::read_dir(dir) {
+            let has_db = dir.join("db").is_file()
+                || dir.join("conf").is_file()
+                || dir.join(MARKER_FILE).is_file();
+            if !has_db && entries.next().is_some() {
+                return Err(Error::NotAStore {
+                    dir: dir.to_path_buf(),
+                });
+            }
+        }
+        let config = sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_capacity)
+            .mode(sled::Mode::HighThroughput);
+        let db = config.open().map_err(|source| match source {
+            // sled reports a held lock as this I/O error (sled 0.34, config.rs).
+            sled::Error::Io(ref e)
+                if e.to_string().contains("could not acquire lock") =>
+            {
+                Error::Locked {
+                    dir: dir.to_path_buf(),
+                }
+            }
+            source => Error::Open {
+                dir: dir.to_path_buf(),
+                source,
+            },
+        })?;
+        Store::from_db(db, Some(dir.to_path_buf()))
+    }
+
+    /// Opens a store from a sled configuration, e.g.
+    /// `sled::Config::new().temporary(true)` in tests.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sled`] when sled cannot open it.
+    pub fn with_config(config: sled::Config) -> Result<Store> {
+        Store::from_db(config.open()?, None)
+    }
+
+    /// A store that lives in memory (or `/dev/shm`) and vanishes on drop.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sled`] when sled cannot create it.
+    pub fn temporary() -> Result<Store> {
+        Store::with_config(sled::Config::new().temporary(true))
+    }
+
+    fn from_db(db: sled::Db, dir: Option<PathBuf>) -> Result<Store> {
+        let store = Store {
+            meta: db.open_tree("meta")?,
+            jobs: db.open_tree("jobs")?,
+            records: db.open_tree("records")?,
+            duplicates: db.open_tree("duplicates")?,
+            solutions: db.open_tree("solutions")?,
+            db,
+            dir,
+            board: OnceLock::new(),
+        };
+        // Reading the manifest validates it and learns the board.
+        if store.manifest()?.is_none()
+            && let Some(dir) = &store.dir
+            && let Ok(run_id) = std::fs::read_to_string(dir.join(MARKER_FILE))
+        {
+            return Err(Error::Lost {
+                dir: dir.clone(),
+                run_id: run_id.trim().to_owned(),
+            });
+        }
+        Ok(store)
+    }
+
+    /// The directory, unless the store is temporary.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    fn dir_for_errors(&self) -> PathBuf {
+        self.dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("<temporary store>"))
+    }
+
+    fn board(&self) -> Result<Board> {
+        self.board.get().copied().ok_or(Error::NoRun)
+    }
+
+    // ----- manifest ---------------------------------------------------------
+
+    /// The stored run's manifest, if a run was created.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] when the manifest does not decode.
+    pub fn manifest(&self) -> Result<Option<Manifest>> {
+        let Some(bytes) = self.meta.get(MANIFEST)? else {
+            return Ok(None);
+        };
+        let m = Manifest::decode(&bytes)?;
+        let _ = self.board.set(m.key.board);
+        Ok(Some(m))
+    }
+
+    /// Checks that the stored run, if any, is the one `requested`, and returns
+    /// its manifest. `Ok(None)` means the store holds no run yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Mismatch`] naming both runs when they differ.
+    pub fn resume(&self, requested: &RunKey) -> Result<Option<Manifest>> {
+        let Some(m) = self.manifest()? else {
+            return Ok(None);
+        };
+        if m.key != *requested {
+            return Err(Error::Mismatch {
+                dir: self.dir_for_errors(),
+                stored: Box::new(m.key),
+                requested: Box::new(*requested),
+            });
+        }
+        Ok(Some(m))
+    }
+
+    /// Creates a run: writes every job (ids `0..`, in the iterator's order),
+    /// then the manifest, then flushes. Returns the manifest.
+    ///
+    /// Leftovers of an interrupted creation (jobs without a manifest) are
+    /// cleared first; the manifest is written last, so a crash at any point
+    /// leaves either a complete run or none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RunExists`] when a manifest is already stored; sled errors.
+    pub fn create_run(
+        &self,
+        run: NewRun,
+        jobs: impl IntoIterator<Item = NewJob>,
+    ) -> Result<Manifest> {
+        if self.manifest()?.is_some() {
+            return Err(Error::RunExists);
+        }
+        for tree in [&self.jobs, &self.records, &self.duplicates, &self.solutions] {
+            tree.clear()?;
+        }
+        let (mut count, mut total_work) = (0u64, 0u128);
+        let mut chunk = Vec::with_capacity(JOBS_PER_CHUNK as usize);
+        let flush_chunk = |chunk: &mut Vec<NewJob>, first: u64| -> Result<()> {
+            if !chunk.is_empty() {
+                let (key, _) = job::chunk_of(JobId(first));
+                self.jobs
+                    .insert(key.to_be_bytes(), job::encode_chunk(chunk))?;
+                chunk.clear();
+            }
+            Ok(())
+        };
+        for job in jobs {
+            total_work += u128::from(job.work);
+            chunk.push(job);
+            count += 1;
+            if chunk.len() as u64 == JOBS_PER_CHUNK {
+                flush_chunk(&mut chunk, count - JOBS_PER_CHUNK)?;
+            }
+        }
+        let first = count - chunk.len() as u64;
+        flush_chunk(&mut chunk, first)?;
+        let manifest = Manifest {
+            key: run.key,
+            program_version: run.program_version,
+            run_id: run.run_id,
+            jobs: count,
+            total_work,
+            created_unix_ms: run.created_unix_ms,
+        };
+        // The manifest must not become durable before the jobs: flush them first.
+        self.db.flush()?;
+        self.meta.insert(MANIFEST, manifest.encode())?;
+        self.db.flush()?;
+        if let Some(dir) = &self.dir {
+            write_marker(dir, &manifest.run_id).map_err(|source| Error::Open {
+                dir: dir.clone(),
+                source: source.into(),
+            })?;
+        }
+        let _ = self.board.set(run.key.board);
+        Ok(manifest)
+    }
+
+    // ----- jobs -------------------------------------------------------------
+
+    /// One job's definition.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoSuchJob`], [`Error::NoRun`], [`Error::Corrupt`].
+    pub fn job(&self, id: JobId) -> Result<StoredJob> {
+        let board = self.board()?;
+        let (key, index) = job::chunk_of(id);
+        let bytes = self
+            .jobs
+            .get(key.to_be_bytes())?
+            .ok_or(Error::NoSuchJob { job: id })?;
+        let chunk = job::Chunk::decode(&bytes)?;
+        if index >= chunk.len() {
+            return Err(Error::NoSuchJob { job: id });
+        }
+        chunk.job(board, index)
+    }
+
+    /// The estimated work of every job, indexed by job id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] when a chunk does not decode or a chunk is missing.
+    pub fn job_works(&self) -> Result<Vec<u64>> {
+        let mut works = Vec::new();
+        for entry in self.jobs.iter() {
+            let (k, v) = entry?;
+            if key_u64("jobs", &k)? * JOBS_PER_CHUNK != works.len() as u64 {
+                return Err(Error::Corrupt {
+                    tree: "jobs",
+                    what: Corruption::Field { field: "chunk key" },
+                });
+            }
+            let chunk = job::Chunk::decode(&v)?;
+            for i in 0..chunk.len() {
+                works.push(chunk.work(i)?);
+            }
+        }
+        Ok(works)
+    }
+
+    /// The record of `id` (pending with no attempts when none is stored).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn job_record(&self, id: JobId) -> Result<JobRecord> {
+        let (key, index) = job::record_chunk_of(id);
+        let Some(v) = self.records.get(key.to_be_bytes())? else {
+            return Ok(JobRecord::default());
+        };
+        match job::decode_record_chunk(&v)?.iter().find(|r| r.0 == index) {
+            Some((_, bytes)) => JobRecord::decode(bytes),
+            None => Ok(JobRecord::default()),
+        }
+    }
+
+    /// Every stored job record, in job order. Jobs without one are pending
+    /// with no attempts.
+    pub fn job_records(
+        &self,
+    ) -> impl Iterator<Item = Result<(JobId, JobRecord)>> + 'static {
+        self.records.iter().flat_map(|entry| {
+            let chunk = entry.map_err(Error::from).and_then(|(k, v)| {
+                let first = key_u64("records", &k)? * RECORDS_PER_CHUNK;
+                job::decode_record_chunk(&v)?
+                    .into_iter()
+                    .map(|(index, bytes)| {
+                        Ok((JobId(first + u64::from(index)), JobRecord::decode(bytes)?))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            });
+            match chunk {
+                Ok(records) => records.into_iter().map(Ok).collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
+            }
+        })
+    }
+
+    /// Writes a job's record, unless the job is done: a `Done` record holds
+    /// the result and is final, so it is never overwritten (a lease record
+    /// racing with a result loses). Not durable until the next flush (which is
+    /// fine for a lease: a lease lost in a crash is requeued anyway).
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn set_job_record(&self, id: JobId, record: &JobRecord) -> Result<()> {
+        self.update_records([(id, record.encode())])
+    }
+
+    /// Writes many records (encoded), in order, one read-modify-write per
+    /// chunk. Records of done jobs are left alone.
+    fn update_records(
+        &self,
+        updates: impl IntoIterator<Item = (JobId, Vec<u8>)>,
+    ) -> Result<()> {
+        let mut by_chunk: std::collections::BTreeMap<u64, Vec<(u8, Vec<u8>)>> =
+            std::collections::BTreeMap::new();
+        for (id, bytes) in updates {
+            let (key, index) = job::record_chunk_of(id);
+            by_chunk.entry(key).or_default().push((index, bytes));
+        }
+        for (key, updates) in by_chunk {
+            let mut failure = None;
+            self.records.fetch_and_update(key.to_be_bytes(), |old| {
+                match job::update_record_chunk(old, &updates) {
+                    Ok(new) => Some(new),
+                    Err(e) => {
+                        // Leave a corrupt chunk as it is, and report it.
+                        failure = Some(e);
+                        old.map(<[u8]>::to_vec)
+                    }
+                }
+            })?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts every `Leased` job back to `Pending` (keeping its attempts) and
+    /// flushes. Called on startup: no lease of a previous session is held.
+    /// Returns how many jobs were requeued.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn requeue_leased(&self) -> Result<u64> {
+        let mut requeue = vec![];
+        for entry in self.job_records() {
+            let (id, mut rec) = entry?;
+            if matches!(rec.state, JobState::Leased { .. }) {
+                rec.state = JobState::Pending;
+                requeue.push((id, rec.encode()));
+            }
+        }
+        let n = requeue.len() as u64;
+        self.update_records(requeue)?;
+        if n > 0 {
+            self.db.flush()?;
+        }
+        Ok(n)
+    }
+
+    // ----- results ----------------------------------------------------------
+
+    /// The stored result of `id`, if the job is done.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn result(&self, id: JobId) -> Result<Option<StoredResult>> {
+        Ok(match self.job_record(id)?.state {
+            JobState::Done(result) => Some(*result),
+            _ => None,
+        })
+    }
+
+    /// Every stored result, in job order.
+    pub fn results(
+        &self,
+    ) -> impl Iterator<Item = Result<(JobId, StoredResult)>> + 'static {
+        self.job_records().filter_map(|entry| match entry {
+            Ok((
+                id,
+                JobRecord {
+                    state: JobState::Done(result),
+                    ..
+                },
+            )) => Some(Ok((id, *result))),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+
+    /// Every recorded duplicate, in job order.
+    pub fn duplicates(
+        &self,
+    ) -> impl Iterator<Item = Result<(JobId, Duplicate)>> + 'static {
+        self.duplicates.iter().map(|entry| {
+            let (k, v) = entry?;
+            let job = key_u64("duplicates", k.get(..8).unwrap_or(&[]))?;
+            Ok((JobId(job), Duplicate::decode(&v)?))
+        })
+    }
+
+    /// Applies a group commit's writes. They are durable after the next flush;
+    /// acknowledge nothing before it.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn apply(&self, batch: CommitBatch) -> Result<()> {
+        self.update_records(batch.records)?;
+        for (job, value) in batch.duplicates {
+            let mut key = [0u8; 16];
+            key[..8].copy_from_slice(&job.key());
+            key[8..].copy_from_slice(&self.db.generate_id()?.to_be_bytes());
+            self.duplicates.insert(key, value)?;
+        }
+        Ok(())
+    }
+
+    /// Makes every write so far durable (one disk sync). Returns the bytes
+    /// written, as sled counts them.
+    ///
+    /// # Errors
+    ///
+    /// sled errors (I/O).
+    pub fn flush(&self) -> Result<usize> {
+        Ok(self.db.flush()?)
+    }
+
+    /// [`Store::flush`] without blocking the caller's thread: sled runs the
+    /// sync on its own thread pool. The future works on any executor.
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::flush`].
+    pub async fn flush_async(&self) -> Result<usize> {
+        Ok(self.db.flush_async().await?)
+    }
+
+    // ----- solutions --------------------------------------------------------
+
+    /// Stores a batch of completions of sub-problem `sub` of `job`: `rows` holds
+    /// complete placements, N bytes each. `seq` numbers the batches of one
+    /// sub-problem from 0. Not durable until the next flush.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn put_solutions(
+        &self,
+        job: JobId,
+        sub: u32,
+        seq: u32,
+        rows: &[u8],
+    ) -> Result<()> {
+        self.solutions.insert(solution_key(job, sub, seq), rows)?;
+        Ok(())
+    }
+
+    /// Deletes every stored solution of `job` (the leftovers of a report that
+    /// did not complete). Returns how many batches were deleted.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn clear_solutions(&self, job: JobId) -> Result<u64> {
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for key in self.solutions.scan_prefix(job.key()).keys() {
+            batch.remove(key?);
+            n += 1;
+        }
+        if n > 0 {
+            self.solutions.apply_batch(batch)?;
+        }
+        Ok(n)
+    }
+
+    /// The stored solution batches of one job, in (sub-problem, batch) order.
+    pub fn job_solutions(
+        &self,
+        job: JobId,
+    ) -> impl Iterator<Item = Result<SolutionBatch>> + 'static {
+        self.solutions.scan_prefix(job.key()).map(decode_solution)
+    }
+
+    /// Every stored solution batch, in (job, sub-problem, batch) order. Reads
+    /// lazily: memory does not grow with the number of solutions.
+    pub fn solutions(&self) -> impl Iterator<Item = Result<SolutionBatch>> + 'static {
+        self.solutions.iter().map(decode_solution)
+    }
+
+    // ----- meta -------------------------------------------------------------
+
+    /// Increments and returns the session counter (1 for the first session).
+    /// The coordinator folds it into lease and worker ids, so that ids of
+    /// different sessions never collide. Flushes.
+    ///
+    /// # Errors
+    ///
+    /// sled errors, [`Error::Corrupt`].
+    pub fn next_boot(&self) -> Result<u64> {
+        let old = self.meta.fetch_and_update(BOOT, |old| {
+            let n = old
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map_or(0, u64::from_be_bytes);
+            Some((n + 1).to_be_bytes().to_vec())
+        })?;
+        let old = match old {
+            None => 0,
+            Some(b) => key_u64("meta", &b)?,
+        };
+        self.db.flush()?;
+        Ok(old + 1)
+    }
+
+    /// Time spent on the run by earlier sessions, in milliseconds.
+    ///
+    /// # Errors
+    ///
+    /// sled errors, [`Error::Corrupt`].
+    pub fn elapsed_ms(&self) -> Result<u64> {
+        match self.meta.get(ELAPSED)? {
+            None => Ok(0),
+            Some(b) => key_u64("meta", &b),
+        }
+    }
+
+    /// Records the time spent on the run so far. Not durable until a flush.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn set_elapsed_ms(&self, ms: u64) -> Result<()> {
+        self.meta.insert(ELAPSED, &ms.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// The summary of a finished run.
+    ///
+    /// # Errors
+    ///
+    /// sled errors, [`Error::Corrupt`].
+    pub fn summary(&self) -> Result<Option<RunSummary>> {
+        self.meta
+            .get(SUMMARY)?
+            .map(|b| RunSummary::decode(&b))
+            .transpose()
+    }
+
+    /// Records the summary of a finished run, and flushes.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn set_summary(&self, summary: &RunSummary) -> Result<()> {
+        self.meta.insert(SUMMARY, summary.encode())?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+/// Writes the marker file durably (write, sync, rename).
+fn write_marker(dir: &Path, run_id: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{MARKER_FILE}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{run_id}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(MARKER_FILE))
+}
+
+fn solution_key(job: JobId, sub: u32, seq: u32) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&job.key());
+    key[8..12].copy_from_slice(&sub.to_be_bytes());
+    key[12..].copy_from_slice(&seq.to_be_bytes());
+    key
+}
+
+fn decode_solution(
+    entry: sled::Result<(sled::IVec, sled::IVec)>,
+) -> Result<SolutionBatch> {
+    let (k, v) = entry?;
+    let mut r = Reader::new("solutions", &k);
+    let batch = SolutionBatch {
+        job: JobId(r.u64()?),
+        sub: r.u32()?,
+        seq: r.u32()?,
+        rows: v.to_vec(),
+    };
+    r.end()?;
+    Ok(batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use nq_core::split::{SPLIT_VERSION, SplitSpec, SubCounts, Tally};
+
+    use super::*;
+
+    fn key(n: u64, ring: u8, extra: u8, solutions: bool) -> RunKey {
+        RunKey {
+            board: Board::new(n).unwrap(),
+            split_version: SPLIT_VERSION,
+            spec: SplitSpec::new(ring, extra).unwrap(),
+            solutions,
+        }
+    }
+
+    fn new_run(key: RunKey) -> NewRun {
+        NewRun {
+            key,
+            run_id: "test-run".into(),
+            program_version: "0.0.0".into(),
+            created_unix_ms: 1,
+        }
+    }
+
+    /// Three jobs on a 4×4 board (the prefixes need not be real sub-problems
+    /// here: the store does not interpret them).
+    fn jobs() -> Vec<NewJob> {
+        vec![
+            NewJob {
+                rows: vec![1, 3, 0, 2],
+                work: 5,
+            },
+            NewJob {
+                rows: vec![2, 0, 3, 1, 1, 255, 255, 255],
+                work: 7,
+            },
+            NewJob {
+                rows: vec![0, 255, 255, 255],
+                work: 1,
+            },
+        ]
+    }
+
+    fn result(count: u128, worker: &str) -> StoredResult {
+        StoredResult {
+            counts: vec![SubCounts {
+                count,
+                ..SubCounts::default()
+            }],
+            solutions: 0,
+            tally: Tally {
+                total: count * 8,
+                burnside: count * 8,
+            },
+            nodes: 10,
+            worker: worker.into(),
+            lease: 1,
+        }
+    }
+
+    #[test]
+    fn creates_and_reads_a_run() {
+        let store = Store::with_config(sled::Config::new().temporary(true)).unwrap();
+        assert_eq!(store.manifest().unwrap(), None);
+        assert!(matches!(store.job(JobId(0)), Err(Error::NoRun)));
+        let m = store
+            .create_run(new_run(key(4, 1, 0, false)), jobs())
+            .unwrap();
+        assert_eq!(m.jobs, 3);
+        assert_eq!(m.total_work, 13);
+        assert_eq!(store.manifest().unwrap(), Some(m.clone()));
+        assert_eq!(store.job_works().unwrap(), vec![5, 7, 1]);
+        let j = store.job(JobId(1)).unwrap();
+        assert_eq!(j.len(), 2);
+        assert_eq!(
+            j.prefixes().collect::<Vec<_>>(),
+            vec![&[2, 0, 3, 1][..], &[1, 255, 255, 255]]
+        );
+        assert!(matches!(store.job(JobId(3)), Err(Error::NoSuchJob { .. })));
+        assert!(matches!(
+            store.create_run(new_run(key(4, 1, 0, false)), jobs()),
+            Err(Error::RunExists)
+        ));
+    }
+
+    #[test]
+    fn jobs_span_chunks() {
+        let store = Store::temporary().unwrap();
+        let many: Vec<NewJob> = (0..200u64)
+            .map(|i| NewJob {
+                rows: vec![(i % 4) as u8, 255, 255, 255],
+                work: i,
+            })
+            .collect();
+        let m = store
+            .create_run(new_run(key(4, 1, 0, false)), many)
+            .unwrap();
+        assert_eq!(m.jobs, 200);
+        assert_eq!(store.job_works().unwrap(), (0..200).collect::<Vec<u64>>());
+        for i in [0u64, 63, 64, 127, 128, 199] {
+            let j = store.job(JobId(i)).unwrap();
+            assert_eq!(
+                (j.work(), j.prefixes().next().unwrap()[0]),
+                (i, (i % 4) as u8)
+            );
+        }
+        assert!(matches!(
+            store.job(JobId(200)),
+            Err(Error::NoSuchJob { .. })
+        ));
+        assert!(matches!(
+            store.job(JobId(1 << 40)),
+            Err(Error::NoSuchJob { .. })
+        ));
+    }
+
+    #[test]
+    fn records_span_chunks() {
+        let store = Store::temporary().unwrap();
+        let many: Vec<NewJob> = (0..40u64)
+            .map(|_| NewJob {
+                rows: vec![0, 255, 255, 255],
+                work: 1,
+            })
+            .collect();
+        store
+            .create_run(new_run(key(4, 1, 0, false)), many)
+            .unwrap();
+        let ids = [0u64, 15, 16, 17, 39];
+        let mut batch = CommitBatch::new();
+        for &i in &ids {
+            let rec = JobRecord {
+                state: JobState::Pending,
+                attempts: i as u32 + 1,
+            };
+            batch.record(JobId(i), &rec);
+        }
+        batch.result(JobId(16), result(1, "w"), 3);
+        store.apply(batch).unwrap();
+        let all: Vec<(JobId, JobRecord)> =
+            store.job_records().collect::<Result<_>>().unwrap();
+        assert_eq!(all.iter().map(|r| r.0.0).collect::<Vec<_>>(), ids);
+        assert_eq!(all[3].1.attempts, 18);
+        assert_eq!(
+            all[2].1.attempts, 3,
+            "the result replaced the pending record"
+        );
+        assert_eq!(store.results().count(), 1);
+        assert_eq!(store.job_record(JobId(38)).unwrap(), JobRecord::default());
+    }
+
+    #[test]
+    fn a_run_for_other_parameters_is_refused() {
+        let store = Store::temporary().unwrap();
+        let k = key(8, 1, 0, false);
+        assert_eq!(
+            store.resume(&k).unwrap(),
+            None,
+            "an empty store resumes nothing"
+        );
+        store.create_run(new_run(k), jobs()).unwrap();
+        assert!(store.resume(&k).unwrap().is_some());
+        for other in [key(9, 1, 0, false), key(8, 1, 1, false), key(8, 1, 0, true)] {
+            let err = store.resume(&other).unwrap_err();
+            assert!(matches!(err, Error::Mismatch { .. }), "{err}");
+            let msg = err.to_string();
+            assert!(
+                msg.contains("N=8") && msg.contains(&format!("N={}", other.board.n())),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn results_survive_a_reopen_and_leases_are_requeued() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.sled");
+        {
+            let store = Store::open(&path, &StoreOptions::default()).unwrap();
+            assert_eq!(store.next_boot().unwrap(), 1);
+            store
+                .create_run(new_run(key(4, 1, 0, false)), jobs())
+                .unwrap();
+            let mut batch = CommitBatch::new();
+            batch.result(JobId(0), result(3, "w1"), 1);
+            batch.duplicate(
+                JobId(0),
+                &Duplicate {
+                    kind: DuplicateKind::Conflict,
+                    result: result(4, "w2"),
+                },
+            );
+            assert_eq!(batch.len(), 2);
+            store.apply(batch).unwrap();
+            store
+                .set_job_record(
+                    JobId(2),
+                    &JobRecord {
+                        state: JobState::Leased {
+                            worker: "w3".into(),
+                            deadline_unix_ms: 9,
+                        },
+                        attempts: 2,
+                    },
+                )
+                .unwrap();
+            store.set_elapsed_ms(1234).unwrap();
+            store.flush().unwrap();
+        }
+        let store = Store::open(&path, &StoreOptions::default()).unwrap();
+        assert_eq!(
+            store.next_boot().unwrap(),
+            2,
+            "the session counter persists"
+        );
+        assert_eq!(store.manifest().unwrap().unwrap().jobs, 3);
+        assert_eq!(store.result(JobId(0)).unwrap(), Some(result(3, "w1")));
+        assert_eq!(store.result(JobId(1)).unwrap(), None);
+        assert_eq!(store.results().count(), 1);
+        let dups: Vec<_> = store.duplicates().collect::<Result<_>>().unwrap();
+        assert_eq!(dups.len(), 1);
+        assert_eq!(dups[0].0, JobId(0));
+        assert_eq!(dups[0].1.kind, DuplicateKind::Conflict);
+        assert_eq!(
+            store.job_record(JobId(0)).unwrap().state,
+            JobState::Done(Box::new(result(3, "w1")))
+        );
+        assert_eq!(store.requeue_leased().unwrap(), 1);
+        // A done record is final: a late lease record does not overwrite it.
+        let late = JobRecord {
+            state: JobState::Pending,
+            attempts: 9,
+        };
+        store.set_job_record(JobId(0), &late).unwrap();
+        assert_eq!(store.result(JobId(0)).unwrap(), Some(result(3, "w1")));
+        assert_eq!(
+            store.job_record(JobId(2)).unwrap(),
+            JobRecord {
+                state: JobState::Pending,
+                attempts: 2
+            }
+        );
+        assert_eq!(store.job_record(JobId(1)).unwrap(), JobRecord::default());
+        assert_eq!(store.elapsed_ms().unwrap(), 1234);
+    }
+
+    #[test]
+    fn a_directory_in_use_is_refused_with_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("busy.sled");
+        let _first = Store::open(&path, &StoreOptions::default()).unwrap();
+        let err = Store::open(&path, &StoreOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }), "{err:?}");
+        assert!(err.to_string().contains("busy.sled"), "{err}");
+    }
+
+    #[test]
+    fn a_foreign_directory_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let err = Store::open(dir.path(), &StoreOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::NotAStore { .. }), "{err:?}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_corrupt_manifest_is_reported_not_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sled");
+        {
+            let store = Store::open(&path, &StoreOptions::default()).unwrap();
+            store.meta.insert(MANIFEST, &[1, 2, 3][..]).unwrap();
+            store.flush().unwrap();
+        }
+        let err = Store::open(&path, &StoreOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt { tree: "meta", .. }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_database_that_lost_its_run_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lost.sled");
+        {
+            let store = Store::open(&path, &StoreOptions::default()).unwrap();
+            store
+                .create_run(new_run(key(4, 1, 0, false)), jobs())
+                .unwrap();
+        }
+        // What sled recovers from destroyed files: an empty database.
+        for entry in std::fs::read_dir(&path).unwrap() {
+            let p = entry.unwrap().path();
+            if p.file_name().unwrap() != MARKER_FILE {
+                if p.is_dir() {
+                    std::fs::remove_dir_all(p).unwrap();
+                } else {
+                    std::fs::remove_file(p).unwrap();
+                }
+            }
+        }
+        let err = Store::open(&path, &StoreOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::Lost { .. }), "{err:?}");
+        assert!(err.to_string().contains("test-run"), "{err}");
+    }
+
+    #[test]
+    fn an_interrupted_creation_is_redone() {
+        let store = Store::temporary().unwrap();
+        // Jobs without a manifest: what a crash during creation leaves.
+        store
+            .jobs
+            .insert(0u64.to_be_bytes(), job::encode_chunk(&jobs()))
+            .unwrap();
+        store
+            .jobs
+            .insert(9u64.to_be_bytes(), job::encode_chunk(&jobs()))
+            .unwrap();
+        store
+            .create_run(new_run(key(4, 1, 0, false)), jobs())
+            .unwrap();
+        assert_eq!(store.job_works().unwrap(), vec![5, 7, 1]);
+    }
+
+    #[test]
+    fn solutions_are_stored_by_job_sub_and_batch() {
+        let store = Store::temporary().unwrap();
+        store
+            .create_run(new_run(key(4, 1, 0, true)), jobs())
+            .unwrap();
+        store.put_solutions(JobId(1), 1, 0, &[2, 0, 3, 1]).unwrap();
+        store.put_solutions(JobId(1), 0, 0, &[1, 3, 0, 2]).unwrap();
+        store
+            .put_solutions(JobId(0), 0, 0, &[1, 3, 0, 2, 2, 0, 3, 1])
+            .unwrap();
+        let all: Vec<_> = store.solutions().collect::<Result<_>>().unwrap();
+        let order: Vec<_> = all.iter().map(|b| (b.job.0, b.sub, b.seq)).collect();
+        assert_eq!(order, vec![(0, 0, 0), (1, 0, 0), (1, 1, 0)]);
+        assert_eq!(store.job_solutions(JobId(1)).count(), 2);
+        assert_eq!(store.clear_solutions(JobId(1)).unwrap(), 2);
+        assert_eq!(store.job_solutions(JobId(1)).count(), 0);
+        assert_eq!(store.solutions().count(), 1);
+    }
+
+    #[test]
+    fn summary_round_trips() {
+        let store = Store::temporary().unwrap();
+        assert_eq!(store.summary().unwrap(), None);
+        let s = RunSummary {
+            total: 92,
+            unique: 12,
+            elapsed_ms: 5,
+            jobs: 3,
+            confirmations: 1,
+            conflicts: 0,
+            finished_unix_ms: 2,
+        };
+        store.set_summary(&s).unwrap();
+        assert_eq!(store.summary().unwrap(), Some(s));
+    }
+}

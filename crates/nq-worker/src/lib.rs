@@ -1,1 +1,483 @@
-//! placeholder
+//! `nq-worker`: leases jobs of sub-problems from an nq coordinator, solves them
+//! on a fixed pool of CPU threads, and reports the counts back.
+//!
+//! A worker is stateless: everything it computes is keyed by the coordinator's
+//! job ids, so it can be killed, restarted or duplicated at any time without
+//! changing a total. [`run`] returns when the run is complete, or when the
+//! shutdown future fires and the current jobs are finished or handed back.
+//!
+//! ```text
+//!            Register ──► Lease (heartbeat + prefetch) ◄─────────────┐
+//!                            │ jobs                                   │
+//!                            ▼                                        │
+//!   pool threads ── bounded mpsc ──► job task ── Report stream ──► ack ┘
+//! ```
+//!
+//! # Layout
+//!
+//! * [`config`]: [`Config`], the coordinator address and duration parsers.
+//! * `lease` (private): the lease loop. It owns the registration, the set of
+//!   held leases, the heartbeat, prefetch, revocation, reconnection and drain.
+//! * `client` (private): typed gRPC calls, the sorting of failures into
+//!   retryable and fatal, the retry backoff, and the per-job report task.
+//! * `pool` (private): glue between [`nq_core::pool::Pool`], the one CPU runner
+//!   of nq, and the async side: a `JobSink` that hands results and solution
+//!   batches over bounded channels with `blocking_send`.
+//!
+//! The CPU work never runs on tokio's threads; the async side only moves
+//! messages.
+
+#![deny(missing_docs)]
+
+mod client;
+pub mod config;
+mod lease;
+mod pool;
+
+#[cfg(test)]
+mod testutil;
+
+use std::future::Future;
+
+pub use config::{Config, Coordinator, DEFAULT_PORT, parse_duration};
+
+/// What can stop a worker. Network trouble is not here: the worker retries it
+/// with backoff until the coordinator answers again.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A coordinator address that cannot be parsed.
+    #[error(
+        "`{input}` is not a coordinator address ({reason}); use HOST, HOST:PORT or \
+         http://HOST:PORT (the port defaults to {DEFAULT_PORT})"
+    )]
+    Address {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A duration that cannot be parsed.
+    #[error("`{input}` is not a duration; use a number and a unit: 500ms, 30s, 2m, 1h")]
+    Duration {
+        /// The text given.
+        input: String,
+    },
+    /// The CPU threads could not be started.
+    #[error("cannot start {threads} CPU threads")]
+    Pool {
+        /// Threads asked for.
+        threads: usize,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The coordinator answered a call with a status the worker cannot recover
+    /// from, such as a protocol version mismatch.
+    #[error("the coordinator refused {rpc}: {message} ({code:?})")]
+    Refused {
+        /// The rpc that failed.
+        rpc: &'static str,
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The coordinator's message.
+        message: String,
+    },
+    /// The coordinator accepted the registration but speaks another protocol.
+    #[error(
+        "the coordinator speaks protocol version {coordinator}, this worker version \
+         {worker}; run the same nq release on both"
+    )]
+    Protocol {
+        /// The coordinator's version.
+        coordinator: u32,
+        /// [`nq_proto::PROTOCOL_VERSION`].
+        worker: u32,
+    },
+    /// The run the coordinator describes cannot be joined (unknown split
+    /// version, board size out of range, or no description at all).
+    #[error("cannot join the coordinator's run")]
+    Run {
+        /// What is wrong with the description.
+        #[source]
+        source: nq_proto::ConvertError,
+    },
+    /// The coordinator sent a job that is not part of its own run. Counting
+    /// it could corrupt the total, so the worker stops.
+    #[error("the coordinator sent job {job}, which is not a job of its run")]
+    Job {
+        /// The job id.
+        job: u64,
+        /// Which sub-problem failed validation, and why.
+        #[source]
+        source: nq_proto::ConvertError,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Why [`run`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The coordinator reported that every job of the run is done.
+    RunComplete,
+    /// The shutdown future fired; current jobs were finished or handed back.
+    Drained,
+}
+
+/// What a worker did, returned by [`run`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// Why the worker stopped.
+    pub exit: Exit,
+    /// Jobs whose acknowledgement the worker received before it stopped
+    /// (acks still in flight when the run completes are not waited for).
+    pub jobs: u64,
+    /// Sub-problems in those jobs.
+    pub subproblems: u64,
+    /// Search nodes expanded in those jobs.
+    pub nodes: u64,
+    /// Solutions streamed in those jobs (solutions mode only).
+    pub solutions: u64,
+    /// Acknowledged reports that the coordinator recorded as a CONFLICT with
+    /// an earlier result for the same job. Should always be 0.
+    pub conflicts: u64,
+    /// Leases handed back unfinished while draining.
+    pub released: u64,
+}
+
+/// Runs a worker until the run is complete or `shutdown` fires.
+///
+/// Connects to `config.coordinator` (waiting with backoff while it is not up),
+/// registers, and then leases, computes and reports jobs. When `shutdown`
+/// completes the worker drains: it stops leasing, finishes the jobs it is
+/// computing within `config.grace`, hands the rest back with `Release`, and
+/// returns [`Exit::Drained`].
+///
+/// The CPU threads are started here and joined before this returns.
+///
+/// # Errors
+///
+/// Only for conditions that retrying cannot fix: the threads cannot start,
+/// the coordinator refuses the registration (protocol version mismatch), its
+/// run cannot be joined (unknown split version), or it sends an invalid job.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Summary> {
+    let pool = pool::WorkerPool::new(config.threads)?;
+    let result = lease::LeaseLoop::new(&config, &pool).run(shutdown).await;
+    pool.shutdown().await;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use nq_core::split::{SplitSpec, images_of_completion};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::testutil::{Fake, Slot, listener};
+
+    const LIMIT: Duration = Duration::from_secs(60);
+
+    fn config(addr: std::net::SocketAddr, threads: usize) -> Config {
+        let mut c = Config::new(addr.into())
+            .with_threads(std::num::NonZeroUsize::new(threads).unwrap());
+        c.name = "test".into();
+        c.backoff_initial = Duration::from_millis(10);
+        c.backoff_max = Duration::from_millis(100);
+        c.rpc_timeout = Duration::from_secs(5);
+        c
+    }
+
+    /// Serves `fake` and runs one worker against it to the end.
+    async fn run_against(fake: &Fake, threads: usize) -> Result<Summary> {
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let result = tokio::time::timeout(
+            LIMIT,
+            run(
+                config(addr, threads),
+                CancellationToken::new().cancelled_owned(),
+            ),
+        )
+        .await
+        .expect("the worker finishes in time");
+        token.cancel();
+        server.await.unwrap();
+        result
+    }
+
+    /// Polls the fake until `ready` holds: a real readiness signal, checked
+    /// often, never a fixed sleep.
+    async fn until(fake: &Fake, ready: impl Fn(&crate::testutil::State) -> bool) {
+        tokio::time::timeout(LIMIT, async {
+            while !ready(&fake.state()) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("condition reached in time");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn counts_every_job_exactly_once() {
+        let fake = Fake::new(10, SplitSpec::new(1, 1).unwrap(), 5, false);
+        let summary = run_against(&fake, 2).await.unwrap();
+        let s = fake.state();
+        assert_eq!(summary.exit, Exit::RunComplete);
+        assert_eq!((s.tally.total, s.tally.unique().unwrap()), (724, 92));
+        assert_eq!(s.accepted, s.jobs.len() as u64);
+        // Acks still in flight when the run completes are not waited for.
+        assert!(summary.jobs <= s.accepted && summary.jobs > 0);
+        assert_eq!(summary.conflicts, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_every_solution() {
+        let spec = SplitSpec::new(1, 0).unwrap();
+        let fake = Fake::new(8, spec, 3, true);
+        let summary = run_against(&fake, 2).await.unwrap();
+        let s = fake.state();
+        let all: HashSet<Vec<u8>> = s
+            .solutions
+            .iter()
+            .flat_map(|rows| images_of_completion(spec, rows).unwrap())
+            .collect();
+        assert_eq!(all.len(), 92);
+        assert_eq!(s.tally.total, 92);
+        assert!(summary.solutions <= s.solutions.len() as u64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn broken_solution_streams_are_recomputed() {
+        let spec = SplitSpec::new(1, 0).unwrap();
+        let fake = Fake::new(8, spec, 2, true);
+        fake.state().fail_reports = 4;
+        run_against(&fake, 2).await.unwrap();
+        let s = fake.state();
+        assert_eq!(s.fail_reports, 0);
+        let all: HashSet<Vec<u8>> = s
+            .solutions
+            .iter()
+            .flat_map(|rows| images_of_completion(spec, rows).unwrap())
+            .collect();
+        assert_eq!((all.len(), s.tally.total), (92, 92));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn revoked_leases_are_stopped_and_no_longer_renewed() {
+        // Sub-problems of N=20 run far longer than the test.
+        let fake = Fake::new(20, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().ttl = Duration::from_millis(400);
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let worker = tokio::spawn(run(config(addr, 1), token.clone().cancelled_owned()));
+        // One thread, so two jobs fill the queue and the worker wants no more.
+        until(&fake, |s| {
+            s.leased == 2 && s.last_want == 0 && s.last_held == 2
+        })
+        .await;
+        {
+            // As if both leases expired and were reissued elsewhere.
+            let mut s = fake.state();
+            s.hold_back = true;
+            for slot in &mut s.slots {
+                *slot = Slot::Pending;
+            }
+        }
+        // Revoked jobs free the thread: the worker asks for two new jobs and
+        // stops renewing the old leases.
+        until(&fake, |s| s.last_want == 2 && s.last_held == 0).await;
+        {
+            let mut s = fake.state();
+            for slot in &mut s.slots {
+                *slot = Slot::Done;
+            }
+        }
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((summary.exit, summary.jobs), (Exit::RunComplete, 0));
+        token.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn protocol_mismatch_is_fatal_with_the_coordinators_message() {
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().protocol_version = nq_proto::PROTOCOL_VERSION + 1;
+        let err = run_against(&fake, 1).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Refused {
+                    code: tonic::Code::FailedPrecondition,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("speaks version"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reports_are_retried_until_acknowledged() {
+        let fake = Fake::new(9, SplitSpec::new(1, 0).unwrap(), 4, false);
+        fake.state().fail_reports = 5;
+        run_against(&fake, 2).await.unwrap();
+        let s = fake.state();
+        assert_eq!(s.fail_reports, 0);
+        assert_eq!((s.tally.total, s.accepted), (352, s.jobs.len() as u64));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn registers_again_when_the_coordinator_forgets_it() {
+        let fake = Fake::new(10, SplitSpec::new(1, 0).unwrap(), 4, false);
+        fake.state().hold_back = true;
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let worker = tokio::spawn(run(config(addr, 1), token.clone().cancelled_owned()));
+        until(&fake, |s| !s.workers.is_empty()).await;
+        {
+            // A restarted coordinator knows no worker.
+            let mut s = fake.state();
+            s.workers.clear();
+            s.hold_back = false;
+        }
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.exit, Exit::RunComplete);
+        {
+            let s = fake.state();
+            assert_eq!(s.workers.len(), 1, "registered again");
+            assert_eq!(s.tally.total, 724);
+        }
+        token.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waits_for_a_coordinator_that_starts_later() {
+        let (listener, addr) = listener().await;
+        drop(listener);
+        let token = CancellationToken::new();
+        let worker = tokio::spawn(run(config(addr, 1), token.clone().cancelled_owned()));
+        // Give the worker time to fail a few connection attempts. Only the
+        // ordering depends on this; the outcome does not.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 2, false);
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.exit, Exit::RunComplete);
+        assert_eq!(fake.state().tally.total, 92);
+        token.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drains_by_handing_unfinished_jobs_back() {
+        // One sub-problem of N=20 takes far longer than the test: the only way
+        // to finish in time is to stop it and hand it back.
+        let fake = Fake::new(20, SplitSpec::new(1, 0).unwrap(), 1, false);
+        let (listener, addr) = listener().await;
+        let server_token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, server_token.clone()));
+        let shutdown = CancellationToken::new();
+        let mut cfg = config(addr, 1);
+        cfg.grace = Duration::from_millis(200);
+        let worker = tokio::spawn(run(cfg, shutdown.clone().cancelled_owned()));
+        until(&fake, |s| s.leased >= 2).await;
+        shutdown.cancel();
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.exit, Exit::Drained);
+        assert_eq!(summary.jobs, 0);
+        {
+            let s = fake.state();
+            assert_eq!(summary.released, s.leased);
+            assert_eq!(s.released, s.leased, "every lease went back at once");
+            assert!(s.slots.iter().all(|slot| matches!(slot, Slot::Pending)));
+        }
+        server_token.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drains_by_finishing_the_job_it_computes() {
+        // Jobs of 6 sub-problems of N=18 take a good fraction of a second on
+        // one thread: at the signal the first job is computing and the second
+        // is queued behind it.
+        let fake = Fake::new(18, SplitSpec::new(1, 0).unwrap(), 6, false);
+        let (listener, addr) = listener().await;
+        let server_token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, server_token.clone()));
+        let shutdown = CancellationToken::new();
+        let worker =
+            tokio::spawn(run(config(addr, 1), shutdown.clone().cancelled_owned()));
+        until(&fake, |s| s.leased >= 2).await;
+        shutdown.cancel();
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.exit, Exit::Drained);
+        // The computing job was finished and reported; the queued one was
+        // handed back at once.
+        assert_eq!((summary.jobs, summary.released), (1, 1));
+        {
+            let s = fake.state();
+            assert_eq!((s.accepted, s.released), (1, 1));
+        }
+        server_token.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_before_any_coordinator_returns_at_once() {
+        let (listener, addr) = listener().await;
+        drop(listener);
+        let summary = tokio::time::timeout(LIMIT, run(config(addr, 1), async {}))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.exit, Exit::Drained);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_job_outside_the_run_is_refused() {
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 1, false);
+        {
+            // Sub-problems of another split (two extra columns) are not jobs of
+            // this run.
+            let board = nq_core::Board::new(8).unwrap();
+            let mut s = fake.state();
+            s.jobs[0] =
+                nq_core::split::split(board, SplitSpec::new(1, 2).unwrap())[..1].to_vec();
+        }
+        let err = run_against(&fake, 1).await.unwrap_err();
+        assert!(matches!(err, Error::Job { job: 0, .. }), "{err:?}");
+        assert!(fake.state().released >= 1, "the bad lease is handed back");
+    }
+}

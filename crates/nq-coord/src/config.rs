@@ -1,0 +1,207 @@
+//! The validated configuration of a coordinator run.
+//!
+//! The binary parses its command line into `Args` and converts it with
+//! `TryFrom`; tests build a [`Config`] directly with [`Config::new`]. Nothing in
+//! the library reads argv or the environment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nq_core::Board;
+use nq_core::split::SplitSpec;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::progress::Progress;
+
+/// Default lease lifetime: long enough that a busy worker's heartbeat (every
+/// TTL/3) never misses, short enough that a lost worker's jobs return soon.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// Default cap on the linger after completion (see [`Config::linger`]).
+pub const DEFAULT_LINGER: Duration = Duration::from_secs(3);
+
+/// Everything [`crate::run`] needs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The board.
+    pub board: Board,
+    /// The data directory (created if missing). It holds one run; see
+    /// [`Config::default_data_dir`].
+    pub data_dir: PathBuf,
+    /// The split. `None` takes the stored run's split when resuming, and
+    /// [`default_split`] for a new run.
+    pub split: Option<SplitSpec>,
+    /// Store every solution (workers stream them) so that `export` can list
+    /// them.
+    pub solutions: bool,
+    /// Threads of the coordinator's own embedded worker; 0 only serves.
+    pub local_threads: usize,
+    /// Lease lifetime.
+    pub lease_ttl: Duration,
+    /// Target number of jobs for a new run (ignored when resuming). `None`
+    /// means [`default_target_jobs`].
+    pub target_jobs: Option<u64>,
+    /// At most this many sub-problems per job, 1 to
+    /// [`crate::MAX_SUBS_PER_JOB`] (the default). 1 makes one job per
+    /// sub-problem, e.g. for load tests. Ignored when resuming.
+    pub max_job_size: usize,
+    /// After the last job, keep answering `Lease` with `run_complete = true`
+    /// until every worker heard from within one TTL was told, but no longer
+    /// than this.
+    pub linger: Duration,
+    /// sled page cache in bytes.
+    pub cache_bytes: u64,
+    /// Receives progress snapshots (a few per second) when set.
+    pub progress: Option<watch::Sender<Progress>>,
+    /// Log an `info!` progress line this often when set.
+    pub progress_log: Option<Duration>,
+}
+
+impl Config {
+    /// A configuration with defaults: the given board and directory, default
+    /// split, no solutions, NO local threads (the library default only serves;
+    /// the `nq-coord` binary defaults to all cores), 30 s leases, default job
+    /// count, 3 s linger, 16 MiB cache, no progress output.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Board`] when `n` is not 1 to 32.
+    pub fn new(n: u64, data_dir: impl Into<PathBuf>) -> Result<Config> {
+        Ok(Config {
+            board: Board::new(n).map_err(Error::Board)?,
+            data_dir: data_dir.into(),
+            split: None,
+            solutions: false,
+            local_threads: 0,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            target_jobs: None,
+            max_job_size: crate::MAX_SUBS_PER_JOB,
+            linger: DEFAULT_LINGER,
+            cache_bytes: nq_store::DEFAULT_CACHE_BYTES,
+            progress: None,
+            progress_log: None,
+        })
+    }
+
+    /// The default data directory: `nq-<N>.sled` in the working directory, or
+    /// `nq-<N>-solutions.sled` for a solutions run (so that the two kinds of
+    /// run never refuse each other's directory).
+    pub fn default_data_dir(n: u64, solutions: bool) -> PathBuf {
+        if solutions {
+            PathBuf::from(format!("nq-{n}-solutions.sled"))
+        } else {
+            PathBuf::from(format!("nq-{n}.sled"))
+        }
+    }
+}
+
+/// The default split of a new run: nq-core's border split (ring 0), with
+/// extra pre-placed columns until there are at least four sub-problems per
+/// target job ([`default_target_jobs`]), so that jobs of equal estimated
+/// work can be formed. Depends on N only (split 0:1 with 1865 sub-problems at N = 16, 0:2 with 108545 at N = 22).
+pub fn default_split(board: Board) -> SplitSpec {
+    SplitSpec::for_count(board, 4 * default_target_jobs(board))
+}
+
+/// The default target job count: 256 up to N = 16, doubling with each larger
+/// N (1024 at N = 18, 16384 at N = 22, capped at 2²⁰), since the work grows
+/// about 7-fold per N. Jobs then take a fraction of a second at N = 16 and
+/// tens of seconds at N = 24 on one core: enough jobs to balance many workers,
+/// few enough that RPC overhead stays negligible.
+pub fn default_target_jobs(board: Board) -> u64 {
+    let extra = u32::from(board.n().saturating_sub(16)).min(12);
+    256 << extra
+}
+
+/// Parses a split specification `RING:EXTRA`, e.g. `1:0`.
+///
+/// # Errors
+///
+/// [`Error::SplitSyntax`] when it is not two integers separated by `:`;
+/// [`Error::Split`] when they are out of range.
+pub fn parse_split(input: &str) -> Result<SplitSpec> {
+    let syntax = || Error::SplitSyntax {
+        input: input.to_owned(),
+    };
+    let (ring, extra) = input.trim().split_once(':').ok_or_else(syntax)?;
+    let ring: u8 = ring.trim().parse().map_err(|_| syntax())?;
+    let extra: u8 = extra.trim().parse().map_err(|_| syntax())?;
+    SplitSpec::new(ring, extra).map_err(|source| Error::Split {
+        input: input.to_owned(),
+        source,
+    })
+}
+
+/// Parses a duration: a positive number with a unit `ms`, `s`, `m` or `h`
+/// (`500ms`, `30s`, `1.5m`), or a bare number of seconds.
+///
+/// # Errors
+///
+/// [`Error::Duration`] for anything else, zero included.
+pub fn parse_duration(input: &str) -> Result<Duration> {
+    let bad = || Error::Duration {
+        input: input.to_owned(),
+    };
+    let s = input.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad()),
+    };
+    let d = Duration::try_from_secs_f64(value * scale).map_err(|_| bad())?;
+    if d.is_zero() {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_parse_and_name_the_accepted_form() {
+        assert_eq!(parse_split("1:2").unwrap(), SplitSpec::new(1, 2).unwrap());
+        for bad in ["", "1", "1:", "a:1", "1:2:3", "-1:0"] {
+            let msg = parse_split(bad).unwrap_err().to_string();
+            assert!(msg.contains("RING:EXTRA"), "{bad:?}: {msg}");
+        }
+        let msg = parse_split("4:0").unwrap_err().chain();
+        assert!(msg.contains("4:0") && msg.contains("ring"), "{msg}");
+    }
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        for bad in ["", "0s", "abc", "10 parsecs", "-3s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_grow_with_n() {
+        let b = |n| Board::new(n).unwrap();
+        assert_eq!(default_split(b(16)), SplitSpec::new(0, 1).unwrap());
+        assert_eq!(default_split(b(8)).ring, 0);
+        assert_eq!(default_target_jobs(b(8)), 256);
+        assert_eq!(default_target_jobs(b(16)), 256);
+        assert_eq!(default_target_jobs(b(18)), 1024);
+        assert_eq!(default_target_jobs(b(32)), 1 << 20);
+        assert!(Config::new(0, "x").is_err());
+        assert_eq!(
+            Config::default_data_dir(16, false),
+            PathBuf::from("nq-16.sled")
+        );
+    }
+}

@@ -1,0 +1,341 @@
+//! The error type of `nq-coord`.
+//!
+//! One enum for the crate. It is turned into a `tonic::Status` in exactly one
+//! place, `impl From<Error> for tonic::Status` in [`crate::service`].
+//!
+//! A variant that wraps a cause keeps it as its `source()` and does not repeat
+//! it in its own message; print errors with their chain (`{:#}` with anyhow,
+//! or [`Error::chain`]).
+
+use std::fmt;
+use std::path::PathBuf;
+
+use nq_store::JobId;
+
+use crate::lease::LeaseId;
+
+/// Everything that can go wrong in the coordinator. Messages name the problem
+/// and the accepted form.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The data directory or its database.
+    #[error(transparent)]
+    Store(#[from] nq_store::Error),
+    /// The board size is not supported.
+    #[error("invalid --n")]
+    Board(#[source] nq_core::Error),
+    /// A split specification that does not parse.
+    #[error(
+        "invalid split {input:?}: expected RING:EXTRA, two integers such as 0:2 \
+         (ring 0 for the border split or 1 to 3 for the ring split, then 0 to 8 \
+         extra columns)"
+    )]
+    SplitSyntax {
+        /// What was given.
+        input: String,
+    },
+    /// A split specification that parses but is out of range.
+    #[error("invalid split {input:?}")]
+    Split {
+        /// What was given.
+        input: String,
+        /// What nq-core said.
+        #[source]
+        source: nq_core::Error,
+    },
+    /// A duration that does not parse.
+    #[error(
+        "invalid duration {input:?}: expected a positive number with a unit, such as \
+         30s, 500ms, 2m or 1h (a bare number means seconds)"
+    )]
+    Duration {
+        /// What was given.
+        input: String,
+    },
+    /// A numeric option out of its range.
+    #[error("invalid {option}: {value} (must be {accepted})")]
+    Option {
+        /// The option's name, e.g. `--jobs`.
+        option: &'static str,
+        /// The value given.
+        value: String,
+        /// The accepted range, in words.
+        accepted: &'static str,
+    },
+    /// A worker speaks another protocol version.
+    #[error(
+        "protocol version mismatch: the worker speaks version {worker}, this \
+         coordinator speaks version {coordinator}; run a matching nq-worker"
+    )]
+    ProtocolVersion {
+        /// The worker's version.
+        worker: u32,
+        /// Ours (`nq_proto::PROTOCOL_VERSION`).
+        coordinator: u32,
+    },
+    /// A worker id this coordinator session did not hand out.
+    #[error(
+        "unknown worker id {worker:?} (the coordinator restarted, or the id is not \
+         one it issued); register again"
+    )]
+    UnknownWorker {
+        /// The id received.
+        worker: String,
+    },
+    /// A job id outside the run.
+    #[error("job {job} does not exist: this run has {jobs} jobs, numbered from 0")]
+    UnknownJob {
+        /// The id received.
+        job: JobId,
+        /// Number of jobs in the run.
+        jobs: u64,
+    },
+    /// A report names a live lease of another job.
+    #[error("lease {lease} belongs to job {leased}, not to job {job}")]
+    LeaseMismatch {
+        /// The lease received.
+        lease: LeaseId,
+        /// The job the report is for.
+        job: JobId,
+        /// The job the lease was granted for.
+        leased: JobId,
+    },
+    /// A report names a lease that this session never granted.
+    #[error("lease {lease} was never granted by this coordinator")]
+    UnknownLease {
+        /// The lease received.
+        lease: LeaseId,
+    },
+    /// A report that breaks the protocol or whose counts are impossible. It
+    /// changes nothing.
+    #[error("report for job {job} rejected: {fault}")]
+    BadReport {
+        /// The job the report is for.
+        job: JobId,
+        /// What is wrong with it.
+        fault: ReportFault,
+    },
+    /// A report stream carried no chunk at all.
+    #[error("empty report: a report stream must carry at least its result chunk")]
+    EmptyReport,
+    /// Another report of the same job is writing its solutions right now.
+    #[error("another report for job {job} is being stored; retry shortly")]
+    Busy {
+        /// The job.
+        job: JobId,
+    },
+    /// The coordinator is shutting down and takes no more results.
+    #[error("the coordinator is shutting down; retry against its next session")]
+    ShuttingDown,
+    /// A wire message that does not describe a valid value.
+    #[error(transparent)]
+    Convert(#[from] nq_proto::ConvertError),
+    /// A stored job that nq-core does not accept: the store was written by an
+    /// incompatible program or damaged.
+    #[error("stored job {job} is not a valid part of the split")]
+    StoredJob {
+        /// The job.
+        job: JobId,
+        /// What nq-core said.
+        #[source]
+        source: nq_core::Error,
+    },
+    /// The accepted counts do not fold into whole symmetry classes, or a total
+    /// would overflow: a wrong count was accepted. Never expected.
+    #[error("the stored counts are inconsistent")]
+    Inconsistent(#[source] nq_core::Error),
+    /// An I/O failure outside the store.
+    #[error("{context}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("the gRPC server failed")]
+    Transport(#[from] tonic::transport::Error),
+    /// A background task panicked.
+    #[error("a coordinator task failed")]
+    Task(#[from] tokio::task::JoinError),
+    /// The directory has the `report.json` of a finished run, but the database
+    /// has no summary: it lost data (sled recovered an earlier state).
+    #[error(
+        "data directory {} has the report of a finished run, but its database lost \
+         the run's final state: the database is damaged; restore the directory \
+         from a backup (or delete its report.json to count the lost jobs again)",
+        dir.display()
+    )]
+    SummaryLost {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `export` on a directory that holds no run.
+    #[error("{} holds no nq run; pass the --data directory of a coordinator run", dir.display())]
+    NoRun {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `export` on a run that did not store solutions.
+    #[error(
+        "{} holds a counting run, which stores no solutions; start the run with \
+         --solutions to export them",
+        dir.display()
+    )]
+    NoSolutions {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// `export` cannot write a solution in the requested notation.
+    #[error("cannot write the solutions")]
+    Format(#[from] nq_core::notation::FormatError),
+}
+
+/// What is wrong with a rejected report.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ReportFault {
+    /// The result lists another number of sub-problems than the job has.
+    CountsLength {
+        /// Sub-problems in the job.
+        expected: usize,
+        /// Entries in the result.
+        found: usize,
+    },
+    /// A sub-problem's counts break an invariant every true result satisfies.
+    Counts {
+        /// Index of the sub-problem in the job.
+        sub: usize,
+        /// The invariant that failed.
+        source: nq_core::Error,
+    },
+    /// The stream ended without a result chunk.
+    MissingResult,
+    /// A chunk followed the result chunk.
+    ChunkAfterResult,
+    /// A chunk without a body.
+    EmptyChunk,
+    /// Chunks of one report name different workers, jobs or leases.
+    MixedIds,
+    /// Solutions were sent in a run that does not store them.
+    SolutionsNotWanted,
+    /// A solution batch names a sub-problem the job does not have.
+    SubIndex {
+        /// The index received.
+        sub: u32,
+        /// Sub-problems in the job.
+        subs: usize,
+    },
+    /// A solution batch is not a whole number of placements.
+    BatchLength {
+        /// Bytes received.
+        len: usize,
+        /// Bytes per placement (N).
+        n: usize,
+    },
+    /// A solution is not a solution of the sub-problem.
+    NotASolution {
+        /// Index of the sub-problem in the job.
+        sub: usize,
+    },
+    /// Solutions of a sub-problem are not in increasing order (so they might
+    /// repeat).
+    Unordered {
+        /// Index of the sub-problem in the job.
+        sub: usize,
+    },
+    /// `solutions_sent` disagrees with the solutions received.
+    SolutionsSent {
+        /// What the result chunk says.
+        sent: u64,
+        /// What arrived.
+        received: u64,
+    },
+    /// A sub-problem's listed solutions disagree with its count.
+    SolutionCount {
+        /// Index of the sub-problem in the job.
+        sub: usize,
+        /// Solutions received.
+        listed: u64,
+        /// Its count.
+        count: u128,
+    },
+}
+
+impl fmt::Display for ReportFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReportFault::CountsLength { expected, found } => write!(
+                f,
+                "the result has {found} entries but the job has {expected} sub-problems \
+                 (send one SubCounts per sub-problem, in order)"
+            ),
+            ReportFault::Counts { sub, source } => {
+                write!(f, "sub-problem {sub}: {source}")
+            }
+            ReportFault::MissingResult => {
+                write!(f, "the stream ended without a result chunk")
+            }
+            ReportFault::ChunkAfterResult => {
+                write!(f, "a chunk followed the result chunk (it must be last)")
+            }
+            ReportFault::EmptyChunk => write!(f, "a chunk has no body"),
+            ReportFault::MixedIds => write!(
+                f,
+                "chunks of one report name different workers, jobs or leases"
+            ),
+            ReportFault::SolutionsNotWanted => {
+                write!(
+                    f,
+                    "solutions were sent, but this run does not store solutions"
+                )
+            }
+            ReportFault::SubIndex { sub, subs } => write!(
+                f,
+                "solution batch for sub-problem {sub}, but the job has {subs} \
+                 (indices from 0)"
+            ),
+            ReportFault::BatchLength { len, n } => write!(
+                f,
+                "a solution batch of {len} bytes is not a whole number of {n}-byte \
+                 placements"
+            ),
+            ReportFault::NotASolution { sub } => write!(
+                f,
+                "a placement sent for sub-problem {sub} is not a solution extending its \
+                 prefix"
+            ),
+            ReportFault::Unordered { sub } => write!(
+                f,
+                "solutions of sub-problem {sub} are not in strictly increasing order"
+            ),
+            ReportFault::SolutionsSent { sent, received } => write!(
+                f,
+                "solutions_sent is {sent} but {received} solutions were received"
+            ),
+            ReportFault::SolutionCount { sub, listed, count } => write!(
+                f,
+                "sub-problem {sub} lists {listed} solutions but counts {count}"
+            ),
+        }
+    }
+}
+
+impl Error {
+    /// The message with every cause after it, joined by `: `.
+    pub fn chain(&self) -> String {
+        let mut out = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            cause = c.source();
+        }
+        out
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,194 @@
+//! Leases: which worker holds which job until when.
+//!
+//! A lease is the right to work on one job until a deadline. Workers renew
+//! their leases with every `Lease` call (the heartbeat); a lease that is not
+//! renewed expires and its job goes back to the pending queue. Lease ids are
+//! never reused, even across restarts: the session number (from the store)
+//! sits in the high bits, so a report under a lease of an earlier session is
+//! recognised as late, not mistaken for a current one.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Instant;
+
+use nq_store::JobId;
+
+/// Bits of a [`LeaseId`] that count leases within one session.
+const COUNTER_BITS: u32 = 40;
+
+/// Identifies one grant of one job. Distinct from [`JobId`], so the two cannot
+/// be mixed up:
+///
+/// ```compile_fail
+/// use nq_coord::lease::LeaseId;
+/// use nq_coord::JobId;
+/// fn revoke(_: LeaseId) {}
+/// revoke(JobId(3)); // a job id is not a lease id
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(pub u64);
+
+impl LeaseId {
+    /// The lease number `counter` of session `session`.
+    pub fn new(session: u64, counter: u64) -> LeaseId {
+        LeaseId(session << COUNTER_BITS | (counter & ((1 << COUNTER_BITS) - 1)))
+    }
+
+    /// The session that granted the lease.
+    pub fn session(self) -> u64 {
+        self.0 >> COUNTER_BITS
+    }
+
+    /// The lease's number within its session.
+    pub fn counter(self) -> u64 {
+        self.0 & ((1 << COUNTER_BITS) - 1)
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.session(), self.counter())
+    }
+}
+
+/// Identifies a registered worker for one coordinator session: `w<session>.<n>`.
+///
+/// ```compile_fail
+/// use nq_coord::lease::WorkerId;
+/// fn forget(_: WorkerId) {}
+/// forget("w1.1".to_string()); // a string is not a worker id
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(pub String);
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One live lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease.
+    pub id: LeaseId,
+    /// The job it grants.
+    pub job: JobId,
+    /// Who holds it.
+    pub worker: WorkerId,
+    /// When it expires unless renewed.
+    pub deadline: Instant,
+}
+
+/// The live leases of a session, by id and by job. Only live leases are
+/// kept: a lease leaves the table when it expires, is released, or its job is
+/// done. A job has at most one live lease.
+#[derive(Debug, Default)]
+pub struct LeaseTable {
+    live: HashMap<LeaseId, Lease>,
+    by_job: HashMap<JobId, LeaseId>,
+}
+
+impl LeaseTable {
+    /// Adds a lease. It replaces any live lease of the same job.
+    pub fn insert(&mut self, lease: Lease) {
+        if let Some(old) = self.by_job.insert(lease.job, lease.id) {
+            self.live.remove(&old);
+        }
+        self.live.insert(lease.id, lease);
+    }
+
+    /// The live lease `id`, if any.
+    pub fn get(&self, id: LeaseId) -> Option<&Lease> {
+        self.live.get(&id)
+    }
+
+    /// Moves the deadline of `id` to `deadline` if `worker` holds it. Returns
+    /// false when the lease is not live or belongs to someone else.
+    pub fn renew(&mut self, id: LeaseId, worker: &WorkerId, deadline: Instant) -> bool {
+        match self.live.get_mut(&id) {
+            Some(lease) if lease.worker == *worker => {
+                lease.deadline = deadline;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes a lease, returning it if it was live.
+    pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
+        let lease = self.live.remove(&id)?;
+        self.by_job.remove(&lease.job);
+        Some(lease)
+    }
+
+    /// Removes the live lease of `job`, if any.
+    pub fn remove_job(&mut self, job: JobId) -> Option<Lease> {
+        let id = self.by_job.remove(&job)?;
+        self.live.remove(&id)
+    }
+
+    /// Removes and returns every lease whose deadline is before `now`.
+    pub fn expire(&mut self, now: Instant) -> Vec<Lease> {
+        let ids: Vec<LeaseId> = self
+            .live
+            .values()
+            .filter(|l| l.deadline < now)
+            .map(|l| l.id)
+            .collect();
+        let mut out: Vec<Lease> =
+            ids.iter().filter_map(|id| self.live.remove(id)).collect();
+        out.sort_by_key(|l| l.id);
+        out
+    }
+
+    /// Number of live leases.
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    /// True when no lease is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn lease_ids_carry_their_session() {
+        let id = LeaseId::new(3, 17);
+        assert_eq!((id.session(), id.counter()), (3, 17));
+        assert_eq!(id.to_string(), "3.17");
+        assert_ne!(LeaseId::new(1, 5), LeaseId::new(2, 5));
+    }
+
+    #[test]
+    fn only_the_holder_renews_and_expiry_takes_the_late() {
+        let t0 = Instant::now();
+        let a = WorkerId("a".into());
+        let b = WorkerId("b".into());
+        let mut table = LeaseTable::default();
+        for (i, w) in [(1, &a), (2, &b)] {
+            table.insert(Lease {
+                id: LeaseId(i),
+                job: JobId(i),
+                worker: w.clone(),
+                deadline: t0 + Duration::from_secs(10),
+            });
+        }
+        assert!(!table.renew(LeaseId(1), &b, t0 + Duration::from_secs(30)));
+        assert!(table.renew(LeaseId(2), &b, t0 + Duration::from_secs(30)));
+        let gone = table.expire(t0 + Duration::from_secs(20));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].id, LeaseId(1));
+        assert_eq!(table.len(), 1);
+        assert!(table.get(LeaseId(2)).is_some());
+        assert_eq!(table.remove_job(JobId(2)).map(|l| l.id), Some(LeaseId(2)));
+        assert!(table.is_empty() && table.remove(LeaseId(2)).is_none());
+    }
+}

@@ -1,0 +1,576 @@
+//! [`run`]: one session of a coordinator, from opening the data directory to
+//! the final report.
+//!
+//! # Shutdown order
+//!
+//! On the shutdown signal (or after the run completes and the linger ends):
+//!
+//! 1. stop granting leases (the scheduler is closed; health says NOT_SERVING);
+//! 2. stop the local threads, which hand their leases back;
+//! 3. stop the gRPC server and let in-flight RPCs finish (reports in flight
+//!    are committed and acknowledged);
+//! 4. let the committer drain its queue, then flush the store;
+//! 5. return the report.
+//!
+//! On startup, every job a previous session had leased goes back to pending:
+//! sled holds the truth, and no lease survives a restart.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use nq_core::split::SPLIT_VERSION;
+use nq_proto::convert::RunShape;
+use nq_proto::pb::coordinator_server::CoordinatorServer;
+use nq_store::{
+    DuplicateKind, JobState, Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tracing::{error, info, warn};
+
+use crate::config::{Config, default_split, default_target_jobs};
+use crate::error::{Error, Result};
+use crate::ledger;
+use crate::local;
+use crate::plan::{MAX_SUBS_PER_JOB, Plan};
+use crate::progress::Progress;
+use crate::report::{REPORT_FILE, RunReport};
+use crate::scheduler::Scheduler;
+use crate::service::CoordinatorService;
+use crate::session::{Session, unix_ms};
+
+/// How often leases are checked for expiry and progress is published.
+const TICK: Duration = Duration::from_millis(250);
+
+/// How often the time spent on the run is recorded.
+const ELAPSED_EVERY: Duration = Duration::from_secs(5);
+
+/// How long in-flight RPCs get to finish at shutdown before the server is
+/// dropped.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs one session of a coordinator: creates the run in `config.data_dir` or
+/// resumes it, serves workers on `listener` (and runs jobs on
+/// `config.local_threads` threads) until every job is done or `shutdown`
+/// completes, and returns the report.
+///
+/// A run found already finished returns its stored report at once, without
+/// serving. A finished run writes `report.json` into the data directory.
+/// An interrupted run returns a report with `complete: false`; running again
+/// with the same directory resumes it.
+///
+/// # Errors
+///
+/// A data directory that is locked, corrupt or made for another run
+/// ([`Error::Store`]), threads that cannot start, a server that fails, or a
+/// store that cannot flush (results could no longer be made durable).
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunReport> {
+    let started = Instant::now();
+    // `stop` is cancelled by the shutdown future; `returned` by our return,
+    // which ends the task that waits for the shutdown future.
+    let stop = CancellationToken::new();
+    let returned = CancellationToken::new();
+    let watcher = {
+        let (stop, returned) = (stop.clone(), returned.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown => stop.cancel(),
+                () = returned.cancelled() => {}
+            }
+        })
+    };
+    let result = session(config, listener, stop, started).await;
+    returned.cancel();
+    watcher.await?;
+    result
+}
+
+/// What setup found in the data directory.
+enum Setup {
+    /// The run was finished by an earlier session.
+    Finished(RunReport),
+    /// Ready to serve.
+    Ready(Box<Ready>),
+}
+
+struct Ready {
+    store: Arc<Store>,
+    manifest: Manifest,
+    sched: Scheduler,
+    elapsed_before: Duration,
+}
+
+/// Opens the store, creates or resumes the run and rebuilds the scheduler.
+/// Blocking (sled I/O and, for a new run, the split).
+fn setup(config: &Config) -> Result<Setup> {
+    let opened = Instant::now();
+    let options = StoreOptions {
+        cache_capacity: config.cache_bytes,
+    };
+    let store = Store::open(&config.data_dir, &options)?;
+    let stored = store.manifest()?;
+    let spec = config
+        .split
+        .or(stored.as_ref().map(|m| m.key.spec))
+        .unwrap_or_else(|| default_split(config.board));
+    let key = RunKey {
+        board: config.board,
+        split_version: SPLIT_VERSION,
+        spec,
+        solutions: config.solutions,
+    };
+    let manifest = match store.resume(&key)? {
+        Some(m) => {
+            info!(dir = %config.data_dir.display(), run = %m.run_id, jobs = m.jobs, "resuming run");
+            if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
+                warn!(
+                    "--jobs and --job-size apply to new runs only; the stored jobs are kept"
+                );
+            }
+            m
+        }
+        None => create(config, &store, key)?,
+    };
+    if let Some(summary) = store.summary()? {
+        return Ok(Setup::Finished(finished_report(
+            config, &manifest, &summary,
+        )));
+    }
+    if config.data_dir.join(REPORT_FILE).exists() {
+        return Err(Error::SummaryLost {
+            dir: config.data_dir.clone(),
+        });
+    }
+    let requeued = store.requeue_leased()?;
+    if requeued > 0 {
+        info!(
+            jobs = requeued,
+            "jobs leased by the previous session are pending again"
+        );
+    }
+    let session_no = store.next_boot()?;
+    let works = store.job_works()?;
+    if works.len() as u64 != manifest.jobs {
+        return Err(nq_store::Error::Corrupt {
+            tree: "jobs",
+            what: nq_store::Corruption::Field { field: "job count" },
+        }
+        .into());
+    }
+    let mut sched = Scheduler::new(works, session_no, config.lease_ttl);
+    for entry in store.job_records() {
+        let (job, record) = entry?;
+        sched.restore_attempts(job, record.attempts);
+        if let JobState::Done(result) = &record.state {
+            sched.restore_done(job, &result.tally)?;
+        }
+    }
+    let (mut confirmations, mut conflicts) = (0, 0);
+    for entry in store.duplicates() {
+        match entry?.1.kind {
+            DuplicateKind::Confirmation => confirmations += 1,
+            DuplicateKind::Conflict => conflicts += 1,
+        }
+    }
+    sched.restore_duplicates(confirmations, conflicts);
+    if sched.jobs_done() > 0 {
+        info!(
+            done = sched.jobs_done(),
+            jobs = sched.jobs(),
+            "restored finished jobs"
+        );
+    }
+    let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
+    info!(
+        setup_ms = opened.elapsed().as_millis() as u64,
+        session = session_no,
+        "data directory ready"
+    );
+    Ok(Setup::Ready(Box::new(Ready {
+        store: Arc::new(store),
+        manifest,
+        sched,
+        elapsed_before,
+    })))
+}
+
+/// Splits the board into jobs and stores them with a new manifest.
+fn create(config: &Config, store: &Store, key: RunKey) -> Result<Manifest> {
+    let t = Instant::now();
+    let plan = Plan::new(config.board, key.spec);
+    let target = config
+        .target_jobs
+        .unwrap_or_else(|| default_target_jobs(config.board));
+    let now = SystemTime::now();
+    let run_id = format!(
+        "{}-{:x}-{:x}",
+        config.board.n(),
+        unix_ms(now),
+        std::process::id()
+    );
+    let subproblems = plan.subproblems();
+    let manifest = store.create_run(
+        NewRun {
+            key,
+            run_id,
+            program_version: env!("CARGO_PKG_VERSION").to_owned(),
+            created_unix_ms: unix_ms(now),
+        },
+        plan.jobs(target, config.max_job_size),
+    )?;
+    info!(
+        n = config.board.n(),
+        ring = key.spec.ring,
+        extra = key.spec.extra,
+        subproblems,
+        jobs = manifest.jobs,
+        ms = t.elapsed().as_millis() as u64,
+        run = %manifest.run_id,
+        "created run"
+    );
+    Ok(manifest)
+}
+
+fn finished_report(config: &Config, m: &Manifest, s: &RunSummary) -> RunReport {
+    RunReport {
+        n: m.key.board.n(),
+        complete: true,
+        total: s.total,
+        unique: s.unique,
+        seconds: Duration::from_millis(s.elapsed_ms).as_secs_f64(),
+        jobs: m.jobs,
+        jobs_done: s.jobs,
+        split: m.key.spec,
+        split_version: m.key.split_version,
+        confirmations: s.confirmations,
+        conflicts: s.conflicts,
+        run_id: m.run_id.clone(),
+        data_dir: config.data_dir.clone(),
+    }
+}
+
+/// The session proper; `stop` is the shutdown signal.
+async fn session(
+    mut config: Config,
+    listener: TcpListener,
+    stop: CancellationToken,
+    started: Instant,
+) -> Result<RunReport> {
+    let setup = {
+        let cfg = config.clone();
+        tokio::task::spawn_blocking(move || setup(&cfg)).await??
+    };
+    let ready = match setup {
+        Setup::Finished(report) => {
+            info!(dir = %config.data_dir.display(), "the run is already finished");
+            report.write_json(&config.data_dir)?;
+            return Ok(report);
+        }
+        Setup::Ready(ready) => *ready,
+    };
+    let Ready {
+        store,
+        manifest,
+        sched,
+        elapsed_before,
+    } = ready;
+    let shape = RunShape {
+        board: manifest.key.board,
+        spec: manifest.key.spec,
+        solutions: manifest.key.solutions,
+    };
+    let (session, commits) =
+        Session::new(Arc::clone(&store), sched, shape, manifest.run_id.clone());
+    let session = Arc::new(session);
+
+    let tracker = TaskTracker::new();
+    let commit_token = CancellationToken::new();
+    let mut committer = tokio::spawn(ledger::committer(
+        Arc::clone(&session),
+        commits,
+        commit_token.clone(),
+    ));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let serve_token = CancellationToken::new();
+    let mut server = tokio::spawn(serve(
+        Arc::clone(&session),
+        listener,
+        health_service,
+        serve_token.clone(),
+    ));
+    health
+        .set_serving::<CoordinatorServer<CoordinatorService>>()
+        .await;
+    let local_token = CancellationToken::new();
+    let local = (config.local_threads > 0).then(|| {
+        tokio::spawn(local::run_local(
+            Arc::clone(&session),
+            config.local_threads,
+            local_token.clone(),
+            tracker.clone(),
+        ))
+    });
+    let tick_token = CancellationToken::new();
+    let progress = config.progress.take();
+    tracker.spawn(ticker(
+        Arc::clone(&session),
+        progress.clone(),
+        config.progress_log,
+        (started, elapsed_before),
+        tick_token.clone(),
+    ));
+
+    // Wait for the end of the run, the shutdown signal, or a failure.
+    let mut fatal: Option<Error> = None;
+    let mut committer_done = false;
+    let mut server_done = false;
+    tokio::select! {
+        () = stop.cancelled() => info!("shutdown requested"),
+        () = session.complete.cancelled() => {
+            info!("every job is done");
+            linger(&session, &stop, config.linger).await;
+        }
+        r = &mut committer => {
+            committer_done = true;
+            fatal = Some(r.map_err(Error::from).and_then(|r| r).err().unwrap_or(Error::ShuttingDown));
+        }
+        r = &mut server => {
+            server_done = true;
+            fatal = Some(r.map_err(Error::from).and_then(|r| r).err().unwrap_or(Error::ShuttingDown));
+        }
+    }
+
+    // 1. Stop granting leases.
+    session.sched().close();
+    health
+        .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+        .await;
+    // 2. Stop the local threads; they release their leases.
+    local_token.cancel();
+    if let Some(local) = local {
+        match local.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => error!(error = %e.chain(), "local threads failed"),
+            Err(e) => error!(error = %e, "local threads panicked"),
+        }
+    }
+    // 3. Let in-flight RPCs finish.
+    serve_token.cancel();
+    if !server_done {
+        match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => error!(error = %e, "gRPC server failed"),
+            Ok(Err(e)) => error!(error = %e, "gRPC server panicked"),
+            Err(_) => {
+                warn!("in-flight requests did not finish in time; dropping them");
+                server.abort();
+            }
+        }
+    }
+    tick_token.cancel();
+    tracker.close();
+    tracker.wait().await;
+    // 4. Drain the committer, then flush.
+    commit_token.cancel();
+    if !committer_done {
+        match committer.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => fatal = fatal.or(Some(e)),
+            Err(e) => fatal = fatal.or(Some(e.into())),
+        }
+    }
+    if let Err(e) = session.write_records() {
+        error!(error = %e.chain(), "cannot record leases");
+    }
+    let elapsed = elapsed_before + started.elapsed();
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    store.set_elapsed_ms(elapsed_ms)?;
+    store.flush_async().await?;
+    if let Some(e) = fatal {
+        return Err(e);
+    }
+
+    // 5. The report.
+    let (report, summary) = {
+        let s = session.sched();
+        if let Some(tx) = &progress {
+            let mut last = s.progress(Instant::now());
+            last.elapsed = started.elapsed();
+            tx.send_replace(last);
+        }
+        let complete = s.is_complete();
+        let tally = s.tally();
+        let unique = if complete {
+            tally.unique().map_err(Error::Inconsistent)?
+        } else {
+            0
+        };
+        let report = RunReport {
+            n: manifest.key.board.n(),
+            complete,
+            total: tally.total,
+            unique,
+            seconds: elapsed.as_secs_f64(),
+            jobs: s.jobs(),
+            jobs_done: s.jobs_done(),
+            split: manifest.key.spec,
+            split_version: manifest.key.split_version,
+            confirmations: s.confirmations(),
+            conflicts: s.conflicts(),
+            run_id: manifest.run_id.clone(),
+            data_dir: config.data_dir.clone(),
+        };
+        let summary = complete.then(|| RunSummary {
+            total: tally.total,
+            unique,
+            elapsed_ms,
+            jobs: s.jobs(),
+            confirmations: s.confirmations(),
+            conflicts: s.conflicts(),
+            finished_unix_ms: unix_ms(SystemTime::now()),
+        });
+        (report, summary)
+    };
+    if let Some(summary) = summary {
+        store.set_summary(&summary)?;
+        let path = report.write_json(&config.data_dir)?;
+        info!(report = %path.display(), "run finished");
+        if report.conflicts > 0 {
+            error!(
+                conflicts = report.conflicts,
+                "the run recorded conflicting results"
+            );
+        }
+    } else {
+        info!(
+            done = report.jobs_done,
+            jobs = report.jobs,
+            "run interrupted; run again to resume"
+        );
+    }
+    Ok(report)
+}
+
+/// Serves the coordinator and health services until `token` is cancelled,
+/// then lets in-flight RPCs finish.
+async fn serve(
+    session: Arc<Session>,
+    listener: TcpListener,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    token: CancellationToken,
+) -> Result<()> {
+    let service = CoordinatorServer::new(CoordinatorService::new(session))
+        .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    Server::builder()
+        // Detects dead connections, so that a report stuck on a vanished
+        // worker does not hold its job's claim forever.
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(health)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+/// After the last job: keep answering until every recently seen worker was
+/// told the run is complete, or `cap` passes, or shutdown is requested.
+async fn linger(session: &Session, stop: &CancellationToken, cap: Duration) {
+    let until = Instant::now() + cap;
+    loop {
+        let untold = session.sched().untold_workers(Instant::now());
+        if untold == 0 {
+            return;
+        }
+        if Instant::now() >= until {
+            info!(
+                workers = untold,
+                "not every worker heard that the run is over"
+            );
+            return;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+/// Expires leases, writes lease records, publishes progress and logs it,
+/// every [`TICK`]; records the time spent every few seconds (so that a killed
+/// session's time is not lost).
+async fn ticker(
+    session: Arc<Session>,
+    progress: Option<tokio::sync::watch::Sender<Progress>>,
+    log_every: Option<Duration>,
+    (started, elapsed_before): (Instant, Duration),
+    token: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_log = Instant::now();
+    let mut last_elapsed = Instant::now();
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let now = Instant::now();
+        let (expired, mut snapshot) = {
+            let mut s = session.sched();
+            let expired = s.expire(now);
+            s.prune_workers(now);
+            (expired, s.progress(now))
+        };
+        for lease in &expired {
+            warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
+        }
+        session.persist_expired(&expired);
+        if let Err(e) = session.write_records() {
+            error!(error = %e.chain(), "cannot record leases");
+        }
+        snapshot.elapsed = started.elapsed();
+        if last_elapsed.elapsed() >= ELAPSED_EVERY {
+            last_elapsed = now;
+            let ms = (elapsed_before + snapshot.elapsed).as_millis();
+            // Durable with the next flush; losing it costs a few seconds of
+            // accounting, nothing else.
+            if let Err(e) = session
+                .store
+                .set_elapsed_ms(u64::try_from(ms).unwrap_or(u64::MAX))
+            {
+                error!(error = %e, "cannot record the time spent");
+            }
+        }
+        if let Some(every) = log_every
+            && last_log.elapsed() >= every
+        {
+            last_log = now;
+            info!(
+                jobs_done = snapshot.jobs_done,
+                jobs = snapshot.jobs,
+                percent = (snapshot.fraction() * 1000.0).round() / 10.0,
+                jobs_per_s = (snapshot.jobs_per_second() * 10.0).round() / 10.0,
+                eta_s = snapshot.eta().map(|d| d.as_secs()),
+                workers = snapshot.workers,
+                leased = snapshot.jobs_leased,
+                "progress"
+            );
+        }
+        if let Some(tx) = &progress {
+            tx.send_replace(snapshot);
+        }
+    }
+}

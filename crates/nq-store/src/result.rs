@@ -1,0 +1,319 @@
+//! Job results, repeated results, group commits and the final summary.
+
+use nq_core::split::{SubCounts, Tally};
+
+use crate::codec::{Reader, put_str, put_varint};
+use crate::error::{Corruption, Result};
+use crate::job::{JobId, JobRecord, JobState};
+
+/// The accepted result of one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResult {
+    /// One entry per sub-problem, in the job's order.
+    pub counts: Vec<SubCounts>,
+    /// Solutions stored for the job (solutions mode; 0 otherwise).
+    pub solutions: u64,
+    /// The job's contribution to the run's totals, folded by the coordinator
+    /// when it accepted the result (kept so that a restart sums the totals
+    /// without rebuilding every sub-problem).
+    pub tally: Tally,
+    /// Search nodes the worker reported (throughput figures only).
+    pub nodes: u64,
+    /// The worker that sent it.
+    pub worker: String,
+    /// The lease it was sent under.
+    pub lease: u64,
+}
+
+impl StoredResult {
+    /// True when `other` reports the same outcome: the same counts for every
+    /// sub-problem and the same number of solutions. Who sent it, under which
+    /// lease and with how many nodes does not matter.
+    pub fn agrees(&self, other: &StoredResult) -> bool {
+        self.counts == other.counts && self.solutions == other.solutions
+    }
+
+    #[cfg(test)]
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + 3 * self.counts.len());
+        out.push(RESULT_VERSION);
+        self.encode_into(&mut out);
+        out
+    }
+
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        put_varint(out, self.counts.len() as u128);
+        for c in &self.counts {
+            put_varint(out, c.count);
+            put_varint(out, c.fixed180);
+            put_varint(out, c.fixed90);
+        }
+        put_varint(out, self.solutions.into());
+        put_varint(out, self.tally.total);
+        put_varint(out, self.tally.burnside);
+        put_varint(out, self.nodes.into());
+        out.extend_from_slice(&self.lease.to_be_bytes());
+        put_str(out, &self.worker);
+    }
+
+    #[cfg(test)]
+    fn decode(bytes: &[u8]) -> Result<StoredResult> {
+        let mut r = Reader::new("results", bytes);
+        r.version(RESULT_VERSION)?;
+        let res = StoredResult::decode_from(&mut r)?;
+        r.end()?;
+        Ok(res)
+    }
+
+    pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<StoredResult> {
+        let len = r.varint_u64()?;
+        // Each entry takes at least 3 bytes; refuse lengths the value cannot hold
+        // before allocating for them.
+        let len = usize::try_from(len).map_err(|_| r.corrupt(Corruption::Truncated))?;
+        let mut counts = Vec::with_capacity(len.min(1 << 16));
+        for _ in 0..len {
+            counts.push(SubCounts {
+                count: r.varint()?,
+                fixed180: r.varint()?,
+                fixed90: r.varint()?,
+            });
+        }
+        let solutions = r.varint_u64()?;
+        let tally = Tally {
+            total: r.varint()?,
+            burnside: r.varint()?,
+        };
+        let nodes = r.varint_u64()?;
+        let lease = r.u64()?;
+        let worker = r.str()?;
+        Ok(StoredResult {
+            counts,
+            solutions,
+            tally,
+            nodes,
+            worker,
+            lease,
+        })
+    }
+}
+
+const RESULT_VERSION: u8 = 1;
+
+/// How a repeated result compared with the stored one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DuplicateKind {
+    /// It agrees with the stored result.
+    Confirmation,
+    /// It disagrees. One of the two is wrong; the stored one still counts.
+    Conflict,
+}
+
+/// A result received for a job that was already done. It never changes the
+/// totals; it is kept as evidence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Duplicate {
+    /// How it compared with the stored result.
+    pub kind: DuplicateKind,
+    /// What was received.
+    pub result: StoredResult,
+}
+
+impl Duplicate {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = vec![RESULT_VERSION];
+        out.push(match self.kind {
+            DuplicateKind::Confirmation => 0,
+            DuplicateKind::Conflict => 1,
+        });
+        self.result.encode_into(&mut out);
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Duplicate> {
+        let mut r = Reader::new("duplicates", bytes);
+        r.version(RESULT_VERSION)?;
+        let kind = match r.u8()? {
+            0 => DuplicateKind::Confirmation,
+            1 => DuplicateKind::Conflict,
+            _ => {
+                return Err(r.corrupt(Corruption::Field {
+                    field: "duplicate.kind",
+                }));
+            }
+        };
+        let result = StoredResult::decode_from(&mut r)?;
+        r.end()?;
+        Ok(Duplicate { kind, result })
+    }
+}
+
+/// Writes gathered for one group commit: [`crate::Store::apply`] them, then
+/// flush ONCE, then acknowledge every result in the batch. This is what makes
+/// thousands of durable results per second possible: one disk sync covers
+/// them all.
+///
+/// The writes are applied chunk by chunk, not as one sled batch: each result
+/// is valid on its own, so nothing needs them to land together, and large
+/// sled batches hold on to memory until they end.
+#[derive(Debug, Default)]
+pub struct CommitBatch {
+    pub(crate) records: Vec<(JobId, Vec<u8>)>,
+    pub(crate) duplicates: Vec<(JobId, Vec<u8>)>,
+}
+
+impl CommitBatch {
+    /// An empty batch.
+    pub fn new() -> CommitBatch {
+        CommitBatch::default()
+    }
+
+    /// Stores the first result of `job` and marks the job done. `attempts` is
+    /// kept in the job's record.
+    ///
+    /// The caller MUST have established that the job has no stored result
+    /// yet: the store keeps the first result and silently drops later ones
+    /// (which must be compared and recorded with [`CommitBatch::duplicate`]).
+    pub fn result(&mut self, job: JobId, result: StoredResult, attempts: u32) {
+        let record = JobRecord {
+            state: JobState::Done(Box::new(result)),
+            attempts,
+        };
+        self.records.push((job, record.encode()));
+    }
+
+    /// Adds a record that is not a result (a lease, or a job back to pending),
+    /// to be written with the batch. Dropped if the job is done by then.
+    pub fn record(&mut self, job: JobId, record: &JobRecord) {
+        self.records.push((job, record.encode()));
+    }
+
+    /// Records a repeated result of `job`.
+    pub fn duplicate(&mut self, job: JobId, duplicate: &Duplicate) {
+        self.duplicates.push((job, duplicate.encode()));
+    }
+
+    /// Number of results and duplicates in the batch.
+    pub fn len(&self) -> usize {
+        self.records.len() + self.duplicates.len()
+    }
+
+    /// True when the batch holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The outcome of a finished run, written once when its last job is done, so
+/// that a finished directory answers at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Q(N), the number of solutions.
+    pub total: u128,
+    /// U(N), the number of solutions up to symmetry.
+    pub unique: u128,
+    /// Time the coordinator spent on the run, over every session, in ms.
+    pub elapsed_ms: u64,
+    /// Number of jobs.
+    pub jobs: u64,
+    /// Repeated results that agreed with the stored ones.
+    pub confirmations: u64,
+    /// Repeated results that disagreed.
+    pub conflicts: u64,
+    /// When the last job was done, milliseconds since the Unix epoch.
+    pub finished_unix_ms: u64,
+}
+
+const SUMMARY_VERSION: u8 = 1;
+
+impl RunSummary {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = vec![SUMMARY_VERSION];
+        put_varint(&mut out, self.total);
+        put_varint(&mut out, self.unique);
+        for v in [
+            self.elapsed_ms,
+            self.jobs,
+            self.confirmations,
+            self.conflicts,
+            self.finished_unix_ms,
+        ] {
+            put_varint(&mut out, v.into());
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<RunSummary> {
+        let mut r = Reader::new("meta", bytes);
+        r.version(SUMMARY_VERSION)?;
+        let s = RunSummary {
+            total: r.varint()?,
+            unique: r.varint()?,
+            elapsed_ms: r.varint_u64()?,
+            jobs: r.varint_u64()?,
+            confirmations: r.varint_u64()?,
+            conflicts: r.varint_u64()?,
+            finished_unix_ms: r.varint_u64()?,
+        };
+        r.end()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StoredResult {
+        StoredResult {
+            counts: vec![
+                SubCounts::default(),
+                SubCounts {
+                    count: u128::MAX,
+                    fixed180: 4,
+                    fixed90: 2,
+                },
+            ],
+            solutions: 3,
+            tally: Tally {
+                total: 10,
+                burnside: 16,
+            },
+            nodes: 99,
+            worker: "w".into(),
+            lease: 5,
+        }
+    }
+
+    #[test]
+    fn results_and_duplicates_round_trip() {
+        let r = sample();
+        assert_eq!(StoredResult::decode(&r.encode()).unwrap(), r);
+        let d = Duplicate {
+            kind: DuplicateKind::Conflict,
+            result: r,
+        };
+        assert_eq!(Duplicate::decode(&d.encode()).unwrap(), d);
+        let s = RunSummary {
+            total: 1 << 100,
+            unique: 3,
+            elapsed_ms: 4,
+            jobs: 5,
+            confirmations: 6,
+            conflicts: 7,
+            finished_unix_ms: 8,
+        };
+        assert_eq!(RunSummary::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn agreement_ignores_who_and_how() {
+        let a = sample();
+        let mut b = sample();
+        b.worker = "other".into();
+        b.nodes = 1;
+        b.lease = 77;
+        assert!(a.agrees(&b));
+        b.counts[0].count = 1;
+        assert!(!a.agrees(&b));
+    }
+}

@@ -1,0 +1,510 @@
+//! The worker's side of the gRPC protocol: typed calls, the sorting of
+//! failures, the retry backoff, and the task that reports one job.
+//!
+//! Failures sort three ways ([`Failure`]): network trouble and overload are
+//! retried with backoff, an unknown worker id means the coordinator restarted
+//! and the worker must register again, and anything else is fatal for the
+//! call. This follows ballista's split of task failures into retryable and not.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use nq_core::pool::JobOutcome;
+use nq_proto::pb::coordinator_client::CoordinatorClient;
+use nq_proto::pb::report_ack::Outcome;
+use nq_proto::pb::{self, report_chunk::Body};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::Stream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+use tracing::{debug, warn};
+
+use crate::config::{Config, Coordinator};
+use crate::pool::{Attempt, Produced};
+
+/// The coordinator's job id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct JobId(pub(crate) u64);
+
+/// The id of one lease of a job; a job leased twice has two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct LeaseId(pub(crate) u64);
+
+/// The id the coordinator gave this worker at registration.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct WorkerId(pub(crate) String);
+
+/// How to react to a failed call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The coordinator is unreachable, restarting or overloaded: retry the
+    /// same call after a backoff.
+    Retry,
+    /// The coordinator does not know this worker id (it restarted): register
+    /// again, then retry.
+    Register,
+    /// Retrying cannot help.
+    Fatal,
+}
+
+impl Failure {
+    /// Sorts a status from Lease, Report or Release.
+    pub(crate) fn of(status: &Status) -> Failure {
+        match status.code() {
+            Code::FailedPrecondition => Failure::Register,
+            Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::OutOfRange
+            | Code::Unimplemented => Failure::Fatal,
+            // Unavailable and DeadlineExceeded are the network; Unknown and
+            // Cancelled are what a connection cut mid-call looks like; Internal,
+            // Aborted and ResourceExhausted are the coordinator's store or load,
+            // which a restart or a pause fixes.
+            _ => Failure::Retry,
+        }
+    }
+}
+
+/// Exponential backoff with jitter: each delay is drawn from `[d/2, d]`, where
+/// `d` doubles from `initial` up to `max`. The jitter keeps a fleet of workers
+/// from reconnecting in lockstep after a coordinator restart.
+#[derive(Clone, Debug)]
+pub(crate) struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Backoff {
+        Backoff {
+            initial,
+            max: max.max(initial),
+            next: initial,
+        }
+    }
+
+    /// The delay before the next retry.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(self.max);
+        // A fresh RandomState is seeded randomly, so this is a cheap random
+        // fraction in [0.5, 1) without a dependency.
+        let r = RandomState::new().build_hasher().finish();
+        let fraction = 0.5 + (r >> 11) as f64 / (1u64 << 53) as f64 / 2.0;
+        d.mul_f64(fraction)
+    }
+
+    /// The backoff as it stands after `failures` failed calls.
+    pub(crate) fn after_failures(mut self, failures: u32) -> Backoff {
+        for _ in 0..failures.min(32) {
+            self.next = (self.next * 2).min(self.max);
+        }
+        self
+    }
+
+    /// Back to the initial delay after a success.
+    pub(crate) fn reset(&mut self) {
+        self.next = self.initial;
+    }
+}
+
+/// A cheap-to-clone handle on the coordinator's service.
+#[derive(Clone, Debug)]
+pub(crate) struct Client {
+    inner: CoordinatorClient<Channel>,
+    timeout: Duration,
+}
+
+impl Client {
+    /// A client that connects on first use and reconnects after failures, so
+    /// it can be created before the coordinator is up.
+    pub(crate) fn new(coordinator: &Coordinator, timeout: Duration) -> Client {
+        let endpoint = Endpoint::from_shared(coordinator.to_string())
+            .expect("a parsed Coordinator is a valid URI")
+            .connect_timeout(timeout)
+            .tcp_nodelay(true)
+            // Detects a coordinator that vanished without closing the
+            // connection (power loss, partition) during a long report stream.
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_timeout(Duration::from_secs(20));
+        let inner = CoordinatorClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+        Client { inner, timeout }
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    pub(crate) async fn register(
+        &self,
+        config: &Config,
+    ) -> Result<pb::RegisterResponse, Status> {
+        let request = self.request(pb::RegisterRequest {
+            protocol_version: nq_proto::PROTOCOL_VERSION,
+            name: config.name.clone(),
+            threads: u32::try_from(config.threads.get()).unwrap_or(u32::MAX),
+            program_version: env!("CARGO_PKG_VERSION").to_owned(),
+        });
+        Ok(self.inner.clone().register(request).await?.into_inner())
+    }
+
+    pub(crate) async fn lease(
+        &self,
+        worker: &WorkerId,
+        want: u32,
+        held: Vec<u64>,
+    ) -> Result<pb::LeaseResponse, Status> {
+        let request = self.request(pb::LeaseRequest {
+            worker_id: worker.0.clone(),
+            want,
+            held,
+        });
+        Ok(self.inner.clone().lease(request).await?.into_inner())
+    }
+
+    pub(crate) async fn release(
+        &self,
+        worker: &WorkerId,
+        leases: Vec<u64>,
+    ) -> Result<u32, Status> {
+        let request = self.request(pb::ReleaseRequest {
+            worker_id: worker.0.clone(),
+            leases,
+        });
+        Ok(self
+            .inner
+            .clone()
+            .release(request)
+            .await?
+            .into_inner()
+            .released)
+    }
+
+    /// Sends one report. `deadline` is off for solution streams, which last as
+    /// long as the job computes.
+    async fn report(
+        &self,
+        chunks: impl Stream<Item = pb::ReportChunk> + Send + 'static,
+        deadline: bool,
+    ) -> Result<pb::ReportAck, Status> {
+        let mut request = tonic::Request::new(chunks);
+        if deadline {
+            request.set_timeout(self.timeout);
+        }
+        Ok(self.inner.clone().report(request).await?.into_inner())
+    }
+}
+
+/// What the report task shares with the lease loop.
+#[derive(Debug)]
+pub(crate) struct ReportCtx {
+    pub(crate) client: Client,
+    /// The current worker id. The lease loop sends a new one after each
+    /// registration; report tasks wait on it after an unknown-worker failure.
+    pub(crate) session: watch::Receiver<WorkerId>,
+    /// Report tasks send the worker id the coordinator did not know, so that
+    /// the lease loop registers again. Never closed while tasks run.
+    pub(crate) stale: mpsc::UnboundedSender<WorkerId>,
+    /// Whether jobs stream their solutions.
+    pub(crate) solutions: bool,
+    /// Delays between retries of this report.
+    pub(crate) backoff: Backoff,
+}
+
+/// How a job's report task ended.
+#[derive(Debug)]
+pub(crate) enum JobEnd {
+    /// The coordinator acknowledged the result.
+    Acked {
+        ack: pb::ReportAck,
+        nodes: u64,
+        solutions: u64,
+    },
+    /// The job was stopped before it finished.
+    Cancelled,
+    /// The solution stream broke after part of it was sent: the job must be
+    /// computed again (the solutions were not kept, to bound memory).
+    Rerun,
+    /// The coordinator rejected the result for good.
+    Rejected(Status),
+}
+
+/// Identifies the job a report belongs to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JobRef {
+    pub(crate) job: JobId,
+    pub(crate) lease: LeaseId,
+}
+
+/// Waits for the outcome of one attempt at a job and reports it, retrying
+/// until the coordinator acknowledges it (a report is idempotent by job id).
+///
+/// `computed` is set once the pool has finished the job, so the lease loop
+/// knows its thread is free again.
+pub(crate) async fn report_job(
+    mut ctx: ReportCtx,
+    job: JobRef,
+    attempt: Attempt,
+    computed: Arc<AtomicBool>,
+) -> JobEnd {
+    if ctx.solutions {
+        return stream_job(ctx, job, attempt, computed).await;
+    }
+    let mut output = attempt.output;
+    let outcome = loop {
+        match output.recv().await {
+            Some(Produced::Done(outcome)) => break outcome,
+            Some(Produced::Solutions { .. }) => continue,
+            None => return JobEnd::Cancelled,
+        }
+    };
+    computed.store(true, Ordering::Relaxed);
+    let JobOutcome::Done {
+        counts,
+        nodes,
+        solutions,
+    } = outcome
+    else {
+        return JobEnd::Cancelled;
+    };
+    let result = pb::JobResult {
+        counts: counts.iter().map(pb::SubCounts::from).collect(),
+        nodes,
+        solutions_sent: 0,
+    };
+    let mut registered_again = false;
+    loop {
+        let worker = ctx.session.borrow_and_update().clone();
+        let chunk = chunk(&worker, job, Body::Result(result.clone()));
+        let failure = match ctx.client.report(tokio_stream::once(chunk), true).await {
+            Ok(ack) => {
+                return JobEnd::Acked {
+                    ack,
+                    nodes,
+                    solutions,
+                };
+            }
+            Err(status) => status,
+        };
+        match Failure::of(&failure) {
+            Failure::Retry => {
+                let delay = ctx.backoff.next_delay();
+                warn!(
+                    job = job.job.0,
+                    code = ?failure.code(),
+                    message = failure.message(),
+                    ?delay,
+                    "report failed; retrying"
+                );
+                tokio::time::sleep(delay).await;
+            }
+            // One new registration per report: if the coordinator refuses the
+            // report under the fresh id too, it is the report it refuses.
+            Failure::Register if !registered_again => {
+                registered_again = true;
+                if !wait_for_new_session(&mut ctx, worker).await {
+                    return JobEnd::Cancelled;
+                }
+            }
+            Failure::Register | Failure::Fatal => return JobEnd::Rejected(failure),
+        }
+    }
+}
+
+/// Solutions mode: the report stream opens with the job's first output and
+/// carries its batches as the pool produces them, then the result.
+async fn stream_job(
+    mut ctx: ReportCtx,
+    job: JobRef,
+    attempt: Attempt,
+    computed: Arc<AtomicBool>,
+) -> JobEnd {
+    let Attempt { mut output, stop } = attempt;
+    // Waiting for the first output keeps queued jobs from holding idle streams.
+    let first = match output.recv().await {
+        None | Some(Produced::Done(JobOutcome::Cancelled)) => return JobEnd::Cancelled,
+        Some(first) => first,
+    };
+    let worker = ctx.session.borrow_and_update().clone();
+    let sent = Arc::new(OnceLock::new());
+    let stream = ReportStream {
+        first: Some(first),
+        output,
+        worker: worker.clone(),
+        job,
+        sent: Arc::clone(&sent),
+        computed,
+    };
+    let result = ctx.client.report(stream, false).await;
+    match (result, sent.get()) {
+        (Ok(ack), Some(&(nodes, solutions))) => JobEnd::Acked {
+            ack,
+            nodes,
+            solutions,
+        },
+        // The stream ended without a result: the job was stopped.
+        (Ok(_), None) => JobEnd::Cancelled,
+        (Err(status), _) => {
+            // The stream and its receiver are gone, so the pool threads stop
+            // this attempt on their next send; a new attempt recomputes it.
+            stop.store(true, Ordering::Relaxed);
+            match Failure::of(&status) {
+                Failure::Fatal => return JobEnd::Rejected(status),
+                Failure::Register => {
+                    if !wait_for_new_session(&mut ctx, worker).await {
+                        return JobEnd::Cancelled;
+                    }
+                }
+                Failure::Retry => {
+                    let delay = ctx.backoff.next_delay();
+                    warn!(
+                        job = job.job.0,
+                        code = ?status.code(),
+                        message = status.message(),
+                        ?delay,
+                        "solution stream failed; recomputing the job"
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+            }
+            JobEnd::Rerun
+        }
+    }
+}
+
+/// Asks the lease loop to register again and waits until it has. False when
+/// the lease loop is gone.
+async fn wait_for_new_session(ctx: &mut ReportCtx, stale: WorkerId) -> bool {
+    debug!(worker = %stale.0, "coordinator does not know this worker; registering again");
+    if ctx.stale.send(stale).is_err() {
+        return false;
+    }
+    ctx.session.changed().await.is_ok()
+}
+
+fn chunk(worker: &WorkerId, job: JobRef, body: Body) -> pb::ReportChunk {
+    pb::ReportChunk {
+        worker_id: worker.0.clone(),
+        job_id: job.job.0,
+        lease_id: job.lease.0,
+        body: Some(body),
+    }
+}
+
+/// The chunks of one job's report, read from its pool output as they come.
+struct ReportStream {
+    /// The output that opened the stream, sent first.
+    first: Option<Produced>,
+    /// The job's pool output.
+    output: mpsc::Receiver<Produced>,
+    worker: WorkerId,
+    job: JobRef,
+    /// The job's nodes and solutions, set when the result chunk is yielded;
+    /// the stream ends after it.
+    sent: Arc<OnceLock<(u64, u64)>>,
+    /// Set when the pool finished the job.
+    computed: Arc<AtomicBool>,
+}
+
+impl Stream for ReportStream {
+    type Item = pb::ReportChunk;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        if self.sent.get().is_some() {
+            return Poll::Ready(None);
+        }
+        let produced = match self.first.take() {
+            Some(p) => p,
+            None => match self.output.poll_recv(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Ready(Some(p)) => p,
+            },
+        };
+        let body = match produced {
+            Produced::Solutions { sub, rows } => Body::Solutions(pb::SolutionBatch {
+                subproblem: sub,
+                rows,
+            }),
+            Produced::Done(JobOutcome::Done {
+                counts,
+                nodes,
+                solutions,
+            }) => {
+                self.computed.store(true, Ordering::Relaxed);
+                let _ = self.sent.set((nodes, solutions));
+                Body::Result(pb::JobResult {
+                    counts: counts.iter().map(pb::SubCounts::from).collect(),
+                    nodes,
+                    solutions_sent: solutions,
+                })
+            }
+            // Ending without a result makes the coordinator discard the stream.
+            Produced::Done(JobOutcome::Cancelled) => {
+                self.computed.store(true, Ordering::Relaxed);
+                return Poll::Ready(None);
+            }
+        };
+        Poll::Ready(Some(chunk(&self.worker, self.job, body)))
+    }
+}
+
+/// Describes a report acknowledgement for logs.
+pub(crate) fn outcome_name(ack: &pb::ReportAck) -> &'static str {
+    match ack.outcome() {
+        Outcome::Accepted => "accepted",
+        Outcome::Confirmed => "confirmed",
+        Outcome::Conflict => "conflict",
+        Outcome::Unspecified => "unspecified",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(800));
+        let delays: Vec<Duration> = (0..6).map(|_| b.next_delay()).collect();
+        let caps = [100, 200, 400, 800, 800, 800];
+        for (d, cap) in delays.iter().zip(caps) {
+            let cap = Duration::from_millis(cap);
+            assert!(*d <= cap && *d >= cap / 2, "{d:?} vs {cap:?}");
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+        let mut later =
+            Backoff::new(Duration::from_millis(100), Duration::from_millis(800))
+                .after_failures(2);
+        assert!(later.next_delay() >= Duration::from_millis(200));
+    }
+
+    #[test]
+    fn failures_sort_into_retry_register_fatal() {
+        assert_eq!(Failure::of(&Status::unavailable("x")), Failure::Retry);
+        assert_eq!(Failure::of(&Status::deadline_exceeded("x")), Failure::Retry);
+        assert_eq!(Failure::of(&Status::internal("x")), Failure::Retry);
+        assert_eq!(
+            Failure::of(&Status::failed_precondition("x")),
+            Failure::Register
+        );
+        assert_eq!(Failure::of(&Status::invalid_argument("x")), Failure::Fatal);
+    }
+}

@@ -1,0 +1,285 @@
+//! The validated configuration of a worker, and the parsers that build it.
+//!
+//! The binary parses argv into its own `Args` and converts them into a
+//! [`Config`] with `TryFrom`; this module supplies the checked pieces
+//! ([`Coordinator`], [`parse_duration`]) so that every front end (CLI, tests,
+//! embedders) gets the same validation and the same error messages.
+
+use std::fmt;
+use std::num::NonZeroUsize;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// The coordinator's port when an address names none.
+pub const DEFAULT_PORT: u16 = 50051;
+
+/// Everything a worker needs to run. Build it with [`Config::new`] and adjust
+/// the public fields; [`crate::run`] checks nothing further.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where the coordinator listens.
+    pub coordinator: Coordinator,
+    /// CPU threads that run the search (at least 1).
+    pub threads: NonZeroUsize,
+    /// Name shown in the coordinator's logs and progress.
+    pub name: String,
+    /// How long a draining worker may keep computing its current jobs after
+    /// the shutdown signal before it cancels them and hands them back.
+    pub grace: Duration,
+    /// Jobs kept outstanding at most: those being computed plus the prefetch
+    /// queued behind them, so that threads never wait for the network. The
+    /// worker asks for more as soon as fewer than `threads + 1` remain.
+    pub max_jobs: usize,
+    /// First delay before retrying a failed call; doubles on each further
+    /// failure up to [`Config::backoff_max`], with random jitter.
+    pub backoff_initial: Duration,
+    /// Cap of the retry delay.
+    pub backoff_max: Duration,
+    /// Deadline of each unary call (Register, Lease, Release, count reports).
+    pub rpc_timeout: Duration,
+}
+
+impl Config {
+    /// The defaults: every core, a 30 s grace, a prefetch of one job per
+    /// thread, and retries from 100 ms up to 5 s.
+    pub fn new(coordinator: Coordinator) -> Config {
+        let threads = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
+        Config {
+            coordinator,
+            threads,
+            name: "nq-worker".to_owned(),
+            grace: Duration::from_secs(30),
+            max_jobs: default_max_jobs(threads),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            rpc_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Sets the thread count and the prefetch that goes with it.
+    pub fn with_threads(mut self, threads: NonZeroUsize) -> Config {
+        self.threads = threads;
+        self.max_jobs = default_max_jobs(threads);
+        self
+    }
+}
+
+/// Two jobs per thread: one running, one queued behind it.
+fn default_max_jobs(threads: NonZeroUsize) -> usize {
+    threads.get().saturating_mul(2).max(2)
+}
+
+/// A coordinator address: a host (name, IPv4, or bracketed IPv6) and a port.
+///
+/// Parses `host`, `host:port`, `http://host` and `http://host:port`; the port
+/// defaults to [`DEFAULT_PORT`]. Displays as the URI the worker dials.
+///
+/// ```
+/// let c: nq_worker::Coordinator = "10.0.0.5".parse().unwrap();
+/// assert_eq!(c.to_string(), "http://10.0.0.5:50051");
+/// let c: nq_worker::Coordinator = "http://[::1]:7000".parse().unwrap();
+/// assert_eq!(c.to_string(), "http://[::1]:7000");
+/// assert!("https://coord:443".parse::<nq_worker::Coordinator>().is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coordinator {
+    host: String,
+    port: u16,
+}
+
+impl Coordinator {
+    /// The host part (IPv6 addresses keep their brackets).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl From<std::net::SocketAddr> for Coordinator {
+    fn from(addr: std::net::SocketAddr) -> Coordinator {
+        let host = match addr.ip() {
+            std::net::IpAddr::V4(ip) => ip.to_string(),
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        };
+        Coordinator {
+            host,
+            port: addr.port(),
+        }
+    }
+}
+
+impl FromStr for Coordinator {
+    type Err = Error;
+
+    fn from_str(input: &str) -> Result<Coordinator> {
+        let bad = |reason| Error::Address {
+            input: input.to_owned(),
+            reason,
+        };
+        let rest = match input.split_once("://") {
+            Some(("http", rest)) => rest,
+            Some(_) => return Err(bad("only plain http:// is supported")),
+            None => input,
+        };
+        // A trailing slash is harmless (`http://host:port/`); any other path is not.
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.is_empty() {
+            return Err(bad("the host is missing"));
+        }
+        if rest.contains(['/', '?', '#', '@']) || rest.contains(char::is_whitespace) {
+            return Err(bad("it must not contain a path, query, user or spaces"));
+        }
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            let (ip, after) = v6
+                .split_once(']')
+                .ok_or_else(|| bad("an IPv6 address needs its closing `]`"))?;
+            if ip.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(bad("the bracketed host is not an IPv6 address"));
+            }
+            let port = match after {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| bad("expected `:PORT` after the IPv6 address"))?,
+                ),
+            };
+            (&rest[..ip.len() + 2], port)
+        } else {
+            match rest.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (rest, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("the host is missing"));
+        }
+        let port = match port {
+            None => DEFAULT_PORT,
+            Some(p) => match p.parse::<u16>() {
+                Ok(0) | Err(_) => {
+                    return Err(bad("the port must be a number from 1 to 65535"));
+                }
+                Ok(p) => p,
+            },
+        };
+        Ok(Coordinator {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for Coordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}:{}", self.host, self.port)
+    }
+}
+
+/// Parses a duration written as a number and a unit: `500ms`, `30s`, `1.5s`,
+/// `2m`, `1h`. A bare number means seconds.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(nq_worker::parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+/// assert_eq!(nq_worker::parse_duration("250ms").unwrap(), Duration::from_millis(250));
+/// assert!(nq_worker::parse_duration("soon").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Duration`] naming the accepted forms.
+pub fn parse_duration(input: &str) -> Result<Duration> {
+    let bad = || Error::Duration {
+        input: input.to_owned(),
+    };
+    let s = input.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_in_every_accepted_form() {
+        let cases = [
+            ("coord", "http://coord:50051"),
+            ("coord:7000", "http://coord:7000"),
+            ("http://coord", "http://coord:50051"),
+            ("http://127.0.0.1:7000/", "http://127.0.0.1:7000"),
+            ("[::1]", "http://[::1]:50051"),
+            ("http://[fe80::1]:9", "http://[fe80::1]:9"),
+        ];
+        for (input, want) in cases {
+            let c: Coordinator = input.parse().unwrap_or_else(|e| panic!("{input}: {e}"));
+            assert_eq!(c.to_string(), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn bad_addresses_name_the_accepted_forms() {
+        for input in [
+            "",
+            "http://",
+            ":50051",
+            "coord:0",
+            "coord:http",
+            "coord:99999",
+            "https://coord",
+            "grpc://coord:1",
+            "coord:1/path",
+            "[::1",
+            "[nope]:1",
+            "a b",
+        ] {
+            let err = input.parse::<Coordinator>().unwrap_err().to_string();
+            assert!(
+                err.contains("HOST, HOST:PORT or http://HOST:PORT"),
+                "{input}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn socket_addresses_convert() {
+        let v6: std::net::SocketAddr = "[::1]:5".parse().unwrap();
+        assert_eq!(Coordinator::from(v6).to_string(), "http://[::1]:5");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        for bad in ["", "s", "-1s", "1d", "1.2.3s", "ms"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn prefetch_follows_threads() {
+        let c = Config::new("h".parse().unwrap()).with_threads(NonZeroUsize::MIN);
+        assert_eq!(c.max_jobs, 2);
+        let four = NonZeroUsize::new(4).unwrap();
+        assert_eq!(c.with_threads(four).max_jobs, 8);
+    }
+}

@@ -1,0 +1,642 @@
+//! The lease loop: one task that owns the worker's registration and every
+//! lease it holds.
+//!
+//! ```text
+//!   unregistered ──Register──► registered ──Lease (every ttl/4, or sooner
+//!        ▲                          │        when threads run short)
+//!        └── FAILED_PRECONDITION ───┘
+//!
+//!   lease:  leased ──pool──► computed ──Report──► acked      (entry removed)
+//!              │
+//!              └─ revoked / handed back: stop flag set, no longer heartbeated
+//! ```
+//!
+//! The protocol asks for a heartbeat at least every TTL/3; the loop beats
+//! every TTL/4 so that one slow call does not cost a lease.
+//!
+//! The loop never waits on the CPU: each leased job gets a report task (see
+//! [`crate::client::report_job`]) that waits for the pool's output and reports
+//! it, and the loop only hears back when that task ends.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nq_core::split::SubProblem;
+use nq_proto::convert::RunShape;
+use nq_proto::pb;
+use nq_proto::pb::report_ack::Outcome;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinError, JoinSet};
+use tokio::time::{Instant, sleep_until};
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::client::{
+    Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, WorkerId,
+    outcome_name, report_job,
+};
+use crate::pool::WorkerPool;
+use crate::{Config, Error, Exit, Result, Summary};
+
+/// Used when the coordinator announces no lease lifetime.
+const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// How often the loop logs its progress at `info`.
+const PROGRESS_EVERY: Duration = Duration::from_secs(30);
+
+/// The run the worker joined.
+#[derive(Debug)]
+struct Run {
+    shape: RunShape,
+    id: String,
+}
+
+/// A lease the worker holds, from the Lease response until its report task
+/// ends.
+#[derive(Debug)]
+struct Held {
+    job: JobId,
+    /// Kept to compute the job again if its solution stream breaks.
+    subproblems: Vec<SubProblem>,
+    /// The current attempt's stop flag, shared with the pool threads.
+    stop: Arc<AtomicBool>,
+    /// Set by the report task when the pool has finished the job.
+    computed: Arc<AtomicBool>,
+    /// True once the coordinator revoked the lease or the worker handed it
+    /// back: it is no longer heartbeated, and its report (if any) is only
+    /// compared by the coordinator.
+    dropped: bool,
+    /// Attempts of this job whose solution stream broke; each waits longer
+    /// before it recomputes the job.
+    failures: u32,
+    /// The report task, to find the lease again if that task panics.
+    task: tokio::task::Id,
+}
+
+/// The state of a worker between [`crate::run`]'s start and end.
+pub(crate) struct LeaseLoop<'a> {
+    config: &'a Config,
+    pool: &'a WorkerPool,
+    client: Client,
+    /// Set by the first successful registration.
+    run: Option<Run>,
+    /// `None` while (re-)registering.
+    worker: Option<WorkerId>,
+    /// Publishes each new worker id to report tasks, which wait on it after an
+    /// unknown-worker failure. Lives as long as the loop.
+    session: watch::Sender<WorkerId>,
+    /// Report tasks send the id the coordinator did not know; the loop then
+    /// registers again. The loop holds a sender too, so `recv` never ends.
+    stale_tx: mpsc::UnboundedSender<WorkerId>,
+    stale_rx: mpsc::UnboundedReceiver<WorkerId>,
+    held: BTreeMap<LeaseId, Held>,
+    /// One report task per held lease. Aborted when the loop ends.
+    tasks: JoinSet<(LeaseId, JobEnd)>,
+    ttl: Duration,
+    /// When to call the coordinator next (Register or Lease).
+    next_call: Instant,
+    backoff: Backoff,
+    /// The end of the grace period, once draining.
+    draining: Option<Instant>,
+    exit: Option<Exit>,
+    summary: Summary,
+    last_progress: Instant,
+}
+
+impl std::fmt::Debug for LeaseLoop<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseLoop")
+            .field("worker", &self.worker)
+            .field("held", &self.held.len())
+            .field("draining", &self.draining)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> LeaseLoop<'a> {
+    pub(crate) fn new(config: &'a Config, pool: &'a WorkerPool) -> LeaseLoop<'a> {
+        let (stale_tx, stale_rx) = mpsc::unbounded_channel();
+        let now = Instant::now();
+        LeaseLoop {
+            config,
+            pool,
+            client: Client::new(&config.coordinator, config.rpc_timeout),
+            run: None,
+            worker: None,
+            session: watch::Sender::new(WorkerId(String::new())),
+            stale_tx,
+            stale_rx,
+            held: BTreeMap::new(),
+            tasks: JoinSet::new(),
+            ttl: DEFAULT_TTL,
+            next_call: now,
+            backoff: Backoff::new(config.backoff_initial, config.backoff_max),
+            draining: None,
+            exit: None,
+            summary: Summary {
+                exit: Exit::Drained,
+                jobs: 0,
+                subproblems: 0,
+                nodes: 0,
+                solutions: 0,
+                conflicts: 0,
+                released: 0,
+            },
+            last_progress: now,
+        }
+    }
+
+    /// Runs until the run is complete, the drain is over, or a fatal error.
+    /// Every job still computing is stopped before this returns.
+    pub(crate) async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary> {
+        let span = info_span!("worker", name = %self.config.name);
+        let result = self.serve(shutdown).instrument(span).await;
+        // Count the reports that were acknowledged meanwhile.
+        while let Some(joined) = self.tasks.try_join_next_with_id() {
+            self.on_task_end(joined);
+        }
+        for h in self.held.values() {
+            h.stop.store(true, Ordering::Relaxed);
+        }
+        // Aborting drops each task's pool output, which also stops its job.
+        self.tasks.shutdown().await;
+        info!(
+            exit = ?self.summary.exit,
+            jobs = self.summary.jobs,
+            nodes = self.summary.nodes,
+            released = self.summary.released,
+            "worker stopped"
+        );
+        result.map(|()| self.summary)
+    }
+
+    async fn serve(&mut self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        tokio::pin!(shutdown);
+        info!(
+            coordinator = %self.config.coordinator,
+            threads = self.config.threads,
+            "worker starting"
+        );
+        loop {
+            if let Some(exit) = self.exit {
+                self.summary.exit = exit;
+                return Ok(());
+            }
+            if self.draining.is_some() && self.tasks.is_empty() {
+                info!("drained: every job is reported or handed back");
+                self.exit = Some(Exit::Drained);
+                continue;
+            }
+            let draining = self.draining.is_some();
+            let grace_end = self.draining.unwrap_or(self.next_call);
+            tokio::select! {
+                () = &mut shutdown, if !draining => self.start_drain().await,
+                () = sleep_until(grace_end), if draining => self.abandon().await,
+                Some(joined) = self.tasks.join_next_with_id() => self.on_task_end(joined),
+                Some(stale) = self.stale_rx.recv() => self.on_stale(stale),
+                () = sleep_until(self.next_call) => self.call().await?,
+            }
+        }
+    }
+
+    /// Calls the coordinator: Register when unregistered, else Lease.
+    async fn call(&mut self) -> Result<()> {
+        match self.worker.clone() {
+            None => self.register().await,
+            Some(worker) => self.lease(worker).await,
+        }
+    }
+
+    async fn register(&mut self) -> Result<()> {
+        let response = match self.client.register(self.config).await {
+            Ok(response) => response,
+            // FAILED_PRECONDITION here is a protocol version mismatch, not an
+            // unknown worker: retrying cannot fix it.
+            Err(status) if Failure::of(&status) == Failure::Retry => {
+                let delay = self.backoff.next_delay();
+                warn!(
+                    coordinator = %self.config.coordinator,
+                    code = ?status.code(),
+                    message = status.message(),
+                    ?delay,
+                    "coordinator unreachable; retrying"
+                );
+                self.next_call = Instant::now() + delay;
+                return Ok(());
+            }
+            Err(status) => return Err(refused("Register", &status)),
+        };
+        if response.protocol_version != nq_proto::PROTOCOL_VERSION {
+            return Err(Error::Protocol {
+                coordinator: response.protocol_version,
+                worker: nq_proto::PROTOCOL_VERSION,
+            });
+        }
+        let info = response.run.ok_or(Error::Run {
+            source: nq_proto::ConvertError::Missing {
+                field: "RegisterResponse.run",
+            },
+        })?;
+        let shape = RunShape::try_from(&info).map_err(|source| Error::Run { source })?;
+        if let Some(old) = &self.run
+            && (old.id != info.run_id || old.shape != shape)
+        {
+            warn!(
+                old = %old.id,
+                new = %info.run_id,
+                "the coordinator now runs another run; dropping every job of the old one"
+            );
+            for h in self.held.values_mut() {
+                h.dropped = true;
+                h.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        self.set_ttl(response.lease_ttl_ms);
+        info!(
+            worker = %response.worker_id,
+            run = %info.run_id,
+            n = info.n,
+            ring = info.ring,
+            extra = info.extra,
+            solutions = info.solutions,
+            ttl = ?self.ttl,
+            "registered"
+        );
+        self.run = Some(Run {
+            shape,
+            id: info.run_id,
+        });
+        let worker = WorkerId(response.worker_id);
+        self.session.send_replace(worker.clone());
+        self.worker = Some(worker);
+        self.backoff.reset();
+        self.next_call = Instant::now();
+        Ok(())
+    }
+
+    /// The heartbeat: renews every held lease and asks for jobs to keep the
+    /// threads and the prefetch full.
+    async fn lease(&mut self, worker: WorkerId) -> Result<()> {
+        let want = self.want();
+        let held: Vec<u64> = self
+            .held
+            .iter()
+            .filter(|(_, h)| !h.dropped)
+            .map(|(id, _)| id.0)
+            .collect();
+        let response = match self.client.lease(&worker, want, held).await {
+            Ok(response) => response,
+            Err(status) => {
+                match Failure::of(&status) {
+                    Failure::Retry => {
+                        let delay = self.backoff.next_delay();
+                        warn!(
+                            code = ?status.code(),
+                            message = status.message(),
+                            ?delay,
+                            "lease failed; retrying"
+                        );
+                        self.next_call = Instant::now() + delay;
+                    }
+                    Failure::Register => {
+                        info!(
+                            worker = %worker.0,
+                            message = status.message(),
+                            "the coordinator does not know this worker (restarted?); registering again"
+                        );
+                        self.worker = None;
+                        self.next_call = Instant::now();
+                    }
+                    Failure::Fatal => return Err(refused("Lease", &status)),
+                }
+                return Ok(());
+            }
+        };
+        self.backoff.reset();
+        self.set_ttl(response.lease_ttl_ms);
+        for id in &response.revoked {
+            if let Some(h) = self.held.get_mut(&LeaseId(*id))
+                && !h.dropped
+            {
+                debug!(job = h.job.0, lease = id, "lease revoked; stopping the job");
+                h.dropped = true;
+                h.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        let got = response.jobs.len();
+        for job in response.jobs {
+            self.start_job(&worker, job).await?;
+        }
+        if response.run_complete {
+            info!("the run is complete");
+            self.exit = Some(Exit::RunComplete);
+            return Ok(());
+        }
+        let now = Instant::now();
+        let heartbeat = now + self.ttl / 4;
+        self.next_call = if want > 0 && got == 0 {
+            let retry = Duration::from_millis(response.retry_after_ms.max(20));
+            (now + retry).min(heartbeat)
+        } else if got > 0 && self.want() > 0 {
+            now
+        } else {
+            heartbeat
+        };
+        if now >= self.last_progress + PROGRESS_EVERY {
+            self.last_progress = now;
+            info!(
+                jobs = self.summary.jobs,
+                nodes = self.summary.nodes,
+                held = self.held.len(),
+                "progress"
+            );
+        }
+        Ok(())
+    }
+
+    /// Validates a leased job and hands it to the pool and a report task.
+    async fn start_job(&mut self, worker: &WorkerId, job: pb::Job) -> Result<()> {
+        let run = self
+            .run
+            .as_ref()
+            .expect("jobs come only after registration");
+        let subproblems: std::result::Result<Vec<SubProblem>, _> = job
+            .subproblems
+            .iter()
+            .map(|s| run.shape.subproblem(s))
+            .collect();
+        let subproblems = match subproblems {
+            Ok(s) => s,
+            Err(source) => {
+                // Hand the lease back so that the job is not stuck until its
+                // deadline; the worker then stops, loudly.
+                let _ = self.client.release(worker, vec![job.lease_id]).await;
+                return Err(Error::Job {
+                    job: job.job_id,
+                    source,
+                });
+            }
+        };
+        let lease = LeaseId(job.lease_id);
+        if self.held.contains_key(&lease) {
+            warn!(
+                job = job.job_id,
+                lease = lease.0,
+                "lease already held; ignoring the duplicate"
+            );
+            return Ok(());
+        }
+        debug!(
+            job = job.job_id,
+            lease = lease.0,
+            subproblems = subproblems.len(),
+            "job leased"
+        );
+        let held = self.spawn(JobId(job.job_id), lease, subproblems, 0);
+        self.held.insert(lease, held);
+        Ok(())
+    }
+
+    /// Submits a job to the pool and starts its report task. `failures` is
+    /// the number of earlier attempts whose solution stream broke.
+    fn spawn(
+        &mut self,
+        job: JobId,
+        lease: LeaseId,
+        subproblems: Vec<SubProblem>,
+        failures: u32,
+    ) -> Held {
+        let shape = self
+            .run
+            .as_ref()
+            .expect("jobs come only after registration")
+            .shape;
+        let attempt = self.pool.submit(subproblems.clone(), shape.solutions);
+        let stop = Arc::clone(&attempt.stop);
+        let computed = Arc::new(AtomicBool::new(false));
+        let ctx = ReportCtx {
+            client: self.client.clone(),
+            session: self.session.subscribe(),
+            stale: self.stale_tx.clone(),
+            solutions: shape.solutions,
+            backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)
+                .after_failures(failures),
+        };
+        let job_ref = JobRef { job, lease };
+        let task = report_job(ctx, job_ref, attempt, Arc::clone(&computed));
+        let span = info_span!("job", job = job.0, lease = lease.0);
+        let handle = self
+            .tasks
+            .spawn(async move { (lease, task.await) }.instrument(span));
+        Held {
+            job,
+            subproblems,
+            stop,
+            computed,
+            dropped: false,
+            failures,
+            task: handle.id(),
+        }
+    }
+
+    fn on_task_end(
+        &mut self,
+        joined: std::result::Result<(tokio::task::Id, (LeaseId, JobEnd)), JoinError>,
+    ) {
+        let (lease, end) = match joined {
+            Ok((_, ended)) => ended,
+            Err(e) => {
+                error!(error = %e, "a report task failed");
+                let lease = self
+                    .held
+                    .iter()
+                    .find(|(_, h)| h.task == e.id())
+                    .map(|(l, _)| *l);
+                if let Some(h) = lease.and_then(|l| self.held.remove(&l)) {
+                    h.stop.store(true, Ordering::Relaxed);
+                }
+                return;
+            }
+        };
+        let Some(held) = self.held.remove(&lease) else {
+            return;
+        };
+        match end {
+            JobEnd::Acked {
+                ack,
+                nodes,
+                solutions,
+            } => {
+                self.summary.jobs += 1;
+                self.summary.subproblems += held.subproblems.len() as u64;
+                self.summary.nodes += nodes;
+                self.summary.solutions += solutions;
+                if ack.outcome() == Outcome::Conflict {
+                    self.summary.conflicts += 1;
+                    warn!(
+                        job = held.job.0,
+                        lease = lease.0,
+                        "the coordinator holds a DIFFERENT result for this job (conflict recorded)"
+                    );
+                }
+                debug!(
+                    job = held.job.0,
+                    lease = lease.0,
+                    nodes,
+                    outcome = outcome_name(&ack),
+                    "job reported"
+                );
+                if ack.run_complete {
+                    info!("the run is complete");
+                    self.exit = Some(Exit::RunComplete);
+                } else if self.draining.is_none()
+                    && self.computing() <= self.config.threads.get()
+                {
+                    // A thread is about to run dry: top the queue up now rather
+                    // than at the next heartbeat.
+                    self.next_call = self.next_call.min(Instant::now());
+                }
+            }
+            JobEnd::Cancelled => {
+                debug!(job = held.job.0, lease = lease.0, "job stopped");
+            }
+            JobEnd::Rerun if !held.dropped => {
+                debug!(job = held.job.0, lease = lease.0, "computing the job again");
+                let again =
+                    self.spawn(held.job, lease, held.subproblems, held.failures + 1);
+                self.held.insert(lease, again);
+            }
+            JobEnd::Rerun => {}
+            JobEnd::Rejected(status) if held.dropped => {
+                debug!(
+                    job = held.job.0,
+                    lease = lease.0,
+                    code = ?status.code(),
+                    "report of a dropped lease refused"
+                );
+            }
+            JobEnd::Rejected(status) => {
+                error!(
+                    job = held.job.0,
+                    lease = lease.0,
+                    code = ?status.code(),
+                    message = status.message(),
+                    "the coordinator rejected this job's report; its lease will expire"
+                );
+            }
+        }
+    }
+
+    fn on_stale(&mut self, stale: WorkerId) {
+        if self.worker.as_ref() == Some(&stale) {
+            info!(
+                worker = %stale.0,
+                "the coordinator does not know this worker (restarted?); registering again"
+            );
+            self.worker = None;
+            self.next_call = Instant::now();
+        }
+    }
+
+    /// First signal: lease nothing more, hand back the jobs that no thread has
+    /// started, and keep computing and reporting the rest within the grace.
+    async fn start_drain(&mut self) {
+        let threads = self.config.threads.get();
+        self.draining = Some(Instant::now() + self.config.grace);
+        // The pool runs jobs in lease order, so beyond the oldest `threads`
+        // jobs still computing, none has started yet.
+        let queued: Vec<LeaseId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| !h.dropped && !h.computed.load(Ordering::Relaxed))
+            .skip(threads)
+            .map(|(l, _)| *l)
+            .collect();
+        info!(
+            grace = ?self.config.grace,
+            held = self.held.len(),
+            handing_back = queued.len(),
+            "draining: no new leases; finishing current jobs"
+        );
+        self.give_back(queued).await;
+    }
+
+    /// The grace is over: stop and hand back everything not yet reported.
+    async fn abandon(&mut self) {
+        let left: Vec<LeaseId> = self
+            .held
+            .iter()
+            .filter(|(_, h)| !h.dropped)
+            .map(|(l, _)| *l)
+            .collect();
+        warn!(
+            leases = left.len(),
+            "grace period over; handing the unfinished jobs back"
+        );
+        self.give_back(left).await;
+        self.exit = Some(Exit::Drained);
+    }
+
+    /// Stops these leases' jobs and tells the coordinator to reissue them now.
+    async fn give_back(&mut self, leases: Vec<LeaseId>) {
+        if leases.is_empty() {
+            return;
+        }
+        for l in &leases {
+            if let Some(h) = self.held.get_mut(l) {
+                h.dropped = true;
+                h.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        self.summary.released += leases.len() as u64;
+        let Some(worker) = &self.worker else { return };
+        let ids = leases.iter().map(|l| l.0).collect();
+        match self.client.release(worker, ids).await {
+            Ok(released) => info!(asked = leases.len(), released, "leases handed back"),
+            // Best effort: an unreturned lease still expires at its deadline.
+            Err(status) => {
+                warn!(
+                    code = ?status.code(),
+                    message = status.message(),
+                    "could not hand leases back; they will expire"
+                )
+            }
+        }
+    }
+
+    /// Jobs leased and not yet computed: the threads' queue.
+    fn computing(&self) -> usize {
+        self.held
+            .values()
+            .filter(|h| !h.dropped && !h.computed.load(Ordering::Relaxed))
+            .count()
+    }
+
+    /// How many new jobs to ask for.
+    fn want(&self) -> u32 {
+        if self.draining.is_some() {
+            return 0;
+        }
+        let want = self.config.max_jobs.saturating_sub(self.computing());
+        u32::try_from(want).unwrap_or(u32::MAX)
+    }
+
+    fn set_ttl(&mut self, ttl_ms: u64) {
+        if ttl_ms > 0 {
+            self.ttl = Duration::from_millis(ttl_ms);
+        }
+    }
+}
+
+fn refused(rpc: &'static str, status: &tonic::Status) -> Error {
+    Error::Refused {
+        rpc,
+        code: status.code(),
+        message: status.message().to_owned(),
+    }
+}

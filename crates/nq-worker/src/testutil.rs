@@ -1,0 +1,311 @@
+//! A fake coordinator for the worker's own tests: an in-memory implementation
+//! of the protocol, with knobs to fail, forget and revoke, so that the
+//! worker's reactions can be tested without `nq-coord`.
+
+use std::collections::{BTreeSet, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nq_core::board::Board;
+use nq_core::split::{SplitSpec, SubCounts, SubProblem, Tally, split};
+use nq_proto::convert::RunShape;
+use nq_proto::pb::coordinator_server::{Coordinator, CoordinatorServer};
+use nq_proto::pb::{self, report_ack::Outcome, report_chunk::Body};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+/// A job's state in the fake.
+#[derive(Clone, Debug)]
+pub(crate) enum Slot {
+    Pending,
+    Leased { lease: u64, deadline: Instant },
+    Done,
+}
+
+/// Everything the fake knows. Tests inspect and change it through [`Fake::state`].
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) shape: RunShape,
+    pub(crate) run_id: String,
+    pub(crate) protocol_version: u32,
+    pub(crate) ttl: Duration,
+    pub(crate) jobs: Vec<Vec<SubProblem>>,
+    pub(crate) slots: Vec<Slot>,
+    /// Known worker ids; clearing it simulates a restart.
+    pub(crate) workers: HashSet<String>,
+    next_worker: u64,
+    next_lease: u64,
+    pub(crate) tally: Tally,
+    /// Every solution streamed in accepted reports.
+    pub(crate) solutions: Vec<Vec<u8>>,
+    pub(crate) accepted: u64,
+    pub(crate) confirmed: u64,
+    pub(crate) released: u64,
+    /// The next this-many reports fail with UNAVAILABLE before being read.
+    pub(crate) fail_reports: u32,
+    /// Leases handed out so far.
+    pub(crate) leased: u64,
+    /// `want` and `held.len()` of the latest Lease call.
+    pub(crate) last_want: u32,
+    pub(crate) last_held: usize,
+    /// Stop handing out jobs (workers then only heartbeat).
+    pub(crate) hold_back: bool,
+}
+
+impl State {
+    fn expire(&mut self, now: Instant) {
+        for slot in &mut self.slots {
+            if matches!(slot, Slot::Leased { deadline, .. } if *deadline < now) {
+                *slot = Slot::Pending;
+            }
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.slots.iter().all(|s| matches!(s, Slot::Done))
+    }
+
+    fn known(&self, worker: &str) -> Result<(), Status> {
+        if self.workers.contains(worker) {
+            Ok(())
+        } else {
+            Err(Status::failed_precondition(format!(
+                "unknown worker {worker}"
+            )))
+        }
+    }
+}
+
+/// The fake service; clone it to keep a handle for assertions.
+#[derive(Clone, Debug)]
+pub(crate) struct Fake {
+    state: Arc<Mutex<State>>,
+}
+
+impl Fake {
+    /// A run of board `n` split by `spec`, `per_job` sub-problems per job.
+    pub(crate) fn new(n: u64, spec: SplitSpec, per_job: usize, solutions: bool) -> Fake {
+        let board = Board::new(n).unwrap();
+        let jobs: Vec<Vec<SubProblem>> = split(board, spec)
+            .chunks(per_job)
+            .map(<[_]>::to_vec)
+            .collect();
+        let state = State {
+            shape: RunShape {
+                board,
+                spec,
+                solutions,
+            },
+            run_id: "fake-run".into(),
+            protocol_version: nq_proto::PROTOCOL_VERSION,
+            ttl: Duration::from_secs(30),
+            slots: vec![Slot::Pending; jobs.len()],
+            jobs,
+            workers: HashSet::new(),
+            next_worker: 0,
+            next_lease: 0,
+            tally: Tally::default(),
+            solutions: vec![],
+            accepted: 0,
+            confirmed: 0,
+            released: 0,
+            fail_reports: 0,
+            leased: 0,
+            last_want: 0,
+            last_held: 0,
+            hold_back: false,
+        };
+        Fake {
+            state: Arc::new(Mutex::new(state)),
+        }
+    }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    /// Serves on `listener` until `token` is cancelled.
+    pub(crate) async fn serve(self, listener: TcpListener, token: CancellationToken) {
+        tonic::transport::Server::builder()
+            .add_service(CoordinatorServer::new(self))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                token.cancelled_owned(),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// Binds an ephemeral loopback port.
+pub(crate) async fn listener() -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    (listener, addr)
+}
+
+#[tonic::async_trait]
+impl Coordinator for Fake {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let mut s = self.state();
+        let req = request.into_inner();
+        if req.protocol_version != s.protocol_version {
+            return Err(Status::failed_precondition(format!(
+                "protocol version {} is not supported: this coordinator speaks version {}",
+                req.protocol_version, s.protocol_version
+            )));
+        }
+        s.next_worker += 1;
+        let id = format!("w{}", s.next_worker);
+        s.workers.insert(id.clone());
+        Ok(Response::new(pb::RegisterResponse {
+            worker_id: id,
+            run: Some(s.shape.to_pb(&s.run_id)),
+            protocol_version: s.protocol_version,
+            lease_ttl_ms: s.ttl.as_millis() as u64,
+        }))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let mut s = self.state();
+        let req = request.into_inner();
+        s.known(&req.worker_id)?;
+        let now = Instant::now();
+        s.expire(now);
+        let ttl = s.ttl;
+        let held: BTreeSet<u64> = req.held.iter().copied().collect();
+        let mut renewed = BTreeSet::new();
+        for slot in &mut s.slots {
+            if let Slot::Leased { lease, deadline } = slot
+                && held.contains(lease)
+            {
+                *deadline = now + ttl;
+                renewed.insert(*lease);
+            }
+        }
+        s.last_want = req.want;
+        s.last_held = req.held.len();
+        let revoked = held.difference(&renewed).copied().collect();
+        let mut jobs = vec![];
+        if !s.hold_back {
+            for i in 0..s.slots.len() {
+                if jobs.len() as u32 >= req.want {
+                    break;
+                }
+                if matches!(s.slots[i], Slot::Pending) {
+                    s.next_lease += 1;
+                    let lease = s.next_lease;
+                    s.slots[i] = Slot::Leased {
+                        lease,
+                        deadline: now + ttl,
+                    };
+                    s.leased += 1;
+                    jobs.push(pb::Job {
+                        job_id: i as u64,
+                        lease_id: lease,
+                        subproblems: s.jobs[i].iter().map(pb::SubProblem::from).collect(),
+                        estimated_work: 1,
+                    });
+                }
+            }
+        }
+        Ok(Response::new(pb::LeaseResponse {
+            jobs,
+            run_complete: s.complete(),
+            revoked,
+            retry_after_ms: 20,
+            lease_ttl_ms: ttl.as_millis() as u64,
+        }))
+    }
+
+    async fn report(
+        &self,
+        request: Request<Streaming<pb::ReportChunk>>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        {
+            let mut s = self.state();
+            if s.fail_reports > 0 {
+                s.fail_reports -= 1;
+                return Err(Status::unavailable("injected failure"));
+            }
+        }
+        let mut stream = request.into_inner();
+        let mut rows = vec![];
+        let mut result = None;
+        let mut header = None;
+        while let Some(chunk) = stream.message().await? {
+            header = Some((chunk.worker_id.clone(), chunk.job_id));
+            match chunk.body {
+                Some(Body::Solutions(b)) => rows.push(b.rows),
+                Some(Body::Result(r)) => result = Some(r),
+                None => return Err(Status::invalid_argument("empty chunk")),
+            }
+        }
+        let (Some((worker, job)), Some(result)) = (header, result) else {
+            return Ok(Response::new(pb::ReportAck::default()));
+        };
+        let mut s = self.state();
+        s.known(&worker)?;
+        let job = usize::try_from(job).unwrap();
+        let subs = s
+            .jobs
+            .get(job)
+            .cloned()
+            .ok_or_else(|| Status::invalid_argument("job"))?;
+        if result.counts.len() != subs.len() {
+            return Err(Status::invalid_argument("wrong number of counts"));
+        }
+        let n = s.shape.board.len();
+        let listed: Vec<Vec<u8>> = rows.concat().chunks(n).map(<[u8]>::to_vec).collect();
+        if listed.len() as u64 != result.solutions_sent {
+            return Err(Status::invalid_argument("solutions_sent mismatch"));
+        }
+        let outcome = if matches!(s.slots[job], Slot::Done) {
+            s.confirmed += 1;
+            Outcome::Confirmed
+        } else {
+            for (sub, c) in subs.iter().zip(result.counts) {
+                let c = SubCounts::try_from(c)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                sub.check(s.shape.spec, &c)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                s.tally.add(sub, &c).unwrap();
+            }
+            s.solutions.extend(listed);
+            s.slots[job] = Slot::Done;
+            s.accepted += 1;
+            Outcome::Accepted
+        };
+        Ok(Response::new(pb::ReportAck {
+            outcome: outcome.into(),
+            run_complete: s.complete(),
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let mut s = self.state();
+        let req = request.into_inner();
+        let mut released = 0;
+        for slot in &mut s.slots {
+            if let Slot::Leased { lease, .. } = slot
+                && req.leases.contains(lease)
+            {
+                *slot = Slot::Pending;
+                released += 1;
+            }
+        }
+        s.released += u64::from(released);
+        Ok(Response::new(pb::ReleaseResponse { released }))
+    }
+}

@@ -1,0 +1,30 @@
+//! End-to-end tests of nq: real `nq-coord` and `nq-worker` processes on
+//! loopback, and the libraries in-process. One test binary; each module is a
+//! theme.
+//!
+//! Every test binds 127.0.0.1 with ephemeral ports, waits on real readiness
+//! signals (the coordinator's `listening on` line, log lines, exits), runs
+//! under a deadline, and stops everything it started (dropping a `Proc` kills
+//! its process).
+//!
+//! The harness builds `nq-coord` and `nq-worker` with the test's own profile
+//! before the first test that needs them (see `nq_e2e::binary`).
+
+mod drain;
+mod faults;
+mod inprocess;
+mod input;
+mod solutions;
+mod totals;
+
+use std::time::Duration;
+
+/// The deadline of one test. The whole suite stays within a few minutes on two
+/// cores; a test that reaches this is hung, not slow.
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A fresh data directory path inside a temporary directory (the coordinator
+/// creates it).
+fn data_dir(tmp: &tempfile::TempDir) -> std::path::PathBuf {
+    tmp.path().join("run")
+}

@@ -1,0 +1,97 @@
+//! Bad input is refused with a clear message.
+
+use anyhow::{Result, ensure};
+use nq_e2e::{Coord, Proc, binary, within, worker};
+
+use crate::{LIMIT, data_dir};
+
+/// A data directory made for N = 8 is refused by a coordinator asked for
+/// N = 9, with a message naming both, and a non-zero exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_of_another_board_is_refused() -> Result<()> {
+    within(LIMIT, "other N", async {
+        let tmp = tempfile::tempdir()?;
+        let dir = data_dir(&tmp);
+        Coord::ephemeral(&dir, &["--n", "8"])
+            .await?
+            .finish()
+            .await?;
+        let args: Vec<String> = [
+            "--data",
+            &dir.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--n",
+            "9",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut p = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, &[])?;
+        let status = p.wait().await?;
+        let out = p.output();
+        ensure!(!status.success(), "accepted another N:\n{out}");
+        ensure!(
+            out.contains('8') && out.contains('9'),
+            "unclear message:\n{out}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// A worker given an unusable `--connect` exits non-zero at once, naming the
+/// accepted forms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_a_bad_address_names_the_accepted_forms() -> Result<()> {
+    within(LIMIT, "bad --connect", async {
+        for bad in ["https://coord:50051", "coord:notaport", "coord:1/path", ""] {
+            let mut w = worker("bad", bad, &[])?;
+            let status = w.wait().await?;
+            let out = w.output();
+            ensure!(status.code() == Some(1), "{bad:?}: exit {status}\n{out}");
+            ensure!(
+                out.contains("HOST, HOST:PORT or http://HOST:PORT"),
+                "{bad:?}:\n{out}"
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// A client speaking another protocol version is refused by the coordinator
+/// with FAILED_PRECONDITION and a message naming both versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_protocol_version_is_refused_by_the_coordinator() -> Result<()> {
+    use nq_proto::pb::{RegisterRequest, coordinator_client::CoordinatorClient};
+    within(LIMIT, "protocol version", async {
+        let tmp = tempfile::tempdir()?;
+        let mut coord =
+            Coord::ephemeral(&data_dir(&tmp), &["--n", "12", "--local-threads", "0"])
+                .await?;
+        let mut client =
+            CoordinatorClient::connect(format!("http://{}", coord.addr)).await?;
+        let theirs = nq_proto::PROTOCOL_VERSION + 41;
+        let status = client
+            .register(RegisterRequest {
+                protocol_version: theirs,
+                name: "from-the-future".into(),
+                threads: 1,
+                program_version: "9.9.9".into(),
+            })
+            .await
+            .expect_err("a foreign protocol version must be refused");
+        ensure!(
+            status.code() == tonic::Code::FailedPrecondition,
+            "{status:?}"
+        );
+        let msg = status.message();
+        ensure!(
+            msg.contains(&theirs.to_string())
+                && msg.contains(&nq_proto::PROTOCOL_VERSION.to_string()),
+            "message does not name both versions: {msg}"
+        );
+        coord.proc.kill().await
+    })
+    .await
+}
