@@ -12,7 +12,8 @@
 //!   test prints what each process wrote;
 //! * [`Coord`] and [`worker`]: the two programs, started the way the tests
 //!   need them (`--listen 127.0.0.1:0`, a data directory, debug logs);
-//! * [`published`]: the published totals, OEIS A000170 and A002562.
+//! * [`Report`]: a finished run's `report.json`, checked against the
+//!   published totals (`nq_core::published`, OEIS A000170 and A002562).
 //!
 //! # Layout
 //!
@@ -31,46 +32,6 @@ use anyhow::{Context, Result, anyhow, bail};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
-
-/// Q(n) and U(n) for n = 1..=27: OEIS A000170 (every solution) and A002562
-/// (solutions up to rotation and reflection). Q(27) is the largest published.
-pub const PUBLISHED: [(u32, u128, u128); 27] = [
-    (1, 1, 1),
-    (2, 0, 0),
-    (3, 0, 0),
-    (4, 2, 1),
-    (5, 10, 2),
-    (6, 4, 1),
-    (7, 40, 6),
-    (8, 92, 12),
-    (9, 352, 46),
-    (10, 724, 92),
-    (11, 2680, 341),
-    (12, 14200, 1787),
-    (13, 73712, 9233),
-    (14, 365596, 45752),
-    (15, 2279184, 285053),
-    (16, 14772512, 1846955),
-    (17, 95815104, 11977939),
-    (18, 666090624, 83263591),
-    (19, 4968057848, 621012754),
-    (20, 39029188884, 4878666808),
-    (21, 314666222712, 39333324973),
-    (22, 2691008701644, 336376244042),
-    (23, 24233937684440, 3029242658210),
-    (24, 227514171973736, 28439272956934),
-    (25, 2207893435808352, 275986683743434),
-    (26, 22317699616364044, 2789712466510289),
-    (27, 234907967154122528, 29363495934315694),
-];
-
-/// `(total, unique)` published for board `n`, if any.
-pub fn published(n: u32) -> Option<(u128, u128)> {
-    PUBLISHED
-        .iter()
-        .find(|&&(m, ..)| m == n)
-        .map(|&(_, q, u)| (q, u))
-}
 
 /// The target directory and cargo profile of the running executable: tests run
 /// from `target/<profile>/deps/`, binaries from `target/<profile>/`.
@@ -472,8 +433,9 @@ impl Report {
     ///
     /// Naming the wrong value.
     pub fn check_published(&self) -> Result<()> {
-        let (q, u) = published(self.n)
-            .with_context(|| format!("no published value for {}", self.n))?;
+        let n = u8::try_from(self.n)?;
+        let (q, u) = nq_core::published::published(n)
+            .with_context(|| format!("no published value for N={n}"))?;
         if (self.total, self.unique) != (q, u) {
             bail!(
                 "n={}: got total {} unique {}, published {q} / {u}",

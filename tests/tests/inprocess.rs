@@ -6,7 +6,8 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use nq_e2e::{published, within};
+use nq_core::published::published;
+use nq_e2e::within;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -68,7 +69,7 @@ async fn libraries_count_published_totals_in_process() -> Result<()> {
     within(LIMIT, "in-process n=8..=10", async {
         for n in 8..=10 {
             let (report, summaries) = run_in_process(n, 2).await?;
-            let (q, u) = published(n as u32).context("published")?;
+            let (q, u) = published(n as u8).context("published")?;
             ensure!(report.complete, "n={n}: incomplete {report:?}");
             ensure!((report.total, report.unique) == (q, u), "n={n}: {report:?}");
             ensure!(report.conflicts == 0, "n={n}: {report:?}");

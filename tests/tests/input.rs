@@ -26,12 +26,18 @@ async fn a_data_directory_of_another_board_is_refused() -> Result<()> {
         ]
         .map(str::to_owned)
         .to_vec();
-        let mut p = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, &[])?;
+        let mut p =
+            Proc::spawn("nq-coord", &binary("nq-coord")?, &args, nq_e2e::LOG_ENV)?;
         let status = p.wait().await?;
         let out = p.output();
         ensure!(!status.success(), "accepted another N:\n{out}");
+        // The error line names the stored board and the requested one.
+        let error = out
+            .lines()
+            .find(|l| l.starts_with("nq-coord: error:"))
+            .unwrap_or_default();
         ensure!(
-            out.contains('8') && out.contains('9'),
+            error.contains("N=8") && error.contains("N=9"),
             "unclear message:\n{out}"
         );
         Ok(())
