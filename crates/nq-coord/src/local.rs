@@ -5,7 +5,9 @@
 //! same checked path as remote results ([`ledger::verify`], then the
 //! committer). It keeps a small prefetch: whenever fewer than two sub-problems
 //! per thread are queued in the pool, it leases another job, so the threads
-//! never wait for the scheduler.
+//! never wait for the scheduler. The pool's threads take sub-problems, not
+//! jobs, so the queue can run dry while a job is still running: every solved
+//! sub-problem therefore wakes the driver, not only every finished job.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,9 +15,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
-use nq_core::split::SubProblem;
+use nq_core::search::CountStats;
+use nq_core::split::{SubCounts, SubProblem};
 use nq_store::JobId;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
@@ -59,9 +62,17 @@ struct LocalSink {
     /// The job's stop flag (shared with the pool): set here when a batch of
     /// solutions is refused, so the job ends early as cancelled.
     stop: Arc<AtomicBool>,
+    /// Signalled (from a pool thread) each time a sub-problem is solved, so
+    /// the driver tops the queue up before it runs dry. Holds one permit
+    /// while the driver is busy, so no wake-up is lost.
+    wake: Arc<Notify>,
 }
 
 impl JobSink for LocalSink {
+    fn solved(&self, _sub: usize, _counts: &SubCounts, _stats: &CountStats) {
+        self.wake.notify_one();
+    }
+
     fn solutions(&self, sub: usize, rows: &[u8]) {
         let writer = self
             .writer
@@ -122,6 +133,7 @@ pub(crate) async fn run_local(
         .register_local(u32::try_from(threads).unwrap_or(u32::MAX), Instant::now());
     info!(threads, "local threads running jobs");
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let wake = Arc::new(Notify::new());
     let mut running: HashMap<LeaseId, Running> = HashMap::new();
     let low_water = 2 * threads;
     let renew_every = session.ttl / 3;
@@ -136,7 +148,15 @@ pub(crate) async fn run_local(
                 starved = true;
                 break;
             };
-            submit(&session, &pool, &tx, &mut running, lease, job, subs);
+            submit(
+                &session,
+                &pool,
+                (&tx, &wake),
+                &mut running,
+                lease,
+                job,
+                subs,
+            );
         }
         // The heartbeat keeps long jobs' leases alive.
         if last_call.elapsed() >= renew_every {
@@ -154,6 +174,7 @@ pub(crate) async fn run_local(
                     finish(&session, &tracker, &worker, &mut running, next);
                 }
             }
+            () = wake.notified() => {}
             () = tokio::time::sleep(wait) => {}
         }
     }
@@ -199,7 +220,7 @@ fn lease(
 fn submit(
     session: &Arc<Session>,
     pool: &Pool,
-    tx: &mpsc::UnboundedSender<Finished>,
+    (tx, wake): (&mpsc::UnboundedSender<Finished>, &Arc<Notify>),
     running: &mut HashMap<LeaseId, Running>,
     lease: LeaseId,
     job: JobId,
@@ -227,6 +248,7 @@ fn submit(
         writer: Mutex::new(writer),
         fault: Mutex::new(fault),
         stop: Arc::clone(&stop),
+        wake: Arc::clone(wake),
     });
     running.insert(
         lease,

@@ -46,6 +46,9 @@ use crate::session::{Session, unix_ms};
 /// How often leases are checked for expiry and progress is published.
 const TICK: Duration = Duration::from_millis(250);
 
+/// How often lease records are written (see `Session::write_records`).
+const RECORDS_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the time spent on the run is recorded.
 const ELAPSED_EVERY: Duration = Duration::from_secs(5);
 
@@ -224,7 +227,7 @@ fn create(config: &Config, store: &Store, key: RunKey) -> Result<Manifest> {
             program_version: env!("CARGO_PKG_VERSION").to_owned(),
             created_unix_ms: unix_ms(now),
         },
-        plan.jobs(target, config.max_job_size),
+        plan.into_jobs(target, config.max_job_size),
     )?;
     info!(
         n = config.board.n(),
@@ -291,6 +294,11 @@ async fn session(
         Session::new(Arc::clone(&store), sched, shape, manifest.run_id.clone());
     let session = Arc::new(session);
 
+    // One token per stage, cancelled in the shutdown order below, because the
+    // stages must stop one after the other: a single token would stop the
+    // committer while in-flight reports still wait for it. The tracker holds
+    // the ticker and the local threads' commit tasks, which must end before
+    // the committer does.
     let tracker = TaskTracker::new();
     let commit_token = CancellationToken::new();
     let mut committer = tokio::spawn(ledger::committer(
@@ -328,7 +336,9 @@ async fn session(
         tick_token.clone(),
     ));
 
-    // Wait for the end of the run, the shutdown signal, or a failure.
+    // Wait for the end of the run, the shutdown signal, or a failure. The
+    // committer and the server only end early on a fatal error (the store
+    // cannot flush, the listener broke): then the session stops the same way.
     let mut fatal: Option<Error> = None;
     let mut committer_done = false;
     let mut server_done = false;
@@ -522,6 +532,7 @@ async fn ticker(
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_log = Instant::now();
     let mut last_elapsed = Instant::now();
+    let mut last_records = Instant::now();
     loop {
         tokio::select! {
             () = token.cancelled() => return,
@@ -538,8 +549,11 @@ async fn ticker(
             warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
         }
         session.persist_expired(&expired);
-        if let Err(e) = session.write_records() {
-            error!(error = %e.chain(), "cannot record leases");
+        if last_records.elapsed() >= RECORDS_EVERY {
+            last_records = now;
+            if let Err(e) = session.write_records() {
+                error!(error = %e.chain(), "cannot record leases");
+            }
         }
         snapshot.elapsed = started.elapsed();
         if last_elapsed.elapsed() >= ELAPSED_EVERY {

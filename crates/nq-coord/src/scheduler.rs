@@ -18,7 +18,10 @@
 //! ```
 //!
 //! * Pending jobs are handed out largest estimated work first, so the run ends
-//!   on small jobs and the last workers do not wait on one long tail.
+//!   on small jobs and the last workers do not wait on one long tail. The
+//!   order is by octave of work (jobs within a factor of 2 count as equal),
+//!   then by id: within an octave, consecutive grants are neighbours in the
+//!   store, whose chunks stay in cache.
 //! * An expired or released job goes to the FRONT of the queue: it is already
 //!   late.
 //! * A result may arrive for a job in any state. The first one (checked by the
@@ -37,6 +40,12 @@ use crate::progress::Progress;
 
 /// Most jobs one `Lease` call can grant.
 pub const MAX_GRANT: u32 = 1024;
+
+/// The octave of an estimated work: jobs in one octave are within a factor of
+/// two of each other, close enough for the largest-first order.
+fn band(work: u64) -> u32 {
+    u64::BITS - work.leading_zeros()
+}
 
 /// The compact state of one job.
 #[derive(Clone, Copy, Debug)]
@@ -137,8 +146,8 @@ impl Scheduler {
     /// `Store::next_boot`); `ttl` is the lease lifetime.
     pub fn new(works: Vec<u64>, session: u64, ttl: Duration) -> Scheduler {
         let mut order: Vec<JobId> = (0..works.len() as u64).map(JobId).collect();
-        // Largest first; ties in id order, so the order is deterministic.
-        order.sort_by_key(|&j| (std::cmp::Reverse(works[j.0 as usize]), j));
+        // Largest first by octave of work, then in id order: see `band`.
+        order.sort_by_key(|&j| (std::cmp::Reverse(band(works[j.0 as usize])), j));
         let total_work = works.iter().map(|&w| u128::from(w)).sum();
         let jobs: Vec<Slot> = works
             .into_iter()
@@ -394,6 +403,11 @@ impl Scheduler {
         Ok(())
     }
 
+    /// True when `lease` is live (granted, not expired, released or done).
+    pub fn is_live(&self, lease: LeaseId) -> bool {
+        self.leases.get(lease).is_some()
+    }
+
     /// True when `job` has an accepted result.
     pub fn is_done(&self, job: JobId) -> bool {
         self.slot(job).is_ok_and(|s| s.phase == Phase::Done)
@@ -599,10 +613,11 @@ mod tests {
 
     #[test]
     fn largest_jobs_go_first() {
-        let (mut s, clock) = setup(&[5, 50, 7, 50]);
+        // Octaves: 5 → 3, 50 → 6, 12 → 4, 40 → 6; in id order within one.
+        let (mut s, clock) = setup(&[5, 50, 12, 50, 40]);
         let a = s.register("a", 1, clock.now());
-        let g = s.lease(&a, 4, &[], clock.now()).unwrap();
-        assert_eq!(jobs_of(&g), vec![1, 3, 2, 0]);
+        let g = s.lease(&a, 5, &[], clock.now()).unwrap();
+        assert_eq!(jobs_of(&g), vec![1, 3, 4, 2, 0]);
         assert!(g.jobs.iter().all(|j| j.attempts == 1));
         assert_eq!(s.jobs_pending(), 0);
     }

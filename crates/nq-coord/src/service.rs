@@ -79,6 +79,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             }
             .into());
         }
+        // Every call gets a fresh id, even for a known name: a restarted worker
+        // cannot prove it is the same one, and its old leases simply expire.
         let worker =
             self.session
                 .sched()
@@ -102,6 +104,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
+        // This call is the worker's only heartbeat: renewing `held` is as
+        // important as granting new jobs, so it is done even when the
+        // scheduler is closed or the run complete.
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let held: Vec<LeaseId> = req.held.iter().map(|&l| LeaseId(l)).collect();
@@ -127,6 +132,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 estimated_work: stored.work(),
             });
         }
+        // Idle workers poll twice a second at most: often enough to pick up
+        // expired jobs promptly and to hear of the end within the linger,
+        // rarely enough that a thousand idle workers cost nothing.
         let retry_after_ms = if jobs.is_empty() && !grant.run_complete {
             RETRY_AFTER_MS.min(self.ttl_ms() / 3).max(1)
         } else {
@@ -146,6 +154,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<Streaming<pb::ReportChunk>>,
     ) -> Result<Response<pb::ReportAck>, Status> {
+        // The worker id is not checked against the registered workers: a
+        // worker retrying a report after a coordinator restart still holds an
+        // id of the previous session, and its result is just as valid. What
+        // protects the totals is the job's state and the checks on the counts.
         let mut stream = request.into_inner();
         let first = stream.message().await?.ok_or(Error::EmptyReport)?;
         let (worker, job, lease) = (
@@ -165,6 +177,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         } else {
             None
         };
+        // Solution batches are checked and stored as they arrive (under the
+        // job's claim), so memory does not grow with a job's solutions; the
+        // counts wait for the result chunk, which comes last.
         let mut chunk = Some(first);
         let result = loop {
             let c = match chunk.take() {
@@ -186,6 +201,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 None => return Err(bad(ReportFault::EmptyChunk).into()),
             }
         };
+        // The contract says the stream ends after the result; a sender that
+        // goes on is confused, and nothing of its report is kept.
         if stream.message().await?.is_some() {
             return Err(bad(ReportFault::ChunkAfterResult).into());
         }
@@ -205,6 +222,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             listed: writer.as_ref().map(SolutionWriter::listed),
         };
         let verified = ledger::verify(&self.session, &subs, report)?;
+        // Returns once the result is durable (or, for a repeat, recorded):
+        // the ack below is the worker's permission to forget the job.
         let outcome = self.session.commit(verified).await?;
         // The claim on the job's solutions ends only now that the result is
         // durable.

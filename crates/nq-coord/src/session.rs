@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::lease::{Lease, WorkerId};
+use crate::lease::{Lease, LeaseId, WorkerId};
 use crate::ledger::{CommitRequest, Verified};
 use crate::scheduler::{Granted, Outcome, Scheduler};
 
@@ -39,11 +39,13 @@ pub(crate) struct Session {
     /// (shutdown, or a fatal store error) it closes the receiving end, and
     /// [`Session::commit`] fails with [`Error::ShuttingDown`].
     commits: mpsc::Sender<CommitRequest>,
-    /// Lease and pending records waiting to be written (by the ticker, a few
-    /// times a second, or at shutdown): one read-modify-write per record
-    /// chunk instead of one per lease. They are for inspection only, so
-    /// writing them late is harmless.
-    records: Mutex<Vec<(JobId, JobRecord)>>,
+    /// Lease and pending records waiting to be written (by the ticker once a
+    /// second, and at shutdown), with the lease each one is about. They are
+    /// for inspection only, so writing them late is harmless, and records
+    /// that are out of date by then (the job is done, the lease is gone) are
+    /// not written at all: most jobs take less than a second, so at high
+    /// rates most lease records never cost a write.
+    records: Mutex<Vec<(JobId, Option<LeaseId>, JobRecord)>>,
     /// Jobs whose solutions a report is writing right now (solutions mode).
     /// At most one writer per job: `SolutionWriter::open` inserts, and the
     /// writer's drop (after its result is committed) removes.
@@ -132,7 +134,7 @@ impl Session {
             },
             attempts: granted.attempts,
         };
-        self.note(granted.job, record);
+        self.note(granted.job, Some(granted.lease), record);
     }
 
     /// Notes that expired or released jobs are pending again. (The store
@@ -144,7 +146,7 @@ impl Session {
                 state: JobState::Pending,
                 attempts,
             };
-            self.note(job, record);
+            self.note(job, None, record);
         }
     }
 
@@ -153,14 +155,14 @@ impl Session {
         self.persist_pending(expired.iter().map(|l| &l.job));
     }
 
-    fn note(&self, job: JobId, record: JobRecord) {
+    fn note(&self, job: JobId, lease: Option<LeaseId>, record: JobRecord) {
         self.records
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push((job, record));
+            .push((job, lease, record));
     }
 
-    /// Writes the noted records (not flushed).
+    /// Writes the noted records that are still current (not flushed).
     ///
     /// # Errors
     ///
@@ -173,10 +175,18 @@ impl Session {
             return Ok(());
         }
         let mut batch = CommitBatch::new();
-        for (job, record) in &records {
-            batch.record(*job, record);
+        {
+            let s = self.sched();
+            for (job, lease, record) in &records {
+                let current = !s.is_done(*job) && lease.is_none_or(|l| s.is_live(l));
+                if current {
+                    batch.record(*job, record);
+                }
+            }
         }
-        self.store.apply(batch)?;
+        if !batch.is_empty() {
+            self.store.apply(batch)?;
+        }
         Ok(())
     }
 }

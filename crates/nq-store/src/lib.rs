@@ -83,6 +83,9 @@ pub const DEFAULT_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 /// database means the database lost data (see [`Error::Lost`]).
 pub const MARKER_FILE: &str = "nq-run";
 
+/// How long [`Store::open`] waits for a lock held by a store that is closing.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 const MANIFEST: &[u8] = b"manifest";
 const BOOT: &[u8] = b"boot";
 const ELAPSED: &[u8] = b"elapsed_ms";
@@ -158,7 +161,9 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// * [`Error::Locked`] when another process has it open;
+    /// * [`Error::Locked`] when another process has it open (after waiting up
+    ///   to 2 s, since a store closed just before in this process keeps its
+    ///   lock for a moment);
     /// * [`Error::NotAStore`] when `dir` is a non-empty directory that holds no
     ///   sled database (it is left untouched);
     /// * [`Error::Open`] for anything else sled refuses, naming `dir`.
@@ -177,20 +182,34 @@ impl Store {
             .path(dir)
             .cache_capacity(options.cache_capacity)
             .mode(sled::Mode::HighThroughput);
-        let db = config.open().map_err(|source| match source {
-            // sled reports a held lock as this I/O error (sled 0.34, config.rs).
-            sled::Error::Io(ref e)
-                if e.to_string().contains("could not acquire lock") =>
-            {
-                Error::Locked {
-                    dir: dir.to_path_buf(),
+        // A store closed a moment ago in this process may still be locked:
+        // sled's background threads let go of its files shortly after the last
+        // handle is dropped. So a held lock is retried briefly before it is
+        // reported as another process's.
+        let give_up = std::time::Instant::now() + LOCK_PATIENCE;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                // sled reports a held lock as this I/O error (sled 0.34,
+                // config.rs).
+                Err(sled::Error::Io(ref e))
+                    if e.to_string().contains("could not acquire lock") =>
+                {
+                    if std::time::Instant::now() >= give_up {
+                        return Err(Error::Locked {
+                            dir: dir.to_path_buf(),
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(source) => {
+                    return Err(Error::Open {
+                        dir: dir.to_path_buf(),
+                        source,
+                    });
                 }
             }
-            source => Error::Open {
-                dir: dir.to_path_buf(),
-                source,
-            },
-        })?;
+        };
         Store::from_db(db, Some(dir.to_path_buf()))
     }
 
