@@ -22,7 +22,6 @@
 //! * `local` (private): the embedded worker on `nq_core::pool::Pool`.
 //! * [`progress`]: progress snapshots for displays.
 //! * [`report`]: [`RunReport`], its stdout line and `report.json`.
-//! * [`published`]: OEIS values, used only to check a finished run.
 //! * [`export`]: streaming the stored solutions of a solutions run.
 //! * `run` (private): [`run`] itself: setup, tasks, shutdown order.
 //!
@@ -39,7 +38,6 @@ mod ledger;
 mod local;
 mod plan;
 pub mod progress;
-pub mod published;
 pub mod report;
 mod run;
 pub mod scheduler;

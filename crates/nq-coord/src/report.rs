@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use nq_core::split::SplitSpec;
 
 use crate::error::{Error, Result};
-use crate::published::published;
+use nq_core::published::published;
 
 /// Name of the JSON report in the data directory.
 pub const REPORT_FILE: &str = "report.json";
