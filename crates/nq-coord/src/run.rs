@@ -318,7 +318,7 @@ async fn session(
         .set_serving::<CoordinatorServer<CoordinatorService>>()
         .await;
     let local_token = CancellationToken::new();
-    let local = (config.local_threads > 0).then(|| {
+    let mut local = (config.local_threads > 0).then(|| {
         tokio::spawn(local::run_local(
             Arc::clone(&session),
             config.local_threads,
@@ -343,6 +343,9 @@ async fn session(
     let mut committer_done = false;
     let mut server_done = false;
     tokio::select! {
+        // Biased, so that completion wins over the local threads ending
+        // because of it.
+        biased;
         () = stop.cancelled() => info!("shutdown requested"),
         () = session.complete.cancelled() => {
             info!("every job is done");
@@ -355,6 +358,17 @@ async fn session(
         r = &mut server => {
             server_done = true;
             fatal = Some(r.map_err(Error::from).and_then(|r| r).err().unwrap_or(Error::ShuttingDown));
+        }
+        // The local threads stop by themselves only when the run is complete
+        // (handled above) or on an error, which would leave a run without
+        // workers waiting forever.
+        r = async { local.as_mut().expect("guarded by the condition").await },
+            if local.is_some() => {
+            local = None;
+            match r.map_err(Error::from).and_then(|r| r) {
+                Ok(()) => {}
+                Err(e) => fatal = Some(e),
+            }
         }
     }
 
@@ -403,8 +417,9 @@ async fn session(
     let elapsed = elapsed_before + started.elapsed();
     let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
     store.set_elapsed_ms(elapsed_ms)?;
-    store.flush_async().await?;
     if let Some(e) = fatal {
+        // Best effort: the store may be what failed.
+        let _ = store.flush_async().await;
         return Err(e);
     }
 
@@ -449,8 +464,13 @@ async fn session(
         });
         (report, summary)
     };
-    if let Some(summary) = summary {
-        store.set_summary(&summary)?;
+    if let Some(summary) = &summary {
+        store.set_summary(summary)?;
+    }
+    // One flush makes the time spent and the summary durable, before the
+    // report file says that the run is finished.
+    store.flush_async().await?;
+    if summary.is_some() {
         let path = report.write_json(&config.data_dir)?;
         info!(report = %path.display(), "run finished");
         if report.conflicts > 0 {
