@@ -2,7 +2,7 @@
 //!
 //! Run with `cargo bench -p nq-core --bench count`. Environment:
 //! `NQ_BENCH_N` (default `16,17`), `NQ_BENCH_REPS` (default 3),
-//! `NQ_BENCH_THREADS_N` (default 16).
+//! `NQ_BENCH_THREADS_N` (default 17).
 //!
 //! Each figure is the minimum over `NQ_BENCH_REPS` runs, and the runs of the
 //! compared programs are interleaved, so that load from other processes on a
@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use nq_core::board::Board;
 use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
-use nq_core::split::{SplitSpec, SubProblem, Tally, count_split, split};
+use nq_core::search::Kernel;
+use nq_core::split::{SplitSpec, SubProblem, Tally, count_split_with, split};
 
 /// Published Q(N) for the sizes benchmarked (OEIS A000170), to check results.
 fn published(n: u32) -> u128 {
@@ -103,28 +104,43 @@ fn pool_count(board: Board, threads: usize) -> u128 {
 fn main() {
     let reps = env_list("NQ_BENCH_REPS", "3")[0] as usize;
     let stop = AtomicBool::new(false);
-    println!("| N | textbook mirror (s) | nq-core 1 thread (s) | speed-up |");
-    println!("|---|---|---|---|");
+    let fast = Kernel::Auto.resolved_name();
+    println!(
+        "Kernels: `{fast}` (the default on this CPU) and `scalar` (the portable one)."
+    );
+    println!();
+    println!(
+        "| N | textbook mirror (s) | nq-core scalar (s) | speed-up | nq-core {fast} (s) | speed-up |"
+    );
+    println!("|---|---|---|---|---|---|");
     for n in env_list("NQ_BENCH_N", "16,17") {
         let board = Board::new(n.into()).expect("valid N");
         let spec = SplitSpec::new(0, 0).expect("valid spec");
-        let (mut best_base, mut best_core) = (f64::MAX, f64::MAX);
+        let (mut best_base, mut best_scalar, mut best_auto) =
+            (f64::MAX, f64::MAX, f64::MAX);
         for _ in 0..reps {
             let (q, t) = timed(|| nq_core::baseline::count_mirror(n));
             assert_eq!(q, published(n), "textbook count n={n}");
             best_base = best_base.min(t);
-            let (tally, t) =
-                timed(|| count_split(board, spec, &stop).expect("not stopped"));
-            assert_eq!(tally.total, published(n), "nq-core count n={n}");
-            best_core = best_core.min(t);
+            for (kernel, best) in [
+                (Kernel::Scalar, &mut best_scalar),
+                (Kernel::Auto, &mut best_auto),
+            ] {
+                let (tally, t) = timed(|| {
+                    count_split_with(board, spec, kernel, &stop).expect("not stopped")
+                });
+                assert_eq!(tally.total, published(n), "nq-core count n={n} {kernel:?}");
+                *best = best.min(t);
+            }
         }
         println!(
-            "| {n} | {best_base:.2} | {best_core:.2} | {:.2}× |",
-            best_base / best_core
+            "| {n} | {best_base:.2} | {best_scalar:.2} | {:.2}× | {best_auto:.2} | {:.2}× |",
+            best_base / best_scalar,
+            best_base / best_auto
         );
     }
 
-    let n = env_list("NQ_BENCH_THREADS_N", "16")[0];
+    let n = env_list("NQ_BENCH_THREADS_N", "17")[0];
     let board = Board::new(n.into()).expect("valid N");
     let (mut one, mut two) = (f64::MAX, f64::MAX);
     for _ in 0..reps {

@@ -47,6 +47,8 @@ pub mod search;
 pub mod split;
 pub mod symmetry;
 pub mod verify;
+#[cfg(target_arch = "x86_64")]
+mod wide;
 
 pub use board::{Board, MAX_N, Prefix};
 pub use error::{Error, ErrorKind, Result};

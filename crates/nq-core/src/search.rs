@@ -21,19 +21,36 @@
 //! the lowest set bit (`x & x.wrapping_neg()`) and clearing it (`x ^ bit`) walks
 //! the candidates in increasing row order, so listings are lexicographic.
 //!
-//! Two shortcuts do most of the speed-up over the textbook loop:
+//! Three shortcuts do most of the speed-up over the textbook loop:
 //!
 //! * *Look-ahead.* The free mask of the next column is computed when a queen is
 //!   placed, and a placement that leaves the next column empty is never pushed.
-//! * *Leaf counting.* In the last free column every free row is a solution, so
-//!   the kernel adds `count_ones()` instead of placing each queen.
+//! * *Closed-form leaves.* The last two free columns are counted by [`pairs`]
+//!   (a few popcounts) instead of placing queens in them.
+//! * *No stack for the deepest levels.* The two columns before those are
+//!   walked by nested loops, and the stack keeps only ancestors with rows
+//!   left to try.
+//!
+//! # Two kernels, one result
+//!
+//! On CPUs with AVX-512 (F and VPOPCNTDQ) counts run on the kernel in
+//! `crate::wide`, which expands sixteen nodes of one level at once and has
+//! none of the scalar kernel's unpredictable branches; it is several times
+//! faster per core (BENCHMARKS.md). Other CPUs, and searches with fewer than
+//! [`WIDE_MIN_FREE`] free columns, use the scalar kernel here, compiled twice
+//! (plain x86-64 and with `popcnt`/BMI) and chosen at run time. Both walk the
+//! same tree and count the same completions; a test compares them on thousands
+//! of plans. Listing always uses the scalar walk, which visits solutions in
+//! lexicographic order.
 //!
 //! # Exactness
 //!
-//! The hot loop adds at most 32 per step into a `u64`, and that `u64` is moved
-//! into a `u128` total every 4096 pops, long before it could overflow (4096 ×
-//! 32 × N steps ≪ 2⁶⁴). The same checkpoint reads the stop flag, so a count of
-//! any size can be cancelled within microseconds.
+//! The scalar loop adds at most `32⁴` per step (the completions of four
+//! columns) into a `u64`, takes at most `32 · 32` steps between two pops, and
+//! moves that `u64` into a `u128` total every 4096 pops: at most `2⁴²` between
+//! moves, far below `2⁶⁴`. The same checkpoint reads the stop flag, so a count
+//! of any size can be cancelled within microseconds. The wide kernel's bound
+//! is in its own docs.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,8 +94,9 @@ pub enum Outcome {
 pub struct CountStats {
     /// Completions of the prefix.
     pub count: u128,
-    /// Search nodes taken back off the stack: proportional to the nodes
-    /// visited, a measure of work for throughput figures only.
+    /// A measure of the search's work, for throughput figures only: nodes
+    /// taken back off the stack (scalar kernel) or nodes expanded (AVX-512
+    /// kernel), so figures from different CPUs are not comparable.
     pub nodes: u64,
 }
 
@@ -96,13 +114,45 @@ pub fn count_stats(prefix: &Prefix, stop: &AtomicBool) -> Option<CountStats> {
 }
 
 /// [`count_stats`] with extra forbidden squares: `forbidden[col]` is a mask of
-/// rows where no queen may stand in column `col` (`forbidden.len()` = N).
+/// rows where no queen may stand in column `col` (`forbidden.len()` = N), on
+/// the chosen kernel.
 pub fn count_masked(
     prefix: &Prefix,
     forbidden: &[u32],
+    kernel: Kernel,
     stop: &AtomicBool,
 ) -> Option<CountStats> {
-    Plan::masked(prefix, forbidden).count(stop)
+    let plan = Plan::masked(prefix, forbidden);
+    match kernel {
+        Kernel::Auto => plan.count(stop),
+        Kernel::Scalar => plan.count_scalar(stop),
+    }
+}
+
+/// Which count kernel runs a search (see the module docs). Both count the
+/// same completions; the choice exists so that one machine can check a result
+/// with a second, independent computation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    /// The fastest kernel this CPU supports.
+    #[default]
+    Auto,
+    /// The portable scalar kernel, whatever the CPU.
+    Scalar,
+}
+
+impl Kernel {
+    /// The name of the kernel that `self` runs on this CPU for a large
+    /// search: `"avx512"` or `"scalar"`.
+    pub fn resolved_name(self) -> &'static str {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if self == Kernel::Auto && crate::wide::available() {
+                return "avx512";
+            }
+        }
+        "scalar"
+    }
 }
 
 /// [`search`] with extra forbidden squares, as in [`count_masked`].
@@ -145,6 +195,10 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
         },
     }
 }
+
+/// The fewest free columns for which the AVX-512 kernel is used: below this a
+/// search is too small to fill its vectors.
+const WIDE_MIN_FREE: usize = 6;
 
 /// The search problem of one prefix, prepared for the kernels.
 struct Plan {
@@ -205,13 +259,34 @@ impl Plan {
         plan
     }
 
-    /// The count kernel, compiled for the best instruction set this CPU has.
+    /// Counts on the fastest kernel this CPU has: the AVX-512 kernel for
+    /// searches large enough to fill its vectors, the scalar one otherwise.
+    fn count(&self, stop: &AtomicBool) -> Option<CountStats> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if self.free >= WIDE_MIN_FREE && crate::wide::available() {
+                let problem = crate::wide::Problem {
+                    full: self.full,
+                    shift: &self.shift[..self.free],
+                    blocked: &self.blocked[..self.free],
+                };
+                // SAFETY: `available` just checked the features `count` is
+                // compiled with.
+                let (count, nodes) = unsafe { crate::wide::count(&problem, stop) }?;
+                return Some(CountStats { count, nodes });
+            }
+        }
+        self.count_scalar(stop)
+    }
+
+    /// The scalar count kernel, compiled for the best instruction set this
+    /// CPU has.
     ///
     /// Most of the kernel's work is bit counting and variable shifts. The
     /// generic x86-64 target has no `popcnt` instruction, so the same code is
     /// also compiled with `popcnt`, BMI1 and BMI2 enabled and chosen at run time:
     /// one binary runs everywhere and is fast where the CPU allows.
-    fn count(&self, stop: &AtomicBool) -> Option<CountStats> {
+    fn count_scalar(&self, stop: &AtomicBool) -> Option<CountStats> {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("popcnt")
@@ -257,13 +332,57 @@ impl Plan {
             }
             _ => {}
         }
-        // The search iterates levels 0..=last; the two columns after `last`
-        // are counted in closed form by `pairs`.
+        // The main loop iterates levels 0..last - 1. Levels `last - 1` and
+        // `last` are counted by tight inner loops over their free rows
+        // (`tail4`, `tail`), and the two columns after them in closed form by
+        // `pairs`, so the deepest four columns never touch the stack.
         let last = self.free - 3;
         let s1 = self.shift[self.free - 2];
         let s2 = self.shift[self.free - 1];
         let b1 = self.blocked[self.free - 2];
         let b2 = self.blocked[self.free - 1];
+        // The completions of the last three columns, given the free rows
+        // `rem` of column `last` and the masks as seen from it.
+        let tail = |mut rem: u32, used: u32, up: u32, down: u32| -> u64 {
+            let mut sum = 0u64;
+            while rem != 0 {
+                let bit = rem & rem.wrapping_neg();
+                rem ^= bit;
+                let (u, a, b) = (used | bit, up | bit, down | bit);
+                // Free rows of the last two columns with this queen placed
+                // but before either of them holds one.
+                let f1 = full & !(u | a << s1 | b >> s1 | b1);
+                let f2 = full & !(u | a << (s1 + s2) | b >> (s1 + s2) | b2);
+                sum += u64::from(pairs(f1, f2, s2));
+            }
+            sum
+        };
+        // The same for the last four columns, given the free rows of column
+        // `last - 1`.
+        let (s0, b0) = (self.shift[last], self.blocked[last]);
+        let tail4 = |mut rem: u32, used: u32, up: u32, down: u32| -> u64 {
+            let mut sum = 0u64;
+            while rem != 0 {
+                let bit = rem & rem.wrapping_neg();
+                rem ^= bit;
+                let u = used | bit;
+                let (a, b) = ((up | bit) << s0, (down | bit) >> s0);
+                sum += tail(full & !(u | a | b | b0), u, a, b);
+            }
+            sum
+        };
+        let first = full & !self.blocked[0];
+        if last <= 1 {
+            let count = if last == 0 {
+                tail(first, 0, 0, 0)
+            } else {
+                tail4(first, 0, 0, 0)
+            };
+            return Some(CountStats {
+                count: count.into(),
+                nodes: 1,
+            });
+        }
         // The current level lives in registers (`level`, `rem`, `used`, `up`,
         // `down`); the stack holds only ancestors that still have candidates
         // left. A parent whose last candidate was just taken is not saved: its
@@ -274,7 +393,7 @@ impl Plan {
         let mut stack = [[0u32; 5]; MAX_N as usize];
         let mut sp = 0usize;
         let mut level = 0usize;
-        let mut rem = full & !self.blocked[0];
+        let mut rem = first;
         let (mut used, mut up, mut down) = (0u32, 0u32, 0u32);
 
         let mut total: u128 = 0;
@@ -303,20 +422,14 @@ impl Plan {
             let bit = rem & rem.wrapping_neg();
             rem ^= bit;
             let u = used | bit;
-            let (a, b) = (up | bit, down | bit);
-            if level == last {
-                // Free rows of the last two columns with this queen placed but
-                // before either of them holds one.
-                let f1 = full & !(u | a << s1 | b >> s1 | b1);
-                let (a2, b2m) = (a << (s1 + s2), b >> (s1 + s2));
-                let f2 = full & !(u | a2 | b2m | b2);
-                partial += u64::from(pairs(f1, f2, s2));
-                continue;
-            }
             let next = (level + 1) & 31;
             let s = self.shift[next];
-            let (a, b) = (a << s, b >> s);
+            let (a, b) = ((up | bit) << s, (down | bit) >> s);
             let free = full & !(u | a | b | self.blocked[next]);
+            if next + 1 == last {
+                partial += tail4(free, u, a, b);
+                continue;
+            }
             if free != 0 {
                 stack[sp & 31] = [rem, used, up, down, level as u32];
                 sp += usize::from(rem != 0);
@@ -551,6 +664,66 @@ mod tests {
             );
             assert_eq!(listed, all, "listing is lexicographic, n={n}");
         }
+    }
+
+    /// The AVX-512 kernel against the scalar one, on prefixes with queens in
+    /// scattered columns and with random forbidden squares: every shape of
+    /// plan (gaps between free columns, blocked rows, 4 to 13 free columns).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_kernel_agrees_with_scalar() {
+        if !crate::wide::available() {
+            eprintln!(
+                "no AVX-512 on this CPU: the wide kernel is not used here, nothing to compare"
+            );
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = move || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) as u32
+        };
+        let mut compared = 0;
+        for n in 5..=14u8 {
+            let b = Board::new(n.into()).unwrap();
+            // Queens in column 0 and in one other column, each in every row.
+            for other in [1, 2, n / 2, n - 1] {
+                for r0 in 0..n {
+                    for r1 in 0..n {
+                        let mut p = Prefix::empty(b);
+                        p.place(0, r0).unwrap();
+                        if p.place(other, r1).is_err() {
+                            continue;
+                        }
+                        let mut forbidden = [0u32; MAX_N as usize];
+                        if r1 % 2 == 0 {
+                            for f in forbidden.iter_mut().take(usize::from(n)) {
+                                *f = random() & random();
+                            }
+                        }
+                        let plan = Plan::masked(&p, &forbidden);
+                        if plan.free < 4 {
+                            continue;
+                        }
+                        let scalar = plan.count_impl(&never()).unwrap().count;
+                        let problem = crate::wide::Problem {
+                            full: plan.full,
+                            shift: &plan.shift[..plan.free],
+                            blocked: &plan.blocked[..plan.free],
+                        };
+                        // SAFETY: the features were checked above.
+                        let (wide, _) =
+                            unsafe { crate::wide::count(&problem, &never()) }.unwrap();
+                        assert_eq!(
+                            wide, scalar,
+                            "n={n} prefix={p:?} forbidden={forbidden:?}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 1000, "only {compared} plans compared");
     }
 
     #[test]
