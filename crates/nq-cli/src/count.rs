@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nq_core::Board;
 use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
-use nq_core::search::CountStats;
+use nq_core::search::{CountStats, Kernel};
 use nq_core::split::{SplitSpec, SubCounts, SubProblem, Tally, split};
 
 use nq_core::published;
@@ -34,6 +34,7 @@ pub(crate) fn run(
     board: Board,
     threads: Option<u32>,
     spec: Option<SplitSpec>,
+    kernel: Kernel,
     json: bool,
 ) -> anyhow::Result<()> {
     let start = Instant::now();
@@ -44,13 +45,14 @@ pub(crate) fn run(
     let spec = spec.unwrap_or_else(|| {
         SplitSpec::for_count(board, SUBPROBLEMS_PER_THREAD * threads as u64)
     });
-    let counted = count(board, threads, spec, start)?;
+    let counted = count(board, threads, spec, kernel, start)?;
     let report = Report {
         n: board.n(),
         counted,
         seconds: start.elapsed().as_secs_f64(),
         threads,
         spec,
+        kernel: kernel.resolved_name(),
     };
     let mut out = io::stdout().lock();
     let matches = report.write(&mut out, json)?;
@@ -78,6 +80,8 @@ struct Report {
     seconds: f64,
     threads: usize,
     spec: SplitSpec,
+    /// The count kernel that ran the large searches.
+    kernel: &'static str,
 }
 
 impl Report {
@@ -90,6 +94,7 @@ impl Report {
             seconds,
             threads,
             spec,
+            kernel,
         } = self;
         let published = published::published(*n);
         let matches = published.map(|p| p == (c.total, c.unique));
@@ -101,7 +106,8 @@ impl Report {
             writeln!(
                 out,
                 "{{\"n\":{n},\"total\":{},\"unique\":{},\"seconds\":{seconds:.6},\
-                 \"threads\":{threads},\"subproblems\":{},\"published_match\":{matched}}}",
+                 \"threads\":{threads},\"subproblems\":{},\"kernel\":\"{kernel}\",\
+                 \"published_match\":{matched}}}",
                 c.total, c.unique, c.subproblems
             )?;
             return Ok(matches);
@@ -113,7 +119,7 @@ impl Report {
         writeln!(
             out,
             "time:      {seconds:.3} s on {threads} thread{plural}, {} sub-problems \
-             (split {}:{})",
+             (split {}:{}, {kernel} kernel)",
             c.subproblems, spec.ring, spec.extra
         )?;
         match published {
@@ -164,6 +170,7 @@ fn count(
     board: Board,
     threads: usize,
     spec: SplitSpec,
+    kernel: Kernel,
     start: Instant,
 ) -> anyhow::Result<Counted> {
     let mut subs: Vec<(u64, SubProblem)> = split(board, spec)
@@ -183,6 +190,7 @@ fn count(
     pool.submit(Job {
         subproblems: subs.clone(),
         list_solutions: false,
+        kernel,
         stop: Arc::new(AtomicBool::new(false)),
         sink: Arc::new(ToChannel(tx)),
     });
@@ -333,6 +341,7 @@ mod tests {
             seconds: 1.5,
             threads: 1,
             spec: SplitSpec::new(1, 0).unwrap(),
+            kernel: "scalar",
         };
         let mut out = vec![];
         let matches = report.write(&mut out, json).unwrap();
@@ -354,7 +363,7 @@ mod tests {
         assert_eq!(m, None);
         assert!(text.contains("no published value"), "{text}");
         assert!(
-            text.contains("on 1 thread, 7 sub-problems (split 1:0)"),
+            text.contains("on 1 thread, 7 sub-problems (split 1:0, scalar kernel)"),
             "{text}"
         );
     }
@@ -367,7 +376,7 @@ mod tests {
             json,
             format!(
                 "{{\"n\":32,\"total\":{},\"unique\":{},\"seconds\":1.500000,\
-                 \"threads\":1,\"subproblems\":7,\"published_match\":null}}\n",
+                 \"threads\":1,\"subproblems\":7,\"kernel\":\"scalar\",\"published_match\":null}}\n",
                 u128::MAX,
                 u128::MAX / 8
             )
@@ -382,14 +391,20 @@ mod tests {
     }
 
     #[test]
-    fn counts_match_the_published_values_up_to_10() {
-        for n in 1..=10 {
+    fn counts_match_the_published_values_up_to_12() {
+        for n in 1..=12 {
             let board = Board::new(n).unwrap();
-            for threads in [1, 3] {
+            for (threads, kernel) in
+                [(1, Kernel::Auto), (3, Kernel::Auto), (2, Kernel::Scalar)]
+            {
                 let spec = SplitSpec::for_count(board, 64 * threads as u64);
-                let c = count(board, threads, spec, Instant::now()).unwrap();
+                let c = count(board, threads, spec, kernel, Instant::now()).unwrap();
                 let want = published::published(board.n()).unwrap();
-                assert_eq!((c.total, c.unique), want, "n={n} threads={threads}");
+                assert_eq!(
+                    (c.total, c.unique),
+                    want,
+                    "n={n} threads={threads} {kernel:?}"
+                );
             }
         }
     }

@@ -18,6 +18,7 @@ use anyhow::Context;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
 use nq_core::notation::Format;
+use nq_core::search::Kernel;
 use nq_core::split::SplitSpec;
 use nq_core::{Board, MAX_N};
 
@@ -105,6 +106,29 @@ struct CountArgs {
     /// choice for 64 sub-problems per thread].
     #[arg(long, value_name = "RING:EXTRA", value_parser = parse_split)]
     split: Option<SplitSpec>,
+    /// The count kernel: `auto` takes the fastest this CPU has (AVX-512 where
+    /// available); `scalar` runs the portable one, an independent second
+    /// computation to check a result with.
+    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
+    kernel: KernelArg,
+}
+
+/// The values of `nq count --kernel`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum KernelArg {
+    /// The fastest kernel this CPU supports.
+    Auto,
+    /// The portable scalar kernel.
+    Scalar,
+}
+
+impl From<KernelArg> for Kernel {
+    fn from(k: KernelArg) -> Kernel {
+        match k {
+            KernelArg::Auto => Kernel::Auto,
+            KernelArg::Scalar => Kernel::Scalar,
+        }
+    }
 }
 
 /// A board size for the search, with the core's message naming the range.
@@ -146,7 +170,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Count(a) => count::run(a.n, a.threads, a.split, a.json),
+        Command::Count(a) => count::run(a.n, a.threads, a.split, a.kernel.into(), a.json),
         Command::Solutions {
             n,
             unique,

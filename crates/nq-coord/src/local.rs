@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
-use nq_core::search::CountStats;
+use nq_core::search::{CountStats, Kernel};
 use nq_core::split::{SubCounts, SubProblem};
 use nq_store::JobId;
 use tokio::sync::{Notify, mpsc};
@@ -261,6 +261,7 @@ fn submit(
     pool.submit(Job {
         subproblems: subs,
         list_solutions: session.shape.solutions,
+        kernel: Kernel::Auto,
         stop,
         sink,
     });

@@ -81,6 +81,7 @@ fn pool_count(board: Board, threads: usize) -> u128 {
         pool.submit(Job {
             subproblems: chunk.clone(),
             list_solutions: false,
+            kernel: Kernel::Auto,
             stop: Arc::new(AtomicBool::new(false)),
             sink: Arc::new(Collect {
                 index,

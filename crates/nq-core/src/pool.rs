@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use crate::search::CountStats;
+use crate::search::{CountStats, Kernel};
 use crate::split::{SubCounts, SubProblem};
 
 /// Solutions are handed to [`JobSink::solutions`] in batches of at most this
@@ -67,6 +67,9 @@ pub struct Job {
     pub subproblems: Vec<SubProblem>,
     /// When true, the completions are also listed to [`JobSink::solutions`].
     pub list_solutions: bool,
+    /// The count kernel: [`Kernel::Auto`] unless a second, independent
+    /// computation is wanted.
+    pub kernel: Kernel,
     /// Set it (from any thread) to cancel this job; its sink then gets
     /// [`JobOutcome::Cancelled`].
     pub stop: Arc<AtomicBool>,
@@ -79,6 +82,7 @@ impl fmt::Debug for Job {
         f.debug_struct("Job")
             .field("subproblems", &self.subproblems.len())
             .field("list_solutions", &self.list_solutions)
+            .field("kernel", &self.kernel)
             .finish_non_exhaustive()
     }
 }
@@ -253,7 +257,7 @@ fn run_one(running: &Arc<Running>, i: usize) {
             None => return cancel(running),
         };
     }
-    let Some((counts, stats)) = sub.solve(&job.stop) else {
+    let Some((counts, stats)) = sub.solve_with(job.kernel, &job.stop) else {
         return cancel(running);
     };
     // The listing and the count are separate searches; if they disagree, the
@@ -359,6 +363,7 @@ mod tests {
             pool.submit(Job {
                 subproblems: chunk.clone(),
                 list_solutions: false,
+                kernel: Kernel::Auto,
                 stop: Arc::new(AtomicBool::new(false)),
                 sink: sink.clone(),
             });
@@ -398,6 +403,7 @@ mod tests {
         pool.submit(Job {
             subproblems: subs,
             list_solutions: false,
+            kernel: Kernel::Auto,
             stop,
             sink: Arc::new(ToChannel(Mutex::new(tx))),
         });

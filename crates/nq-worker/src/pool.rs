@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
+use nq_core::search::Kernel;
 use nq_core::split::SubProblem;
 use tokio::sync::mpsc;
 
@@ -101,6 +102,7 @@ impl WorkerPool {
             .submit(Job {
                 subproblems,
                 list_solutions,
+                kernel: Kernel::Auto,
                 stop: Arc::clone(&stop),
                 sink,
             });
