@@ -109,26 +109,8 @@ struct CountArgs {
     /// The count kernel: `auto` takes the fastest this CPU has (AVX-512 where
     /// available); `scalar` runs the portable one, an independent second
     /// computation to check a result with.
-    #[arg(long, value_enum, default_value_t = KernelArg::Auto)]
-    kernel: KernelArg,
-}
-
-/// The values of `nq count --kernel`.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum KernelArg {
-    /// The fastest kernel this CPU supports.
-    Auto,
-    /// The portable scalar kernel.
-    Scalar,
-}
-
-impl From<KernelArg> for Kernel {
-    fn from(k: KernelArg) -> Kernel {
-        match k {
-            KernelArg::Auto => Kernel::Auto,
-            KernelArg::Scalar => Kernel::Scalar,
-        }
-    }
+    #[arg(long, default_value = "auto", value_parser = kernel_parser())]
+    kernel: Kernel,
 }
 
 /// A board size for the search, with the core's message naming the range.
@@ -154,6 +136,11 @@ fn format_parser() -> impl TypedValueParser<Value = Format> {
         .try_map(|name| name.parse::<Format>())
 }
 
+fn kernel_parser() -> impl TypedValueParser<Value = Kernel> {
+    PossibleValuesParser::new(Kernel::ALL.map(Kernel::name))
+        .try_map(|name| name.parse::<Kernel>())
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
@@ -170,7 +157,7 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Count(a) => count::run(a.n, a.threads, a.split, a.kernel.into(), a.json),
+        Command::Count(a) => count::run(a.n, a.threads, a.split, a.kernel, a.json),
         Command::Solutions {
             n,
             unique,

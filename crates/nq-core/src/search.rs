@@ -52,7 +52,9 @@
 //! of any size can be cancelled within microseconds. The wide kernel's bound
 //! is in its own docs.
 
+use std::fmt;
 use std::ops::ControlFlow;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::board::{Board, EMPTY, MAX_N, Prefix};
@@ -142,6 +144,17 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// Every choice, in the order help texts list them.
+    pub const ALL: [Kernel; 2] = [Kernel::Auto, Kernel::Scalar];
+
+    /// The name that [`Kernel::from_str`] accepts and [`fmt::Display`] prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Auto => "auto",
+            Kernel::Scalar => "scalar",
+        }
+    }
+
     /// The name of the kernel that `self` runs on this CPU for a large
     /// search: `"avx512"` or `"scalar"`.
     pub fn resolved_name(self) -> &'static str {
@@ -199,6 +212,47 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
 /// The fewest free columns for which the AVX-512 kernel is used: below this a
 /// search is too small to fill its vectors.
 const WIDE_MIN_FREE: usize = 6;
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Kernel {
+    type Err = UnknownKernel;
+
+    /// Parses a kernel name, ignoring ASCII case and surrounding spaces.
+    fn from_str(s: &str) -> Result<Kernel, UnknownKernel> {
+        let name = s.trim();
+        Kernel::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| UnknownKernel {
+                name: name.to_string(),
+            })
+    }
+}
+
+/// A kernel name that [`Kernel::from_str`] does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownKernel {
+    /// The name given.
+    pub name: String,
+}
+
+impl fmt::Display for UnknownKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is not a count kernel: use `auto` (the fastest this CPU has) or \
+             `scalar` (the portable one)",
+            self.name
+        )
+    }
+}
+
+impl std::error::Error for UnknownKernel {}
 
 /// The search problem of one prefix, prepared for the kernels.
 struct Plan {
@@ -724,6 +778,19 @@ mod tests {
             }
         }
         assert!(compared > 1000, "only {compared} plans compared");
+    }
+
+    #[test]
+    fn kernel_names_round_trip_and_errors_name_the_choices() {
+        for k in Kernel::ALL {
+            assert_eq!(k.to_string().parse::<Kernel>(), Ok(k));
+        }
+        assert_eq!(" Scalar ".parse::<Kernel>(), Ok(Kernel::Scalar));
+        let e = "gpu".parse::<Kernel>().unwrap_err().to_string();
+        assert!(
+            e.contains("`gpu`") && e.contains("auto") && e.contains("scalar"),
+            "{e}"
+        );
     }
 
     #[test]

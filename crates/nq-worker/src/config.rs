@@ -10,6 +10,8 @@ use std::num::NonZeroUsize;
 use std::str::FromStr;
 use std::time::Duration;
 
+use nq_core::search::Kernel;
+
 use crate::{Error, Result};
 
 /// The coordinator's port when an address names none.
@@ -23,6 +25,9 @@ pub struct Config {
     pub coordinator: Coordinator,
     /// CPU threads that run the search (at least 1).
     pub threads: NonZeroUsize,
+    /// The count kernel: [`Kernel::Auto`] unless this worker's results are
+    /// meant as an independent check of those of the default kernel.
+    pub kernel: Kernel,
     /// Name shown in the coordinator's logs and progress.
     pub name: String,
     /// How long a draining worker may keep computing its current jobs after
@@ -49,6 +54,7 @@ impl Config {
         Config {
             coordinator,
             threads,
+            kernel: Kernel::Auto,
             name: "nq-worker".to_owned(),
             grace: Duration::from_secs(30),
             max_jobs: default_max_jobs(threads),

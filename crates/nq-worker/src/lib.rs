@@ -165,7 +165,12 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
-    let pool = pool::WorkerPool::new(config.threads)?;
+    tracing::info!(
+        threads = config.threads.get(),
+        kernel = config.kernel.resolved_name(),
+        "starting the search threads"
+    );
+    let pool = pool::WorkerPool::new(config.threads, config.kernel)?;
     let result = lease::LeaseLoop::new(&config, &pool).run(shutdown).await;
     pool.shutdown().await;
     result

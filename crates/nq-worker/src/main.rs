@@ -8,6 +8,8 @@ use std::num::NonZeroUsize;
 
 use anyhow::Context;
 use clap::Parser;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use nq_core::search::Kernel;
 use tracing_subscriber::EnvFilter;
 
 /// Leases N-Queens jobs from an nq coordinator and solves them on all cores.
@@ -24,6 +26,11 @@ struct Args {
     /// CPU threads for the search [default: every core].
     #[arg(long, value_name = "T")]
     threads: Option<NonZeroUsize>,
+    /// The count kernel: `auto` takes the fastest this CPU has (AVX-512 where
+    /// available); `scalar` runs the portable one, so that this worker's
+    /// results check those of the default kernel independently.
+    #[arg(long, default_value = "auto", value_parser = kernel_parser())]
+    kernel: Kernel,
     /// Name shown in the coordinator's logs [default: the host name].
     #[arg(long)]
     name: Option<String>,
@@ -41,10 +48,16 @@ impl TryFrom<Args> for nq_worker::Config {
         if let Some(threads) = args.threads {
             config = config.with_threads(threads);
         }
+        config.kernel = args.kernel;
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
         Ok(config)
     }
+}
+
+fn kernel_parser() -> impl TypedValueParser<Value = Kernel> {
+    PossibleValuesParser::new(Kernel::ALL.map(Kernel::name))
+        .try_map(|name| name.parse::<Kernel>())
 }
 
 fn host_name() -> String {

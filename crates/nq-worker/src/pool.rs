@@ -52,6 +52,8 @@ pub(crate) struct Attempt {
 pub(crate) struct WorkerPool {
     /// `None` only inside [`WorkerPool::shutdown`].
     pool: Option<Pool>,
+    /// The count kernel every job runs on.
+    kernel: Kernel,
 }
 
 impl WorkerPool {
@@ -60,13 +62,16 @@ impl WorkerPool {
     /// # Errors
     ///
     /// [`Error::Pool`] when the OS refuses a thread.
-    pub(crate) fn new(threads: NonZeroUsize) -> Result<WorkerPool> {
+    pub(crate) fn new(threads: NonZeroUsize, kernel: Kernel) -> Result<WorkerPool> {
         let pool =
             Pool::new(threads.get(), "nq-worker").map_err(|source| Error::Pool {
                 threads: threads.get(),
                 source,
             })?;
-        Ok(WorkerPool { pool: Some(pool) })
+        Ok(WorkerPool {
+            pool: Some(pool),
+            kernel,
+        })
     }
 
     /// Queues `subproblems` behind the jobs already queued. With
@@ -102,7 +107,7 @@ impl WorkerPool {
             .submit(Job {
                 subproblems,
                 list_solutions,
-                kernel: Kernel::Auto,
+                kernel: self.kernel,
                 stop: Arc::clone(&stop),
                 sink,
             });
@@ -166,7 +171,7 @@ mod tests {
 
     #[tokio::test]
     async fn counts_and_lists_through_bounded_channels() {
-        let pool = WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap();
+        let pool = WorkerPool::new(NonZeroUsize::new(2).unwrap(), Kernel::Auto).unwrap();
         let subs = subproblems(8);
         let mut attempt = pool.submit(subs.clone(), true);
         let mut listed = 0;
@@ -190,7 +195,7 @@ mod tests {
 
     #[tokio::test]
     async fn empty_jobs_and_stopped_jobs_end_once() {
-        let pool = WorkerPool::new(NonZeroUsize::MIN).unwrap();
+        let pool = WorkerPool::new(NonZeroUsize::MIN, Kernel::Scalar).unwrap();
         let mut empty = pool.submit(vec![], false);
         assert!(matches!(
             empty.output.recv().await,
@@ -207,7 +212,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_receiver_stops_a_listing() {
-        let pool = WorkerPool::new(NonZeroUsize::MIN).unwrap();
+        let pool = WorkerPool::new(NonZeroUsize::MIN, Kernel::Auto).unwrap();
         let attempt = pool.submit(subproblems(13), true);
         let stop = Arc::clone(&attempt.stop);
         drop(attempt.output);
