@@ -106,8 +106,8 @@ struct CountArgs {
     /// choice for 64 sub-problems per thread].
     #[arg(long, value_name = "RING:EXTRA", value_parser = parse_split)]
     split: Option<SplitSpec>,
-    /// The count kernel: `auto` takes the fastest this CPU has (AVX-512 where
-    /// available); `scalar` runs the portable one, an independent second
+    /// The count kernel: `auto` takes the fastest this CPU has (`avx512`,
+    /// then `avx2`); `scalar` runs the portable one, an independent second
     /// computation to check a result with.
     #[arg(long, default_value = "auto", value_parser = kernel_parser())]
     kernel: Kernel,
@@ -136,9 +136,12 @@ fn format_parser() -> impl TypedValueParser<Value = Format> {
         .try_map(|name| name.parse::<Format>())
 }
 
+/// Kernel names, refusing at parse time a kernel this CPU cannot run.
 fn kernel_parser() -> impl TypedValueParser<Value = Kernel> {
-    PossibleValuesParser::new(Kernel::ALL.map(Kernel::name))
-        .try_map(|name| name.parse::<Kernel>())
+    PossibleValuesParser::new(Kernel::ALL.map(Kernel::name)).try_map(|name| {
+        let kernel: Kernel = name.parse()?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(kernel.require()?)
+    })
 }
 
 fn main() -> ExitCode {

@@ -31,17 +31,17 @@
 //!   walked by nested loops, and the stack keeps only ancestors with rows
 //!   left to try.
 //!
-//! # Two kernels, one result
+//! # Three kernels, one result
 //!
-//! On CPUs with AVX-512 (F and VPOPCNTDQ) counts run on the kernel in
-//! `crate::wide`, which expands sixteen nodes of one level at once and has
-//! none of the scalar kernel's unpredictable branches; it is several times
-//! faster per core (BENCHMARKS.md). Other CPUs, and searches with fewer than
-//! [`WIDE_MIN_FREE`] free columns, use the scalar kernel here, compiled twice
-//! (plain x86-64 and with `popcnt`/BMI) and chosen at run time. Both walk the
-//! same tree and count the same completions; a test compares them on thousands
-//! of plans. Listing always uses the scalar walk, which visits solutions in
-//! lexicographic order.
+//! On x86-64 CPUs with AVX-512 (F and VPOPCNTDQ) or AVX2, counts run on a SIMD
+//! kernel in `crate::wide`, which expands sixteen or eight nodes of one level
+//! at once and has none of the scalar kernel's unpredictable branches; it is
+//! several times faster per core (BENCHMARKS.md). Other CPUs, and searches
+//! with fewer than [`WIDE_MIN_FREE`] free columns, use the scalar kernel here,
+//! compiled twice (plain x86-64 and with `popcnt`/BMI) and chosen at run time.
+//! [`Kernel`] picks one explicitly. All walk the same tree and count the same
+//! completions; a test compares them on thousands of plans. Listing always
+//! uses the scalar walk, which visits solutions in lexicographic order.
 //!
 //! # Exactness
 //!
@@ -97,8 +97,8 @@ pub struct CountStats {
     /// Completions of the prefix.
     pub count: u128,
     /// A measure of the search's work, for throughput figures only: nodes
-    /// taken back off the stack (scalar kernel) or nodes expanded (AVX-512
-    /// kernel), so figures from different CPUs are not comparable.
+    /// taken back off the stack (scalar kernel) or nodes expanded (SIMD
+    /// kernels), so figures from different CPUs are not comparable.
     pub nodes: u64,
 }
 
@@ -124,47 +124,106 @@ pub fn count_masked(
     kernel: Kernel,
     stop: &AtomicBool,
 ) -> Option<CountStats> {
-    let plan = Plan::masked(prefix, forbidden);
-    match kernel {
-        Kernel::Auto => plan.count(stop),
-        Kernel::Scalar => plan.count_scalar(stop),
-    }
+    Plan::masked(prefix, forbidden).count_with(kernel, stop)
 }
 
-/// Which count kernel runs a search (see the module docs). Both count the
-/// same completions; the choice exists so that one machine can check a result
-/// with a second, independent computation.
+/// Which count kernel runs a search (see the module docs). All count the same
+/// completions; the choice exists so that one machine can check a result with
+/// a second, independent computation, and so that benchmarks can compare them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// The fastest kernel this CPU supports.
     #[default]
     Auto,
+    /// Sixteen nodes per step; needs AVX-512 F and VPOPCNTDQ.
+    Avx512,
+    /// Eight nodes per step; needs AVX2.
+    Avx2,
     /// The portable scalar kernel, whatever the CPU.
     Scalar,
 }
 
 impl Kernel {
     /// Every choice, in the order help texts list them.
-    pub const ALL: [Kernel; 2] = [Kernel::Auto, Kernel::Scalar];
+    pub const ALL: [Kernel; 4] =
+        [Kernel::Auto, Kernel::Avx512, Kernel::Avx2, Kernel::Scalar];
 
     /// The name that [`Kernel::from_str`] accepts and [`fmt::Display`] prints.
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Auto => "auto",
+            Kernel::Avx512 => "avx512",
+            Kernel::Avx2 => "avx2",
             Kernel::Scalar => "scalar",
         }
     }
 
-    /// The name of the kernel that `self` runs on this CPU for a large
-    /// search: `"avx512"` or `"scalar"`.
-    pub fn resolved_name(self) -> &'static str {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if self == Kernel::Auto && crate::wide::available() {
-                return "avx512";
-            }
+    /// What the CPU must have to run this kernel, for messages.
+    pub fn requirement(self) -> &'static str {
+        match self {
+            Kernel::Auto | Kernel::Scalar => "nothing",
+            Kernel::Avx512 => "an x86-64 CPU with AVX-512 F and VPOPCNTDQ",
+            Kernel::Avx2 => "an x86-64 CPU with AVX2",
         }
-        "scalar"
+    }
+
+    /// True when this CPU can run the kernel (`Auto` and `Scalar` always).
+    pub fn is_available(self) -> bool {
+        match self {
+            Kernel::Auto | Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => crate::wide::Isa::Avx512.available(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => crate::wide::Isa::Avx2.available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx512 | Kernel::Avx2 => false,
+        }
+    }
+
+    /// `self` if this CPU can run it, or an error that says what it needs.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelUnavailable`] for a SIMD kernel this CPU lacks.
+    pub fn require(self) -> Result<Kernel, KernelUnavailable> {
+        if self.is_available() {
+            Ok(self)
+        } else {
+            Err(KernelUnavailable { kernel: self })
+        }
+    }
+
+    /// The kernel that actually runs a large search for `self` on this CPU:
+    /// `Auto` becomes the fastest available one, and a SIMD kernel this CPU
+    /// cannot run becomes `Scalar` (check [`Kernel::is_available`] first to
+    /// refuse instead).
+    pub fn resolved(self) -> Kernel {
+        match self {
+            Kernel::Auto => [Kernel::Avx512, Kernel::Avx2]
+                .into_iter()
+                .find(|k| k.is_available())
+                .unwrap_or(Kernel::Scalar),
+            k if k.is_available() => k,
+            _ => Kernel::Scalar,
+        }
+    }
+
+    /// The name of [`Kernel::resolved`].
+    pub fn resolved_name(self) -> &'static str {
+        self.resolved().name()
+    }
+
+    /// The SIMD kernel that runs a search with `free` free columns, if any.
+    #[cfg(target_arch = "x86_64")]
+    fn isa(self, free: usize) -> Option<crate::wide::Isa> {
+        if free < WIDE_MIN_FREE {
+            return None;
+        }
+        match self.resolved() {
+            Kernel::Avx512 => Some(crate::wide::Isa::Avx512),
+            Kernel::Avx2 => Some(crate::wide::Isa::Avx2),
+            _ => None,
+        }
     }
 }
 
@@ -209,7 +268,7 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
     }
 }
 
-/// The fewest free columns for which the AVX-512 kernel is used: below this a
+/// The fewest free columns for which a SIMD kernel is used: below this a
 /// search is too small to fill its vectors.
 const WIDE_MIN_FREE: usize = 6;
 
@@ -245,14 +304,35 @@ impl fmt::Display for UnknownKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "`{}` is not a count kernel: use `auto` (the fastest this CPU has) or \
-             `scalar` (the portable one)",
+            "`{}` is not a count kernel: use `auto` (the fastest this CPU has), \
+             `avx512`, `avx2` or `scalar` (the portable one)",
             self.name
         )
     }
 }
 
 impl std::error::Error for UnknownKernel {}
+
+/// A kernel this CPU cannot run (see [`Kernel::require`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelUnavailable {
+    /// The kernel asked for.
+    pub kernel: Kernel,
+}
+
+impl fmt::Display for KernelUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "this CPU cannot run the `{}` kernel, which needs {}: use `auto` (the \
+             fastest this CPU has) or `scalar`",
+            self.kernel,
+            self.kernel.requirement()
+        )
+    }
+}
+
+impl std::error::Error for KernelUnavailable {}
 
 /// The search problem of one prefix, prepared for the kernels.
 struct Plan {
@@ -313,24 +393,32 @@ impl Plan {
         plan
     }
 
-    /// Counts on the fastest kernel this CPU has: the AVX-512 kernel for
-    /// searches large enough to fill its vectors, the scalar one otherwise.
+    /// Counts on the fastest kernel this CPU has.
     fn count(&self, stop: &AtomicBool) -> Option<CountStats> {
+        self.count_with(Kernel::Auto, stop)
+    }
+
+    /// Counts on `kernel` as [`Kernel::resolved`] gives it, or on the scalar
+    /// kernel when the search is too small to fill SIMD vectors.
+    fn count_with(&self, kernel: Kernel, stop: &AtomicBool) -> Option<CountStats> {
         #[cfg(target_arch = "x86_64")]
         {
-            if self.free >= WIDE_MIN_FREE && crate::wide::available() {
-                let problem = crate::wide::Problem {
-                    full: self.full,
-                    shift: &self.shift[..self.free],
-                    blocked: &self.blocked[..self.free],
-                };
-                // SAFETY: `available` just checked the features `count` is
-                // compiled with.
-                let (count, nodes) = unsafe { crate::wide::count(&problem, stop) }?;
+            if let Some(isa) = kernel.isa(self.free) {
+                let (count, nodes) = crate::wide::count(isa, &self.wide(), stop)?;
                 return Some(CountStats { count, nodes });
             }
         }
         self.count_scalar(stop)
+    }
+
+    /// The plan as the SIMD kernels take it.
+    #[cfg(target_arch = "x86_64")]
+    fn wide(&self) -> crate::wide::Problem<'_> {
+        crate::wide::Problem {
+            full: self.full,
+            shift: &self.shift[..self.free],
+            blocked: &self.blocked[..self.free],
+        }
     }
 
     /// The scalar count kernel, compiled for the best instruction set this
@@ -720,16 +808,19 @@ mod tests {
         }
     }
 
-    /// The AVX-512 kernel against the scalar one, on prefixes with queens in
+    /// The SIMD kernels against the scalar one, on prefixes with queens in
     /// scattered columns and with random forbidden squares: every shape of
     /// plan (gaps between free columns, blocked rows, 4 to 13 free columns).
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn wide_kernel_agrees_with_scalar() {
-        if !crate::wide::available() {
-            eprintln!(
-                "no AVX-512 on this CPU: the wide kernel is not used here, nothing to compare"
-            );
+    fn simd_kernels_agree_with_scalar() {
+        use crate::wide::Isa;
+        let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .filter(|i| i.available())
+            .collect();
+        if isas.is_empty() {
+            eprintln!("no AVX2 or AVX-512 on this CPU: no SIMD kernel to compare");
             return;
         }
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
@@ -760,19 +851,15 @@ mod tests {
                             continue;
                         }
                         let scalar = plan.count_impl(&never()).unwrap().count;
-                        let problem = crate::wide::Problem {
-                            full: plan.full,
-                            shift: &plan.shift[..plan.free],
-                            blocked: &plan.blocked[..plan.free],
-                        };
-                        // SAFETY: the features were checked above.
-                        let (wide, _) =
-                            unsafe { crate::wide::count(&problem, &never()) }.unwrap();
-                        assert_eq!(
-                            wide, scalar,
-                            "n={n} prefix={p:?} forbidden={forbidden:?}"
-                        );
-                        compared += 1;
+                        for &isa in &isas {
+                            let (wide, _) =
+                                crate::wide::count(isa, &plan.wide(), &never()).unwrap();
+                            assert_eq!(
+                                wide, scalar,
+                                "{isa:?} n={n} prefix={p:?} forbidden={forbidden:?}"
+                            );
+                            compared += 1;
+                        }
                     }
                 }
             }
@@ -786,6 +873,17 @@ mod tests {
             assert_eq!(k.to_string().parse::<Kernel>(), Ok(k));
         }
         assert_eq!(" Scalar ".parse::<Kernel>(), Ok(Kernel::Scalar));
+        assert!(Kernel::Auto.is_available() && Kernel::Scalar.is_available());
+        assert!(Kernel::Auto.resolved() != Kernel::Auto);
+        assert_eq!(Kernel::Scalar.require(), Ok(Kernel::Scalar));
+        let e = KernelUnavailable {
+            kernel: Kernel::Avx512,
+        }
+        .to_string();
+        assert!(
+            e.contains("`avx512`") && e.contains("AVX-512 F") && e.contains("`scalar`"),
+            "{e}"
+        );
         let e = "gpu".parse::<Kernel>().unwrap_err().to_string();
         assert!(
             e.contains("`gpu`") && e.contains("auto") && e.contains("scalar"),

@@ -1226,19 +1226,17 @@ mod tests {
             }
             let t = count_split(board, SplitSpec::new(1, 0).unwrap(), &never()).unwrap();
             assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} ring split");
-            // The portable kernel too, which CPUs without AVX-512 run.
+            // Every kernel this CPU runs, not only the default one.
             let spec = SplitSpec::new(0, 0).unwrap();
-            let t = count_split_with(board, spec, Kernel::Scalar, &never()).unwrap();
-            assert_eq!(
-                (t.total, t.unique().unwrap()),
-                (q, u),
-                "n={n} scalar kernel"
-            );
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
+                let t = count_split_with(board, spec, kernel, &never()).unwrap();
+                assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {kernel}");
+            }
         }
     }
 
-    /// The slow opt-in check of N = 15..=17 on both kernels (about a minute in
-    /// release):
+    /// The slow opt-in check of N = 15..=17 on every kernel this CPU runs
+    /// (about a minute in release):
     /// `cargo test -p nq-core --release -- --ignored`.
     #[test]
     #[ignore = "slow: run with --ignored"]
@@ -1250,7 +1248,7 @@ mod tests {
         ];
         for (n, q, u) in want {
             let board = Board::new(n).unwrap();
-            for kernel in [Kernel::Auto, Kernel::Scalar] {
+            for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
                 let spec = SplitSpec::new(0, 0).unwrap();
                 let t = count_split_with(board, spec, kernel, &never()).unwrap();
                 assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {kernel:?}");

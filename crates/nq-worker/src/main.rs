@@ -26,8 +26,8 @@ struct Args {
     /// CPU threads for the search [default: every core].
     #[arg(long, value_name = "T")]
     threads: Option<NonZeroUsize>,
-    /// The count kernel: `auto` takes the fastest this CPU has (AVX-512 where
-    /// available); `scalar` runs the portable one, so that this worker's
+    /// The count kernel: `auto` takes the fastest this CPU has (`avx512`,
+    /// then `avx2`); `scalar` runs the portable one, so that this worker's
     /// results check those of the default kernel independently.
     #[arg(long, default_value = "auto", value_parser = kernel_parser())]
     kernel: Kernel,
@@ -55,9 +55,12 @@ impl TryFrom<Args> for nq_worker::Config {
     }
 }
 
+/// Kernel names, refusing at parse time a kernel this CPU cannot run.
 fn kernel_parser() -> impl TypedValueParser<Value = Kernel> {
-    PossibleValuesParser::new(Kernel::ALL.map(Kernel::name))
-        .try_map(|name| name.parse::<Kernel>())
+    PossibleValuesParser::new(Kernel::ALL.map(Kernel::name)).try_map(|name| {
+        let kernel: Kernel = name.parse()?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(kernel.require()?)
+    })
 }
 
 fn host_name() -> String {
