@@ -163,7 +163,7 @@ impl Kernel {
         match self {
             Kernel::Auto | Kernel::Scalar => "nothing",
             Kernel::Avx512 => "an x86-64 CPU with AVX-512 F and VPOPCNTDQ",
-            Kernel::Avx2 => "an x86-64 CPU with AVX2",
+            Kernel::Avx2 => "an x86-64 CPU with AVX2 and popcnt",
         }
     }
 

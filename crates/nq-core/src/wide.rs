@@ -67,9 +67,10 @@ const FLUSH: u64 = 1 << 12;
 /// A SIMD kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
-    /// Sixteen lanes: AVX-512 F and VPOPCNTDQ.
+    /// Sixteen lanes: AVX-512 F and VPOPCNTDQ (and popcnt, which every such
+    /// CPU has).
     Avx512,
-    /// Eight lanes: AVX2.
+    /// Eight lanes: AVX2 and popcnt.
     Avx2,
 }
 
@@ -80,8 +81,12 @@ impl Isa {
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
+                    && std::arch::is_x86_feature_detected!("popcnt")
             }
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("popcnt")
+            }
         }
     }
 }
@@ -140,6 +145,7 @@ macro_rules! walk {
         // closed form together with the last two columns.
         let last = free - 3;
         let (s1, s2) = (p.shift[free - 2], p.shift[free - 1]);
+        let (c1, c12, c2) = (count_of(s1), count_of(s1 + s2), count_of(s2));
         let full = splat(p.full);
         let (b1, b2) = (splat(p.blocked[free - 2]), splat(p.blocked[free - 1]));
 
@@ -222,18 +228,17 @@ macro_rules! walk {
             let a = or(up, bit);
             let b = or(down, bit);
             if j == last {
-                let f1 = andnot(or(or(u, b1), or(shl(a, s1), shr(b, s1))), full);
-                let f2 =
-                    andnot(or(or(u, b2), or(shl(a, s1 + s2), shr(b, s1 + s2))), full);
+                let f1 = andnot(or(or(u, b1), or(shl(a, c1), shr(b, c1))), full);
+                let f2 = andnot(or(or(u, b2), or(shl(a, c12), shr(b, c12))), full);
                 let both = mul(popcnt(f1), popcnt(f2));
                 let same = popcnt(and(f1, f2));
-                let lower = popcnt(and(f1, shr(f2, s2)));
-                let upper = popcnt(and(f1, shl(f2, s2)));
+                let lower = popcnt(and(f1, shr(f2, c2)));
+                let upper = popcnt(and(f1, shl(f2, c2)));
                 let pairs = sub(both, add(add(same, lower), upper));
                 sums = add_in(sums, lanes, pairs);
             } else {
                 let next = j + 1;
-                let s = p.shift[next];
+                let s = count_of(p.shift[next]);
                 let a = shl(a, s);
                 let b = shr(b, s);
                 let f = andnot(or(or(u, splat(p.blocked[next])), or(a, b)), full);
@@ -273,7 +278,7 @@ macro_rules! walk {
 /// popcounts.
 mod avx512 {
     use std::arch::x86_64::{
-        __m512i, _mm_cvtsi32_si128, _mm512_add_epi32, _mm512_and_si512,
+        __m128i, __m512i, _mm_cvtsi32_si128, _mm512_add_epi32, _mm512_and_si512,
         _mm512_andnot_si512, _mm512_mask_add_epi32, _mm512_mask_compressstoreu_epi32,
         _mm512_mask_test_epi32_mask, _mm512_maskz_loadu_epi32, _mm512_mullo_epi32,
         _mm512_or_si512, _mm512_popcnt_epi32, _mm512_set1_epi32, _mm512_setzero_si512,
@@ -286,7 +291,7 @@ mod avx512 {
     const LANES: usize = 16;
 
     /// Counts on this kernel; see [`super::count`].
-    #[target_feature(enable = "avx512f,avx512vpopcntdq")]
+    #[target_feature(enable = "avx512f,avx512vpopcntdq,popcnt")]
     pub(super) fn count(p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
         walk!(p, stop)
     }
@@ -315,7 +320,7 @@ mod avx512 {
     }
 
     /// How many lanes `sel` keeps.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,popcnt")]
     fn kept(sel: u16) -> usize {
         sel.count_ones() as usize
     }
@@ -374,16 +379,22 @@ mod avx512 {
         _mm512_mullo_epi32(a, b)
     }
 
-    /// Shift left by `s` bits (0 for `s ≥ 32`).
+    /// A shift distance as the shift instructions take it.
     #[target_feature(enable = "avx512f")]
-    fn shl(a: __m512i, s: u32) -> __m512i {
-        _mm512_sll_epi32(a, _mm_cvtsi32_si128(s as i32))
+    fn count_of(s: u32) -> __m128i {
+        _mm_cvtsi32_si128(s as i32)
     }
 
-    /// Shift right by `s` bits (0 for `s ≥ 32`).
+    /// Shift left by `count_of(s)` bits (0 for `s ≥ 32`).
     #[target_feature(enable = "avx512f")]
-    fn shr(a: __m512i, s: u32) -> __m512i {
-        _mm512_srl_epi32(a, _mm_cvtsi32_si128(s as i32))
+    fn shl(a: __m512i, s: __m128i) -> __m512i {
+        _mm512_sll_epi32(a, s)
+    }
+
+    /// Shift right by `count_of(s)` bits (0 for `s ≥ 32`).
+    #[target_feature(enable = "avx512f")]
+    fn shr(a: __m512i, s: __m128i) -> __m512i {
+        _mm512_srl_epi32(a, s)
     }
 
     #[target_feature(enable = "avx512f,avx512vpopcntdq")]
@@ -405,9 +416,9 @@ mod avx512 {
 /// permutations from a table, popcounts are nibble lookups.
 mod avx2 {
     use std::arch::x86_64::{
-        __m256i, _mm_cvtsi32_si128, _mm256_add_epi8, _mm256_add_epi32, _mm256_and_si256,
-        _mm256_andnot_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32, _mm256_cmpgt_epi32,
-        _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16,
+        __m128i, __m256i, _mm_cvtsi32_si128, _mm256_add_epi8, _mm256_add_epi32,
+        _mm256_and_si256, _mm256_andnot_si256, _mm256_castsi256_ps, _mm256_cmpeq_epi32,
+        _mm256_cmpgt_epi32, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16,
         _mm256_maskload_epi32, _mm256_movemask_ps, _mm256_mullo_epi32, _mm256_or_si256,
         _mm256_permutevar8x32_epi32, _mm256_set1_epi8, _mm256_set1_epi16,
         _mm256_set1_epi32, _mm256_setr_epi8, _mm256_setr_epi32, _mm256_setzero_si256,
@@ -439,7 +450,7 @@ mod avx2 {
     };
 
     /// Counts on this kernel; see [`super::count`].
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     pub(super) fn count(p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
         walk!(p, stop)
     }
@@ -472,7 +483,7 @@ mod avx2 {
     }
 
     /// How many lanes `sel` keeps.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,popcnt")]
     fn kept(sel: u32) -> usize {
         sel.count_ones() as usize
     }
@@ -537,16 +548,22 @@ mod avx2 {
         _mm256_mullo_epi32(a, b)
     }
 
-    /// Shift left by `s` bits (0 for `s ≥ 32`).
+    /// A shift distance as the shift instructions take it.
     #[target_feature(enable = "avx2")]
-    fn shl(a: __m256i, s: u32) -> __m256i {
-        _mm256_sll_epi32(a, _mm_cvtsi32_si128(s as i32))
+    fn count_of(s: u32) -> __m128i {
+        _mm_cvtsi32_si128(s as i32)
     }
 
-    /// Shift right by `s` bits (0 for `s ≥ 32`).
+    /// Shift left by `count_of(s)` bits (0 for `s ≥ 32`).
     #[target_feature(enable = "avx2")]
-    fn shr(a: __m256i, s: u32) -> __m256i {
-        _mm256_srl_epi32(a, _mm_cvtsi32_si128(s as i32))
+    fn shl(a: __m256i, s: __m128i) -> __m256i {
+        _mm256_sll_epi32(a, s)
+    }
+
+    /// Shift right by `count_of(s)` bits (0 for `s ≥ 32`).
+    #[target_feature(enable = "avx2")]
+    fn shr(a: __m256i, s: __m128i) -> __m256i {
+        _mm256_srl_epi32(a, s)
     }
 
     /// Bits set in each lane: a 4-bit lookup per nibble, then the four byte
