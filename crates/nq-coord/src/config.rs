@@ -135,34 +135,21 @@ pub fn parse_split(input: &str) -> Result<SplitSpec> {
     })
 }
 
-/// Parses a duration: a positive number with a unit `ms`, `s`, `m` or `h`
-/// (`500ms`, `30s`, `1.5m`), or a bare number of seconds.
+/// Parses a positive duration in the syntax both command lines share
+/// ([`nq_proto::duration::parse_duration`]): `500ms`, `30s`, `1.5m`, or a
+/// bare number of seconds.
 ///
 /// # Errors
 ///
-/// [`Error::Duration`] for anything else, zero included.
+/// [`Error::Duration`] for anything else, zero included: no option of the
+/// coordinator means anything with a zero duration.
 pub fn parse_duration(input: &str) -> Result<Duration> {
-    let bad = || Error::Duration {
-        input: input.to_owned(),
-    };
-    let s = input.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    let scale = match unit.trim() {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" | "min" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(bad()),
-    };
-    let d = Duration::try_from_secs_f64(value * scale).map_err(|_| bad())?;
-    if d.is_zero() {
-        return Err(bad());
+    match nq_proto::duration::parse_duration(input) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(Error::Duration {
+            input: input.to_owned(),
+        }),
     }
-    Ok(d)
 }
 
 #[cfg(test)]

@@ -46,8 +46,8 @@ pub enum Error {
     },
     /// A duration that does not parse.
     #[error(
-        "invalid duration {input:?}: expected a positive number with a unit, such as \
-         30s, 500ms, 2m or 1h (a bare number means seconds)"
+        "invalid duration {input:?}: expected more than zero, as {}",
+        nq_proto::duration::DURATION_FORMS
     )]
     Duration {
         /// What was given.

@@ -12,10 +12,12 @@
 //! * [`convert`]: `From`/`TryFrom` between `pb` messages and `nq-core` types,
 //!   where every value from the wire is validated.
 //! * [`PROTOCOL_VERSION`], [`MAX_MESSAGE_BYTES`]: limits both ends agree on.
+//! * [`duration`]: the duration syntax of both command lines.
 
 #![deny(missing_docs)]
 
 pub mod convert;
+pub mod duration;
 
 /// The generated protocol code (package `nqueens.v1`).
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]

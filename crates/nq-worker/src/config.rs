@@ -188,7 +188,9 @@ impl fmt::Display for Coordinator {
 }
 
 /// Parses a duration written as a number and a unit: `500ms`, `30s`, `1.5s`,
-/// `2m`, `1h`. A bare number means seconds.
+/// `2m`, `1h`; a bare number means seconds, and zero is allowed (`--grace 0s`
+/// hands every job back at once). The syntax is the coordinator's too:
+/// [`nq_proto::duration::parse_duration`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -201,23 +203,7 @@ impl fmt::Display for Coordinator {
 ///
 /// [`Error::Duration`] naming the accepted forms.
 pub fn parse_duration(input: &str) -> Result<Duration> {
-    let bad = || Error::Duration {
-        input: input.to_owned(),
-    };
-    let s = input.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(bad()),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| bad())
+    Ok(nq_proto::duration::parse_duration(input)?)
 }
 
 #[cfg(test)]

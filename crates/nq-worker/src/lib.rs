@@ -57,11 +57,8 @@ pub enum Error {
         reason: &'static str,
     },
     /// A duration that cannot be parsed.
-    #[error("`{input}` is not a duration; use a number and a unit: 500ms, 30s, 2m, 1h")]
-    Duration {
-        /// The text given.
-        input: String,
-    },
+    #[error(transparent)]
+    Duration(#[from] nq_proto::duration::DurationError),
     /// The CPU threads could not be started.
     #[error("cannot start {threads} CPU threads")]
     Pool {
