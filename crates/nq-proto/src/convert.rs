@@ -19,7 +19,7 @@ pub enum ConvertError {
         field: &'static str,
     },
     /// A value is outside what nq-core accepts (board size, prefix, split).
-    #[error("field `{field}` is invalid: {source}")]
+    #[error("field `{field}` is invalid")]
     Core {
         /// The field's name in the proto.
         field: &'static str,
