@@ -18,8 +18,18 @@ use crate::progress::Progress;
 /// TTL/3) never misses, short enough that a lost worker's jobs return soon.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
 
-/// Default cap on the linger after completion (see [`Config::linger`]).
-pub const DEFAULT_LINGER: Duration = Duration::from_secs(3);
+/// The default cap on the linger after completion (see [`Config::linger`])
+/// for a lease lifetime of `lease_ttl`: a third of it plus one second.
+///
+/// A worker busy on a job (a repeat of one another worker finished) is heard
+/// from only at its heartbeat, at least every TTL/3 by the protocol. A shorter
+/// linger could end before it asks again; it would then find no coordinator
+/// and retry forever, never told that the run is over. The linger ends as
+/// soon as every recently seen worker was told, so the cap costs nothing when
+/// none is busy.
+pub fn default_linger(lease_ttl: Duration) -> Duration {
+    lease_ttl / 3 + Duration::from_secs(1)
+}
 
 /// Everything [`crate::run`] needs.
 #[derive(Clone, Debug)]
@@ -48,7 +58,7 @@ pub struct Config {
     pub max_job_size: usize,
     /// After the last job, keep answering `Lease` with `run_complete = true`
     /// until every worker heard from within one TTL was told, but no longer
-    /// than this.
+    /// than this. Keep it above a third of `lease_ttl` ([`default_linger`]).
     pub linger: Duration,
     /// sled page cache in bytes.
     pub cache_bytes: u64,
@@ -62,7 +72,7 @@ impl Config {
     /// A configuration with defaults: the given board and directory, default
     /// split, no solutions, NO local threads (the library default only serves;
     /// the `nq-coord` binary defaults to all cores), 30 s leases, default job
-    /// count, 3 s linger, 16 MiB cache, no progress output.
+    /// count, an 11 s linger cap, 16 MiB cache, no progress output.
     ///
     /// # Errors
     ///
@@ -77,7 +87,7 @@ impl Config {
             lease_ttl: DEFAULT_LEASE_TTL,
             target_jobs: None,
             max_job_size: crate::MAX_SUBS_PER_JOB,
-            linger: DEFAULT_LINGER,
+            linger: default_linger(DEFAULT_LEASE_TTL),
             cache_bytes: nq_store::DEFAULT_CACHE_BYTES,
             progress: None,
             progress_log: None,
@@ -176,6 +186,16 @@ mod tests {
         for bad in ["", "0s", "abc", "10 parsecs", "-3s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_linger_outlasts_a_busy_workers_heartbeat() {
+        // Workers beat at least every TTL/3 (the protocol), nq-worker every TTL/4.
+        for secs in [1, 2, 30, 300] {
+            let ttl = Duration::from_secs(secs);
+            assert!(default_linger(ttl) > ttl / 3, "ttl {ttl:?}");
+        }
+        assert_eq!(Config::new(8, "d").unwrap().linger, Duration::from_secs(11));
     }
 
     #[test]

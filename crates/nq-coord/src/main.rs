@@ -77,9 +77,11 @@ struct RunArgs {
     #[arg(long, value_name = "S")]
     job_size: Option<usize>,
     /// After the last job, how long at most to keep telling workers that the
-    /// run is over.
-    #[arg(long, value_name = "DURATION", default_value = "3s")]
-    linger: String,
+    /// run is over. The coordinator leaves as soon as every worker heard it;
+    /// the cap matters only for a worker busy on a last job [default: a third
+    /// of --lease-ttl plus 1s, so a busy worker's heartbeat is not missed].
+    #[arg(long, value_name = "DURATION")]
+    linger: Option<String>,
     /// sled page cache, in MiB (its real memory use is a few times this).
     #[arg(long, value_name = "MIB", default_value_t = 16)]
     cache_mib: u64,
@@ -165,7 +167,10 @@ impl TryFrom<RunArgs> for Config {
             }
             config.max_job_size = size;
         }
-        config.linger = parse_duration(&a.linger)?;
+        config.linger = match &a.linger {
+            Some(linger) => parse_duration(linger)?,
+            None => nq_coord::config::default_linger(config.lease_ttl),
+        };
         if a.cache_mib == 0 {
             return Err(nq_coord::Error::Option {
                 option: "--cache-mib",
