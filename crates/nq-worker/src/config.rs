@@ -25,8 +25,8 @@ pub struct Config {
     pub coordinator: Coordinator,
     /// CPU threads that run the search (at least 1).
     pub threads: NonZeroUsize,
-    /// The count kernel: [`Kernel::Auto`] unless this worker's results are
-    /// meant as an independent check of those of the default kernel.
+    /// The count kernel: [`Kernel::Auto`] unless the run is meant as an
+    /// independent recount of one made with the default kernel.
     pub kernel: Kernel,
     /// Name shown in the coordinator's logs and progress.
     pub name: String,
