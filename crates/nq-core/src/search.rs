@@ -37,7 +37,7 @@
 //! kernel in `crate::wide`, which expands sixteen or eight nodes of one level
 //! at once and has none of the scalar kernel's unpredictable branches; it is
 //! several times faster per core (BENCHMARKS.md). Other CPUs, and searches
-//! with fewer than [`WIDE_MIN_FREE`] free columns, use the scalar kernel here,
+//! with fewer than `WIDE_MIN_FREE` (6) free columns, use the scalar kernel here,
 //! compiled twice (plain x86-64 and with `popcnt`/BMI) and chosen at run time.
 //! [`Kernel`] picks one explicitly. All walk the same tree and count the same
 //! completions; a test compares them on thousands of plans. Listing always
@@ -270,6 +270,7 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
 
 /// The fewest free columns for which a SIMD kernel is used: below this a
 /// search is too small to fill its vectors.
+#[cfg(target_arch = "x86_64")]
 const WIDE_MIN_FREE: usize = 6;
 
 impl fmt::Display for Kernel {
@@ -408,6 +409,9 @@ impl Plan {
                 return Some(CountStats { count, nodes });
             }
         }
+        // Off x86-64 there is no SIMD kernel: every choice runs the scalar one.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = kernel;
         self.count_scalar(stop)
     }
 
