@@ -28,9 +28,12 @@
 //! the walk differs. The walk is depth-first over levels: it moves down as
 //! soon as the next level holds [`DESCEND`] nodes (enough for full vectors), or
 //! when the current level is empty, and moves up when the current level is
-//! empty. So at most one level is being filled at a time, each buffer holds
-//! fewer than `DESCEND` plus one vector of nodes, and memory stays a few tens
-//! of kilobytes, in L1/L2 cache.
+//! empty. Hence the invariant the stores rely on: while the walk is at level
+//! `j`, the levels deeper than `j + 1` are empty and level `j + 1` holds fewer
+//! than `DESCEND` nodes (it moved down as soon as it reached that, and
+//! returns only once the deeper level is empty). So each buffer holds fewer
+//! than `DESCEND` plus one vector of nodes, and memory stays a few tens of
+//! kilobytes, in L1/L2 cache.
 //!
 //! The walk is written once, in the `walk!` macro, and expanded inside each
 //! kernel's module, whose functions (all compiled for that instruction set)
@@ -216,6 +219,8 @@ macro_rules! walk {
             let rest = xor(rem, bit);
             // Nodes with rows left go back where they were taken from.
             let back = nonzero(rest, lanes);
+            // SAFETY: see the loads above; the values just loaded are in
+            // registers, so overwriting their slots is fine.
             unsafe {
                 compress(h_rem.add(start), back, rest);
                 compress(h_used.add(start), back, used);
@@ -244,9 +249,11 @@ macro_rules! walk {
                 let f = andnot(or(or(u, splat(p.blocked[next])), or(a, b)), full);
                 let live = nonzero(f, lanes);
                 let at = len[next];
-                // The walk is at `j` only while `len[next] < DESCEND`, so the
-                // vector written from `at` stays below `CAP`.
-                debug_assert!(at < DESCEND);
+                // The walk is at `j` only while `len[next] < DESCEND` (module
+                // docs), so the vector written from `at` stays below `CAP`.
+                // Checked anyway: memory safety rests on it, and the branch
+                // is never taken.
+                assert!(at < DESCEND, "the walk's level invariant broke");
                 let [c_rem, c_used, c_up, c_down] = arrays(next);
                 // SAFETY: as the line above explains, the stores stay inside.
                 unsafe {
