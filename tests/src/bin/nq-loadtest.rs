@@ -119,7 +119,8 @@ async fn run(args: Args) -> Result<()> {
         field(&created, "subproblems").context("no sub-problem count")?;
     coord.proc.line_containing("data directory ready").await?;
     let setup = started.elapsed();
-    let setup_hwm = proc_status(pid)?.hwm_kib;
+    let setup_mem = proc_status(pid)?.context("the coordinator exited during setup")?;
+    let setup_hwm = setup_mem.hwm_kib;
     eprintln!(
         "coordinator pid {pid} on {} ready after {setup:.2?}: {jobs} jobs of \
          {subproblems} sub-problems, peak RSS {} MiB",
@@ -164,12 +165,18 @@ async fn run(args: Args) -> Result<()> {
     let mut per_second = vec![];
     let mut last = base;
     let mut peak_rss_kib = 0;
+    let mut last_mem = setup_mem;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = stats.completions.load(Ordering::Relaxed);
         per_second.push(now - last);
         last = now;
-        let mem = proc_status(pid)?;
+        // A coordinator that finished the run before `--duration` has exited
+        // (a zombie has no memory lines): the measurement ends there.
+        let Some(mem) = proc_status(pid)? else {
+            eprintln!("the coordinator finished the run; measuring up to here");
+            break;
+        };
         peak_rss_kib = peak_rss_kib.max(mem.rss_kib);
         eprintln!(
             "t={:>3}s completions/s={:>6} total={:>8} rss={} MiB hwm={} MiB",
@@ -179,6 +186,7 @@ async fn run(args: Args) -> Result<()> {
             mem.rss_kib / 1024,
             mem.hwm_kib / 1024
         );
+        last_mem = mem;
         let done = args.max_jobs.is_some_and(|m| now - base >= m);
         if t0.elapsed() >= duration || done {
             break;
@@ -189,7 +197,7 @@ async fn run(args: Args) -> Result<()> {
     }
     let elapsed = t0.elapsed();
     let total = stats.completions.load(Ordering::Relaxed) - base;
-    let mem = proc_status(pid)?;
+    let mem = proc_status(pid)?.unwrap_or(last_mem);
     let cpu = proc_cpu_seconds(pid)?;
     stop.store(true, Ordering::Relaxed);
     while tasks.join_next().await.is_some() {}
@@ -351,8 +359,16 @@ struct Mem {
     hwm_kib: u64,
 }
 
-fn proc_status(pid: u32) -> Result<Mem> {
+/// `None` once the process has exited (a zombie keeps its status file but no
+/// memory lines).
+fn proc_status(pid: u32) -> Result<Option<Mem>> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let exited = text
+        .lines()
+        .any(|l| l.starts_with("State:") && l.contains('Z'));
+    if exited {
+        return Ok(None);
+    }
     let field = |name: &str| -> Result<u64> {
         let line = text
             .lines()
@@ -364,10 +380,10 @@ fn proc_status(pid: u32) -> Result<Mem> {
             .trim()
             .parse()?)
     };
-    Ok(Mem {
+    Ok(Some(Mem {
         rss_kib: field("VmRSS:")?,
         hwm_kib: field("VmHWM:")?,
-    })
+    }))
 }
 
 /// User plus system CPU time of a process, from `/proc/<pid>/stat`.
