@@ -131,7 +131,11 @@ pub(crate) async fn run_local(
     let worker = session
         .sched()
         .register_local(u32::try_from(threads).unwrap_or(u32::MAX), Instant::now());
-    info!(threads, "local threads running jobs");
+    info!(
+        threads,
+        kernel = Kernel::Auto.resolved_name(),
+        "local threads running jobs"
+    );
     let (tx, mut rx) = mpsc::unbounded_channel();
     let wake = Arc::new(Notify::new());
     let mut running: HashMap<LeaseId, Running> = HashMap::new();
