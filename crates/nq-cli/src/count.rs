@@ -183,6 +183,8 @@ fn count(
     let (estimates, subs): (Vec<u64>, Vec<SubProblem>) = subs.into_iter().unzip();
     let work = estimates.iter().fold(0u64, |a, &e| a.saturating_add(e));
 
+    nq_core::split::check_kernel(kernel)
+        .context("the count kernel failed its startup check")?;
     let pool = Pool::new(threads, "nq-count").context("cannot start the threads")?;
     let (tx, rx) = mpsc::channel();
     // One job: the pool hands its sub-problems to the threads one at a time, in

@@ -19,6 +19,10 @@ use crate::lease::LeaseId;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// The count kernel failed its startup check against the scalar kernel
+    /// (`nq_core::split::check_kernel`): its counts cannot be trusted here.
+    #[error("the count kernel failed its startup check")]
+    Kernel(#[source] nq_core::Error),
     /// The data directory or its database.
     #[error(transparent)]
     Store(#[from] nq_store::Error),

@@ -123,6 +123,7 @@ pub(crate) async fn run_local(
     token: CancellationToken,
     tracker: TaskTracker,
 ) -> Result<()> {
+    nq_core::split::check_kernel(Kernel::Auto).map_err(Error::Kernel)?;
     let pool = Pool::new(threads, "nq-local").map_err(|source| Error::Io {
         context: "cannot start the local worker threads".into(),
         source,

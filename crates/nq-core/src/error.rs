@@ -44,6 +44,19 @@ pub enum ErrorKind {
     /// An exact total would not fit in 128 bits. Cannot happen for N ≤ 32, but
     /// it is checked rather than assumed.
     Overflow,
+    /// A SIMD kernel counted a sub-problem differently from the portable
+    /// scalar kernel (see [`crate::split::check_kernel`]): this CPU, or this
+    /// build, cannot be trusted with it.
+    KernelMismatch {
+        /// The kernel's name.
+        kernel: &'static str,
+        /// The sub-problem, in the `vector` notation with `-` for empty columns.
+        subproblem: String,
+        /// What the kernel counted.
+        got: u128,
+        /// What the scalar kernel counted.
+        want: u128,
+    },
 }
 
 /// Why a prefix is invalid.
@@ -123,6 +136,17 @@ impl fmt::Display for Error {
                 write!(f, "reported counts are impossible: {reason}")
             }
             ErrorKind::Overflow => write!(f, "count exceeds 128 bits"),
+            ErrorKind::KernelMismatch {
+                kernel,
+                subproblem,
+                got,
+                want,
+            } => write!(
+                f,
+                "the {kernel} kernel counted {got} completions of sub-problem {subproblem}, \
+                 the scalar kernel {want}: this CPU or build cannot be trusted with it; \
+                 count with `--kernel scalar`"
+            ),
         }
     }
 }

@@ -928,6 +928,61 @@ pub fn count_split_with(
     Some(tally)
 }
 
+/// The board [`check_kernel`] counts on: large enough to reach every part of
+/// a SIMD kernel (full vectors, every level of the walk, masked border lines,
+/// symmetric classes), small enough to take a few milliseconds.
+const CHECK_BOARD: u8 = 12;
+
+/// Counts every sub-problem of N = 12 (the border split with one extra
+/// column: about 400 sub-problems) on `kernel` and on the scalar kernel, and
+/// fails on the first difference.
+///
+/// A startup check for programs that run a SIMD kernel for hours: a CPU with
+/// a defective vector unit, or a miscompiled build, shows here in a few
+/// milliseconds instead of as a wrong total. It compares two computations; it
+/// does not consult the published values.
+///
+/// # Errors
+///
+/// [`ErrorKind::KernelMismatch`] naming the first sub-problem that differs.
+pub fn check_kernel(kernel: Kernel) -> Result<()> {
+    let resolved = kernel.resolved();
+    if resolved == Kernel::Scalar {
+        return Ok(());
+    }
+    let board = Board::new(CHECK_BOARD.into()).expect("a valid board size");
+    let spec = SplitSpec { ring: 0, extra: 1 };
+    let never = AtomicBool::new(false);
+    for sub in split(board, spec) {
+        let (got, _) = sub.solve_with(resolved, &never).expect("never stopped");
+        let (want, _) = sub
+            .solve_with(Kernel::Scalar, &never)
+            .expect("never stopped");
+        if got != want {
+            let subproblem = sub
+                .prefix()
+                .rows()
+                .iter()
+                .map(|&r| {
+                    if r == EMPTY {
+                        "-".to_string()
+                    } else {
+                        r.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+            return Err(Error::new(ErrorKind::KernelMismatch {
+                kernel: resolved.name(),
+                subproblem: format!("[{subproblem}]"),
+                got: got.count,
+                want: want.count,
+            }));
+        }
+    }
+    Ok(())
+}
+
 /// Rebuilds the sub-problem that a stored completion belongs to.
 fn owner(spec: SplitSpec, rows: &[u8]) -> Result<(Prefix, SubProblem)> {
     let n = u64::try_from(rows.len()).expect("a slice length fits in u64");
@@ -1254,6 +1309,26 @@ mod tests {
                 assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {kernel:?}");
             }
         }
+    }
+
+    #[test]
+    fn every_kernel_passes_its_startup_check() {
+        for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
+            let t = std::time::Instant::now();
+            check_kernel(kernel).unwrap();
+            eprintln!("{kernel}: checked in {:?}", t.elapsed());
+        }
+        let e = Error::new(ErrorKind::KernelMismatch {
+            kernel: "avx2",
+            subproblem: "[3 - -]".into(),
+            got: 5,
+            want: 6,
+        })
+        .to_string();
+        assert!(
+            e.contains("avx2") && e.contains("[3 - -]") && e.contains("--kernel scalar"),
+            "{e}"
+        );
     }
 
     #[test]

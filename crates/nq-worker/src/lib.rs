@@ -56,6 +56,10 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// The count kernel failed its startup check against the scalar kernel
+    /// (`nq_core::split::check_kernel`): its counts cannot be trusted here.
+    #[error("the count kernel failed its startup check")]
+    Kernel(#[source] nq_core::Error),
     /// A duration that cannot be parsed.
     #[error(transparent)]
     Duration(#[from] nq_proto::duration::DurationError),
@@ -167,6 +171,8 @@ pub async fn run(
         kernel = config.kernel.resolved_name(),
         "starting the search threads"
     );
+    // Four milliseconds against hours of counts that nobody could recheck.
+    nq_core::split::check_kernel(config.kernel).map_err(Error::Kernel)?;
     let pool = pool::WorkerPool::new(config.threads, config.kernel)?;
     let result = lease::LeaseLoop::new(&config, &pool).run(shutdown).await;
     pool.shutdown().await;
