@@ -101,3 +101,43 @@ async fn another_protocol_version_is_refused_by_the_coordinator() -> Result<()> 
     })
     .await
 }
+
+/// `nq-coord health` exits 0 against a coordinator that serves workers, and
+/// non-zero, naming the address, once the coordinator is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_check_tells_serving_from_gone() -> Result<()> {
+    within(LIMIT, "health", async {
+        let tmp = tempfile::tempdir()?;
+        // No local threads: the run waits for a worker, so it stays up.
+        let mut coord =
+            Coord::ephemeral(&data_dir(&tmp), &["--n", "10", "--local-threads", "0"])
+                .await?;
+        coord.proc.line_containing("serving workers").await?;
+        let addr = coord.addr.to_string();
+        let health = |addr: &str| {
+            let args = ["health", "--connect", addr].map(str::to_owned);
+            Proc::spawn("health", &binary("nq-coord")?, &args, nq_e2e::LOG_ENV)
+        };
+        let mut serving = health(&addr)?;
+        let status = serving.wait().await?;
+        let out = serving.output();
+        ensure!(
+            status.success() && out.contains("SERVING"),
+            "not healthy:\n{out}"
+        );
+
+        let mut w = worker("w", &addr, &["--threads", "1"])?;
+        coord.finish().await?.check_published()?;
+        w.success().await?;
+        let mut gone = health(&addr)?;
+        let status = gone.wait().await?;
+        let out = gone.output();
+        ensure!(!status.success(), "healthy without a coordinator:\n{out}");
+        ensure!(
+            out.contains(&addr),
+            "the error does not name {addr}:\n{out}"
+        );
+        Ok(())
+    })
+    .await
+}

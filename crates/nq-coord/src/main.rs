@@ -109,6 +109,21 @@ enum Command {
     /// order. On an unfinished run it writes the solutions of the jobs done so
     /// far and warns.
     Export(ExportArgs),
+    /// Asks a running coordinator whether it serves workers (the standard
+    /// `grpc.health.v1` check of the `nqueens.v1.Coordinator` service) and
+    /// exits 0 if it does. A container healthcheck: "serving" means the run
+    /// is loaded and jobs are handed out, not merely that the port is open.
+    Health(HealthArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct HealthArgs {
+    /// The coordinator, HOST:PORT.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    connect: String,
+    /// Give up after this long (connection and answer).
+    #[arg(long, value_name = "DURATION", default_value = "2s")]
+    timeout: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -201,6 +216,7 @@ fn main() -> ExitCode {
     init_tracing(bar.clone());
     let result = match args.command {
         Some(Command::Export(e)) => run_export(e),
+        Some(Command::Health(h)) => run_health(h),
         None => run_coordinator(args.run, bar),
     };
     match result {
@@ -210,6 +226,56 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `nq-coord health`: one `grpc.health.v1` check; an error unless SERVING.
+fn run_health(args: HealthArgs) -> anyhow::Result<()> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let timeout = parse_duration(&args.timeout)?;
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", args.connect))
+            .with_context(|| {
+                format!(
+                    "invalid --connect {:?}: expected HOST:PORT, such as 127.0.0.1:50051",
+                    args.connect
+                )
+            })?
+            .connect_timeout(timeout)
+            .timeout(timeout);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+        let request = HealthCheckRequest {
+            service: nq_proto::pb::coordinator_server::SERVICE_NAME.to_owned(),
+        };
+        let status = HealthClient::new(channel)
+            .check(request)
+            .await
+            .with_context(|| format!("the health check of {} failed", args.connect))?
+            .into_inner()
+            .status();
+        match status {
+            ServingStatus::Serving => {
+                println!("SERVING");
+                Ok(())
+            }
+            // Before the run is loaded, and while it drains.
+            other => anyhow::bail!(
+                "the coordinator at {} is not serving workers: {}",
+                args.connect,
+                other.as_str_name()
+            ),
+        }
+    })
 }
 
 /// Tunes glibc's malloc for a long-running coordinator whose memory must stay

@@ -317,6 +317,8 @@ async fn session(
     health
         .set_serving::<CoordinatorServer<CoordinatorService>>()
         .await;
+    // From here the health service says SERVING (`nq-coord health`).
+    info!("serving workers");
     let local_token = CancellationToken::new();
     let mut local = (config.local_threads > 0).then(|| {
         tokio::spawn(local::run_local(
