@@ -53,9 +53,11 @@ struct RunArgs {
     /// workers. Default: every core.
     #[arg(long, value_name = "T")]
     local_threads: Option<usize>,
-    /// How to split the board, RING:EXTRA: ring depth 1 to 3, then 0 to 8 extra
-    /// columns. Default for a new run: 1:0 up to N = 20, 1:1 above. When
-    /// resuming, the stored split (giving another one is refused).
+    /// How to split the board, RING:EXTRA: 0 for the border split or a ring
+    /// depth 1 to 3 (the Q27 ring split), then 0 to 8 extra columns. Default
+    /// for a new run: the border split with the fewest extra columns that give
+    /// half the target jobs (0:0 at N = 16, 0:1 at N = 22). When resuming, the
+    /// stored split (giving another one is refused).
     #[arg(long, value_name = "RING:EXTRA")]
     split: Option<String>,
     /// Store every solution (workers stream them), for `nq-coord export`.
