@@ -50,7 +50,8 @@ pub enum ErrorKind {
     KernelMismatch {
         /// The kernel's name.
         kernel: &'static str,
-        /// The sub-problem, in the `vector` notation with `-` for empty columns.
+        /// The sub-problem's prefix, as `Prefix`'s `Debug` writes it
+        /// (`Prefix[3 - - …]`, `-` for an empty column).
         subproblem: String,
         /// What the kernel counted.
         got: u128,

@@ -959,22 +959,9 @@ pub fn check_kernel(kernel: Kernel) -> Result<()> {
             .solve_with(Kernel::Scalar, &never)
             .expect("never stopped");
         if got != want {
-            let subproblem = sub
-                .prefix()
-                .rows()
-                .iter()
-                .map(|&r| {
-                    if r == EMPTY {
-                        "-".to_string()
-                    } else {
-                        r.to_string()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
             return Err(Error::new(ErrorKind::KernelMismatch {
                 kernel: resolved.name(),
-                subproblem: format!("[{subproblem}]"),
+                subproblem: format!("{:?}", sub.prefix()),
                 got: got.count,
                 want: want.count,
             }));
