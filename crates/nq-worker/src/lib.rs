@@ -233,6 +233,29 @@ mod tests {
         .expect("condition reached in time");
     }
 
+    /// Serves `fake`, runs a one-thread worker (with drain time `grace`, if
+    /// given), sends it the shutdown signal once it holds two leases, and
+    /// returns its summary after stopping the server.
+    async fn drain_holding_two_leases(fake: &Fake, grace: Option<Duration>) -> Summary {
+        let (listener, addr) = listener().await;
+        let server_token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, server_token.clone()));
+        let shutdown = CancellationToken::new();
+        let mut cfg = config(addr, 1);
+        cfg.grace = grace.unwrap_or(cfg.grace);
+        let worker = tokio::spawn(run(cfg, shutdown.clone().cancelled_owned()));
+        until(fake, |s| s.leased >= 2).await;
+        shutdown.cancel();
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        server_token.cancel();
+        server.await.unwrap();
+        summary
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn counts_every_job_exactly_once() {
         let fake = Fake::new(10, SplitSpec::new(1, 1).unwrap(), 5, false);
@@ -405,30 +428,14 @@ mod tests {
         // One sub-problem of N=20 takes far longer than the test: the only way
         // to finish in time is to stop it and hand it back.
         let fake = Fake::new(20, SplitSpec::new(1, 0).unwrap(), 1, false);
-        let (listener, addr) = listener().await;
-        let server_token = CancellationToken::new();
-        let server = tokio::spawn(fake.clone().serve(listener, server_token.clone()));
-        let shutdown = CancellationToken::new();
-        let mut cfg = config(addr, 1);
-        cfg.grace = Duration::from_millis(200);
-        let worker = tokio::spawn(run(cfg, shutdown.clone().cancelled_owned()));
-        until(&fake, |s| s.leased >= 2).await;
-        shutdown.cancel();
-        let summary = tokio::time::timeout(LIMIT, worker)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let summary =
+            drain_holding_two_leases(&fake, Some(Duration::from_millis(200))).await;
         assert_eq!(summary.exit, Exit::Drained);
         assert_eq!(summary.jobs, 0);
-        {
-            let s = fake.state();
-            assert_eq!(summary.released, s.leased);
-            assert_eq!(s.released, s.leased, "every lease went back at once");
-            assert!(s.slots.iter().all(|slot| matches!(slot, Slot::Pending)));
-        }
-        server_token.cancel();
-        server.await.unwrap();
+        let s = fake.state();
+        assert_eq!(summary.released, s.leased);
+        assert_eq!(s.released, s.leased, "every lease went back at once");
+        assert!(s.slots.iter().all(|slot| matches!(slot, Slot::Pending)));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,29 +444,13 @@ mod tests {
         // one thread: at the signal the first job is computing and the second
         // is queued behind it.
         let fake = Fake::new(18, SplitSpec::new(1, 0).unwrap(), 6, false);
-        let (listener, addr) = listener().await;
-        let server_token = CancellationToken::new();
-        let server = tokio::spawn(fake.clone().serve(listener, server_token.clone()));
-        let shutdown = CancellationToken::new();
-        let worker =
-            tokio::spawn(run(config(addr, 1), shutdown.clone().cancelled_owned()));
-        until(&fake, |s| s.leased >= 2).await;
-        shutdown.cancel();
-        let summary = tokio::time::timeout(LIMIT, worker)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let summary = drain_holding_two_leases(&fake, None).await;
         assert_eq!(summary.exit, Exit::Drained);
         // The computing job was finished and reported; the queued one was
         // handed back at once.
         assert_eq!((summary.jobs, summary.released), (1, 1));
-        {
-            let s = fake.state();
-            assert_eq!((s.accepted, s.released), (1, 1));
-        }
-        server_token.cancel();
-        server.await.unwrap();
+        let s = fake.state();
+        assert_eq!((s.accepted, s.released), (1, 1));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
