@@ -15,7 +15,7 @@ async fn sigterm_drains_a_worker_and_hands_its_leases_back() -> Result<()> {
         let tmp = tempfile::tempdir()?;
         // Eight jobs of a fraction of a second each: at the signal the worker
         // is computing one and holds another.
-        let args = ["--n", "16", "--local-threads", "0", "--jobs", "8"];
+        let args = ["--n", "17", "--local-threads", "0", "--jobs", "8"];
         let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
         let addr = coord.addr.to_string();
         let mut w = worker("drained", &addr, &["--threads", "1", "--grace", "0s"])?;

@@ -65,7 +65,7 @@ async fn a_killed_workers_leases_expire_and_are_reissued() -> Result<()> {
             // worker dies it is in the middle of its second job.
             &[
                 "--n",
-                "16",
+                "17",
                 "--local-threads",
                 "0",
                 "--lease-ttl",
@@ -104,7 +104,7 @@ async fn a_killed_coordinator_resumes_from_its_data_directory() -> Result<()> {
         let dir = data_dir(&tmp);
         let args = [
             "--n",
-            "16",
+            "17",
             "--local-threads",
             "0",
             "--lease-ttl",

@@ -303,8 +303,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn revoked_leases_are_stopped_and_no_longer_renewed() {
-        // Sub-problems of N=20 run far longer than the test.
-        let fake = Fake::new(20, SplitSpec::new(1, 0).unwrap(), 1, false);
+        // Sub-problems of N=21 run for seconds, far longer than the test.
+        let fake = Fake::new(21, SplitSpec::new(1, 0).unwrap(), 1, false);
         fake.state().ttl = Duration::from_millis(400);
         let (listener, addr) = listener().await;
         let token = CancellationToken::new();
@@ -425,9 +425,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn drains_by_handing_unfinished_jobs_back() {
-        // One sub-problem of N=20 takes far longer than the test: the only way
-        // to finish in time is to stop it and hand it back.
-        let fake = Fake::new(20, SplitSpec::new(1, 0).unwrap(), 1, false);
+        // One sub-problem of N=21 takes seconds, far longer than the test: the
+        // only way to finish in time is to stop it and hand it back.
+        let fake = Fake::new(21, SplitSpec::new(1, 0).unwrap(), 1, false);
         let summary =
             drain_holding_two_leases(&fake, Some(Duration::from_millis(200))).await;
         assert_eq!(summary.exit, Exit::Drained);
