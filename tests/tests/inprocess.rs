@@ -107,7 +107,8 @@ async fn one_token_stops_a_run_in_progress() -> Result<()> {
         wc.grace = Duration::from_millis(100);
         let worker = tracker.spawn(nq_worker::run(wc, token.clone().cancelled_owned()));
         tracker.close();
-        // N = 18 on one thread takes minutes: stop it once a job is done.
+        // N = 18 on one thread takes 15 s (AVX-512) to two minutes (scalar):
+        // stop it once a job is done.
         seen.wait_for(|p| p.jobs_done >= 1).await?;
         token.cancel();
         tracker.wait().await;

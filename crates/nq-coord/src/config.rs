@@ -118,9 +118,10 @@ pub fn default_split(board: Board) -> SplitSpec {
 
 /// The default target job count: 256 up to N = 16, doubling with each larger
 /// N (1024 at N = 18, 16384 at N = 22, capped at 2²⁰), since the work grows
-/// about 7-fold per N. Jobs then take a fraction of a second at N = 16 and
-/// tens of seconds at N = 24 on one core: enough jobs to balance many workers,
-/// few enough that RPC overhead stays negligible.
+/// about 7-fold per N. Jobs then take about a millisecond at N = 16 and tens
+/// of seconds at N = 24 on one core with the AVX-512 kernel (about five times
+/// longer on the scalar one): enough jobs to balance many workers, few enough
+/// that RPC overhead stays negligible.
 pub fn default_target_jobs(board: Board) -> u64 {
     let extra = u32::from(board.n().saturating_sub(16)).min(12);
     256 << extra
