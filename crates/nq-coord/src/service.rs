@@ -130,6 +130,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                     })
                     .collect(),
                 estimated_work: stored.work(),
+                kernel: String::new(),
             });
         }
         // Idle workers poll twice a second at most: often enough to pick up

@@ -112,6 +112,7 @@ async fn an_interrupted_run_resumes() {
 struct Worker {
     client: CoordinatorClient<Channel>,
     id: String,
+    run_id: String,
     shape: RunShape,
 }
 
@@ -130,10 +131,12 @@ impl Worker {
             .await
             .unwrap()
             .into_inner();
-        let shape = RunShape::try_from(&reg.run.unwrap()).unwrap();
+        let run = reg.run.unwrap();
+        let shape = RunShape::try_from(&run).unwrap();
         Worker {
             client,
             id: reg.worker_id,
+            run_id: run.run_id,
             shape,
         }
     }
@@ -161,7 +164,9 @@ impl Worker {
                 counts: counts.iter().map(pb::SubCounts::from).collect(),
                 nodes: 0,
                 solutions_sent: 0,
+                kernel: String::new(),
             })),
+            run_id: self.run_id.clone(),
         };
         self.client
             .report(tokio_stream::iter(vec![chunk]))

@@ -32,7 +32,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// Version of the protocol. A worker sends it in `Register`, and the
 /// coordinator refuses any other value. Bump it on every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest message either side sends or accepts (encoded), 16 MiB. Set on
 /// both the client and the server, so an oversized message fails loudly

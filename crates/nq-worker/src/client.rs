@@ -284,6 +284,7 @@ pub(crate) async fn report_job(
         counts: counts.iter().map(pb::SubCounts::from).collect(),
         nodes,
         solutions_sent: 0,
+        kernel: String::new(),
     };
     let mut registered_again = false;
     loop {
@@ -401,6 +402,7 @@ fn chunk(worker: &WorkerId, job: JobRef, body: Body) -> pb::ReportChunk {
         job_id: job.job.0,
         lease_id: job.lease.0,
         body: Some(body),
+        run_id: String::new(),
     }
 }
 
@@ -453,6 +455,7 @@ impl Stream for ReportStream {
                     counts: counts.iter().map(pb::SubCounts::from).collect(),
                     nodes,
                     solutions_sent: solutions,
+                    kernel: String::new(),
                 })
             }
             // Ending without a result makes the coordinator discard the stream.

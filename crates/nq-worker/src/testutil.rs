@@ -213,6 +213,7 @@ impl Coordinator for Fake {
                         lease_id: lease,
                         subproblems: s.jobs[i].iter().map(pb::SubProblem::from).collect(),
                         estimated_work: 1,
+                        kernel: String::new(),
                     });
                 }
             }

@@ -264,7 +264,9 @@ async fn simulate(
     };
     let first = client.register(register()).await;
     registered.wait().await;
-    let mut worker_id = first.context("register")?.into_inner().worker_id;
+    let first = first.context("register")?.into_inner();
+    let run_id = first.run.map(|r| r.run_id).unwrap_or_default();
+    let mut worker_id = first.worker_id;
     while !stop.load(Ordering::Relaxed) {
         let lease = client
             .lease(pb::LeaseRequest {
@@ -313,7 +315,9 @@ async fn simulate(
                     counts: vec![zero; job.subproblems.len()],
                     nodes: 0,
                     solutions_sent: 0,
+                    kernel: String::new(),
                 })),
+                run_id: run_id.clone(),
             };
             let sent = Instant::now();
             match client.report(tokio_stream_once(chunk)).await {
