@@ -15,11 +15,28 @@
 //! * [`Report`]: a finished run's `report.json`, checked against the
 //!   published totals (`nq_core::published`, OEIS A000170 and A002562).
 //!
+//! For fault tests it also has:
+//!
+//! * [`proxy`]: a TCP proxy that drops or stalls a worker's traffic;
+//! * [`client`]: a worker driven call by call, to send forged or wrong
+//!   reports (and the base of the `nq-liar` test double);
+//! * [`rng`]: seeded randomness for fault moments, replayable by seed;
+//! * [`reliability`]: the catalogue of injected faults and the rows that
+//!   `RELIABILITY.md` is generated from.
+//!
 //! # Layout
 //!
-//! Everything is in this file; `src/bin/nq-loadtest.rs` is the load-test tool.
+//! The process harness is in this file, the fault-test tools in the modules
+//! above. `src/bin/nq-loadtest.rs` is the load-test tool, `src/bin/nq-liar.rs`
+//! a worker that reports wrong counts, and `src/bin/nq-reliability.rs` renders
+//! `RELIABILITY.md`.
 
 #![deny(missing_docs)]
+
+pub mod client;
+pub mod proxy;
+pub mod reliability;
+pub mod rng;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -260,13 +277,33 @@ impl Proc {
     ///
     /// When the process is gone or the signal cannot be sent.
     pub fn terminate(&self) -> Result<()> {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// Sends signal `sig` (`libc::SIGSTOP`, `libc::SIGCONT`, ...).
+    ///
+    /// # Errors
+    ///
+    /// When the process is gone or the signal cannot be sent.
+    pub fn signal(&self, sig: libc::c_int) -> Result<()> {
         let pid = self.pid().context("the process has exited")?;
         let pid = libc::pid_t::try_from(pid).context("pid out of range")?;
         // SAFETY: kill(2) with a valid signal number has no memory effects.
-        if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
-            bail!("kill -TERM {pid}: {}", std::io::Error::last_os_error());
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            bail!("kill -{sig} {pid}: {}", std::io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// Every line so far that contains `needle`.
+    pub fn lines_containing(&self, needle: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|l| l.contains(needle))
+            .cloned()
+            .collect()
     }
 
     /// Everything the process wrote so far, one line per line, stderr and
@@ -433,6 +470,37 @@ impl Report {
     ///
     /// Naming the wrong value.
     pub fn check_published(&self) -> Result<()> {
+        self.check_exact()?;
+        if self.conflicts != 0 {
+            bail!("n={}: {} conflicting results", self.n, self.conflicts);
+        }
+        Ok(())
+    }
+
+    /// Fails unless the run is complete and its totals are the published
+    /// ones. Conflicting results are allowed (a run with a lying worker has
+    /// them, recorded and not counted); [`Report::check_published`] forbids
+    /// them.
+    ///
+    /// # Errors
+    ///
+    /// Naming the wrong value.
+    pub fn check_exact(&self) -> Result<()> {
+        // `status` and `exit_code` are absent from reports of coordinators
+        // before issue 7; when present they must say "complete" and 0.
+        if let Some(status) = self.json.get("status")
+            && status != "complete"
+        {
+            bail!(
+                "report.json status is {status}, not \"complete\": {}",
+                self.json
+            );
+        }
+        if let Some(code) = self.json.get("exit_code")
+            && code != 0
+        {
+            bail!("report.json exit_code is {code}, not 0: {}", self.json);
+        }
         let n = u8::try_from(self.n)?;
         let (q, u) = nq_core::published::published(n)
             .with_context(|| format!("no published value for N={n}"))?;
@@ -443,9 +511,6 @@ impl Report {
                 self.total,
                 self.unique
             );
-        }
-        if self.conflicts != 0 {
-            bail!("n={}: {} conflicting results", self.n, self.conflicts);
         }
         if self.published_match == Some(false) {
             bail!("report.json says published_match = false: {}", self.json);
@@ -495,4 +560,39 @@ pub async fn within<T>(
     tokio::time::timeout(limit, fut)
         .await
         .map_err(|_| anyhow!("{what}: timed out after {limit:?}"))?
+}
+
+/// The value of field `key` in a log line of the `tracing` text format
+/// (`... message key=value other=value`), or in its span prefix
+/// (`span{key=value}:`); the last occurrence wins, so an event's own field
+/// beats a span's. Values end at a space, a comma or a closing brace.
+pub fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let pattern = format!("{key}=");
+    line.match_indices(&pattern)
+        .filter(|(i, _)| {
+            // A whole field name: preceded by a separator, not a longer name.
+            *i == 0 || matches!(line.as_bytes()[i - 1], b' ' | b'{' | b',')
+        })
+        .last()
+        .map(|(i, _)| {
+            let rest = &line[i + pattern.len()..];
+            let end = rest.find([' ', '}', ',']).unwrap_or(rest.len());
+            rest[..end].trim_matches('"')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_field;
+
+    #[test]
+    fn log_fields_are_read_whole() {
+        let line = "2026 WARN report{worker=w1.10 job=3}: nq_coord::run: lease expired \
+                    job=5 lease=42 worker=w1.1";
+        assert_eq!(log_field(line, "worker"), Some("w1.1"));
+        assert_eq!(log_field(line, "job"), Some("5"));
+        assert_eq!(log_field(line, "lease"), Some("42"));
+        assert_eq!(log_field(line, "ease"), None);
+        assert_eq!(log_field("x{worker=w2.0}: y", "worker"), Some("w2.0"));
+    }
 }

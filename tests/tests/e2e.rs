@@ -10,10 +10,13 @@
 //! The harness builds `nq-coord` and `nq-worker` with the test's own profile
 //! before the first test that needs them (see `nq_e2e::binary`).
 
+mod chaos;
 mod drain;
 mod faults;
 mod inprocess;
 mod input;
+mod liar;
+mod reliability;
 mod solutions;
 mod totals;
 

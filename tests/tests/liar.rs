@@ -1,0 +1,314 @@
+//! Workers that lie and reports that do not belong: the `nq-liar` test double
+//! (a worker that reports wrong but plausible counts) caught by redundant
+//! computation, and forged reports refused by the binding of reports to
+//! leases. See: issue 7 ("Trust"), acceptance items 1 to 3.
+//!
+//! These run against the coordinator's `--verify`, `--ban-after`,
+//! PERMISSION_DENIED and report.json `faulty_workers` / `status` /
+//! `exit_code` of issue 7.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use nq_e2e::client::ProtocolWorker;
+use nq_e2e::reliability::Trial;
+use nq_e2e::{Coord, LOG_ENV, Proc, Report, within, worker};
+use tonic::Code;
+
+use crate::{LIMIT, data_dir};
+
+/// `nq-liar`'s exit status when the coordinator refuses it.
+const LIAR_REFUSED: i32 = 3;
+
+/// Starts the `nq-liar` test double (built by cargo with this test).
+fn liar(name: &str, addr: &str, lie_rate: &str) -> Result<Proc> {
+    let args =
+        ["--connect", addr, "--name", name, "--lie-rate", lie_rate].map(str::to_owned);
+    Proc::spawn(
+        name,
+        Path::new(env!("CARGO_BIN_EXE_nq-liar")),
+        &args,
+        LOG_ENV,
+    )
+}
+
+/// The entry of `report.json`'s `faulty_workers` named `name`.
+fn faulty<'a>(report: &'a Report, name: &str) -> Result<&'a serde_json::Value> {
+    let list = report
+        .json
+        .get("faulty_workers")
+        .and_then(|f| f.as_array())
+        .with_context(|| {
+            format!("report.json has no faulty_workers list: {}", report.json)
+        })?;
+    list.iter()
+        .find(|w| w["name"] == name)
+        .with_context(|| format!("{name} is not in faulty_workers: {}", report.json))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_worker_is_caught_named_and_refused_with_verify_1() -> Result<()> {
+    let mut t = Trial::start("lying-worker-verify-all")?;
+    let r = within(LIMIT, "liar, --verify 1", liar_verify_all(&mut t)).await;
+    t.finish(r)
+}
+
+async fn liar_verify_all(t: &mut Trial) -> Result<Report> {
+    let tmp = tempfile::tempdir()?;
+    let args = [
+        "--n",
+        "16",
+        "--split",
+        "0:1",
+        "--jobs",
+        "100",
+        "--local-threads",
+        "0",
+        "--verify",
+        "1",
+        "--ban-after",
+        "2",
+    ];
+    let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    let addr = coord.addr.to_string();
+    let mut l = liar("liar", &addr, "1.0")?;
+    t.injected("worker reporting wrong counts on every job");
+    let mut h1 = worker("honest-1", &addr, &["--threads", "1"])?;
+    let mut h2 = worker("honest-2", &addr, &["--threads", "1"])?;
+
+    // Refused after its limit, with its own exit status and a message.
+    let status = l.wait().await?;
+    let out = l.output();
+    ensure!(
+        status.code() == Some(LIAR_REFUSED),
+        "the liar exited with {status}, not as refused:\n{out}"
+    );
+    ensure!(
+        out.contains("PERMISSION_DENIED"),
+        "the liar was not refused with PERMISSION_DENIED:\n{out}"
+    );
+    let lies = l.lines_containing("lied=true").len();
+    ensure!(lies > 0, "the liar reported nothing:\n{out}");
+
+    let report = coord.finish().await?;
+    report.check_exact()?;
+    h1.success().await?;
+    h2.success().await?;
+    // Named in report.json, with its address, its lost conflicts and its ban.
+    let entry = faulty(&report, "liar")?;
+    ensure!(
+        entry["address"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("127.0.0.1")),
+        "the liar's address is not 127.0.0.1: {entry}"
+    );
+    ensure!(
+        entry["lost"].as_u64().is_some_and(|n| n >= 2) && entry["banned"] == true,
+        "the liar did not lose 2 conflicts and get banned: {entry}"
+    );
+    for honest in ["honest-1", "honest-2"] {
+        ensure!(
+            faulty(&report, honest).is_err(),
+            "an honest worker is listed as faulty: {}",
+            report.json
+        );
+    }
+    // And named in the coordinator's log.
+    let log = coord.proc.output();
+    ensure!(
+        log.lines().any(|l| {
+            let l = l.to_lowercase();
+            l.contains("liar") && (l.contains("conflict") || l.contains("refused"))
+        }),
+        "no log line names the liar in a conflict or refusal:\n{log}"
+    );
+    t.note(format!(
+        "the liar reported {lies} wrong results before PERMISSION_DENIED; \
+         faulty_workers: {entry}"
+    ));
+    Ok(report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_lying_on_every_job_is_caught_by_a_5_percent_spot_check() -> Result<()> {
+    let mut t = Trial::start("lying-worker-spot-check")?;
+    let r = within(LIMIT, "liar, --verify 0.05", liar_spot_check(&mut t)).await;
+    t.finish(r)
+}
+
+async fn liar_spot_check(t: &mut Trial) -> Result<Report> {
+    // The liar alone completes SOLO jobs before anyone else joins. Each job
+    // is a verification candidate with probability 0.05, so the chance that
+    // none of its jobs is checked is at most 0.95^200 ≈ 3.5e-5 (if the
+    // coordinator picks each job independently). If it instead picks exactly
+    // 5% of the 1367 jobs (68) at random, the chance that all 68 miss the
+    // liar's 200 is C(1167,68)/C(1367,68) ≈ 1.6e-5. It goes on lying after
+    // the honest workers join, so the true chance is smaller still.
+    const SOLO: u64 = 200;
+    let tmp = tempfile::tempdir()?;
+    let args = [
+        "--n",
+        "16",
+        "--split",
+        "0:2",
+        "--jobs",
+        "1000",
+        "--local-threads",
+        "0",
+        "--verify",
+        "0.05",
+    ];
+    let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    let addr = coord.addr.to_string();
+    let mut l = liar("liar", &addr, "1.0")?;
+    t.injected("worker reporting wrong counts on every job");
+    for _ in 0..SOLO {
+        l.line_containing("reported job=").await?;
+    }
+    let mut h1 = worker("honest-1", &addr, &["--threads", "1"])?;
+    let mut h2 = worker("honest-2", &addr, &["--threads", "1"])?;
+    let report = coord.finish().await?;
+    report.check_exact()?;
+    h1.success().await?;
+    h2.success().await?;
+    let entry = faulty(&report, "liar")?;
+    ensure!(
+        entry["lost"].as_u64().is_some_and(|n| n >= 1),
+        "the liar lost no conflict: {entry}"
+    );
+    // It either heard that the run is over or was banned; nothing else.
+    let status = l.wait().await?;
+    ensure!(
+        matches!(status.code(), Some(0 | LIAR_REFUSED)),
+        "the liar exited with {status}:\n{}",
+        l.output()
+    );
+    t.note(format!(
+        "the liar reported {} wrong results ({SOLO} before any honest worker \
+         joined); faulty_workers: {entry}",
+        l.lines_containing("lied=true").len()
+    ));
+    Ok(report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_not_bound_to_a_lease_of_this_worker_job_and_run_are_refused()
+-> Result<()> {
+    let mut t = Trial::start("forged-reports")?;
+    let r = within(LIMIT, "forged reports", forged_reports(&mut t)).await;
+    t.finish(r)
+}
+
+/// Sends `chunk` and requires PERMISSION_DENIED.
+async fn refused(
+    t: &mut Trial,
+    w: &mut ProtocolWorker,
+    what: &str,
+    chunk: nq_proto::pb::ReportChunk,
+) -> Result<()> {
+    match w.send(chunk).await {
+        Err(s) if s.code() == Code::PermissionDenied => {
+            t.injected(what);
+            Ok(())
+        }
+        Err(s) => bail!(
+            "{what}: refused with {:?} ({}), not PERMISSION_DENIED",
+            s.code(),
+            s.message()
+        ),
+        Ok(ack) => bail!("{what}: accepted ({:?})", ack.outcome()),
+    }
+}
+
+async fn forged_reports(t: &mut Trial) -> Result<Report> {
+    let tmp = tempfile::tempdir()?;
+    // Verification off, so that every confirmation would come from a report
+    // that should have been refused; leases far longer than the test.
+    let args = [
+        "--n",
+        "12",
+        "--local-threads",
+        "0",
+        "--verify",
+        "0",
+        "--lease-ttl",
+        "5m",
+    ];
+    let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    let mut honest = ProtocolWorker::register(coord.addr, "honest").await?;
+    let mut thief = ProtocolWorker::register(coord.addr, "thief").await?;
+    let job = honest.lease_one().await?.context("no job for honest")?;
+    let other = thief.lease_one().await?.context("no job for thief")?;
+    let (counts, kernel) = honest.solve(&job)?;
+    let (other_counts, other_kernel) = thief.solve(&other)?;
+
+    // Every forgery carries the TRUE counts: only the binding can refuse it.
+    let mut c = honest.result_chunk(&job, &counts, kernel);
+    // A lease id the coordinator never issued: its own plus a large odd
+    // offset, so it differs from every lease of this short session.
+    c.lease_id = job.lease_id ^ 0x5a5a_0000_0000_0001;
+    refused(t, &mut honest, "report under a made-up lease id", c).await?;
+
+    let mut c = honest.result_chunk(&other, &other_counts, other_kernel);
+    c.lease_id = job.lease_id;
+    refused(
+        t,
+        &mut honest,
+        "report of a job never leased to the sender",
+        c,
+    )
+    .await?;
+
+    let mut c = honest.result_chunk(&job, &counts, kernel);
+    c.run_id = format!("{}-another-run", honest.run_id);
+    refused(t, &mut honest, "report carrying another run's id", c).await?;
+
+    let mut c = thief.result_chunk(&job, &counts, kernel);
+    c.lease_id = job.lease_id;
+    refused(
+        t,
+        &mut thief,
+        "report under another worker's valid lease",
+        c,
+    )
+    .await?;
+
+    // Nothing was stored: the genuine reports are first results, not
+    // confirmations of a forged one.
+    let ack = honest
+        .send(honest.result_chunk(&job, &counts, kernel))
+        .await?;
+    ensure!(
+        ack.outcome() == nq_proto::pb::report_ack::Outcome::Accepted,
+        "the genuine report of a forged job was {:?}, not accepted",
+        ack.outcome()
+    );
+    let ack = thief
+        .send(thief.result_chunk(&other, &other_counts, other_kernel))
+        .await?;
+    ensure!(
+        ack.outcome() == nq_proto::pb::report_ack::Outcome::Accepted,
+        "the thief's own job was {:?}, not accepted",
+        ack.outcome()
+    );
+    let mut w = worker("finisher", &coord.addr.to_string(), &["--threads", "1"])?;
+    let report = coord.finish().await?;
+    report.check_published()?;
+    w.success().await?;
+    ensure!(
+        report.json["confirmations"] == 0,
+        "a refused report was counted as a confirmation: {}",
+        report.json
+    );
+    let log = coord.proc.output();
+    let logged = log
+        .lines()
+        .filter(|l| l.contains("127.0.0.1") && l.to_lowercase().contains("denied"))
+        .count();
+    t.note(format!(
+        "4 forged reports with true counts, each PERMISSION_DENIED; the genuine \
+         reports were then accepted as first results; {logged} refusals logged \
+         with the peer address"
+    ));
+    Ok(report)
+}
