@@ -100,6 +100,14 @@ pub const FAULTS: &[Fault] = &[
                worker's valid lease: each must get PERMISSION_DENIED and change \
                nothing.",
     },
+    Fault {
+        id: "worker-moved-between-runs",
+        fault: "An honest worker moved from a killed run to a new run on the same address",
+        done: "N=16. `kill -9` run A's coordinator while its worker holds a result it \
+               could not deliver, then start run B (another data directory) on the \
+               same address. The worker must send run B nothing of run A, and run B \
+               must count exactly with no confirmation or conflict.",
+    },
 ];
 
 /// The fault with this id.
@@ -189,9 +197,16 @@ impl Trial {
         let (exact, outcome) = match &result {
             Ok(r) => (true, exact_outcome(r)),
             Err(e) => {
-                let first = format!("{e:#}");
-                let first = first.lines().next().unwrap_or("").to_owned();
-                (false, format!("FAILED: {first}"))
+                // The error's first two lines name the failure; what follows
+                // is usually a process's whole output.
+                let text = format!("{e:#}");
+                let head: Vec<&str> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .take(2)
+                    .collect();
+                (false, format!("FAILED: {}", head.join(" ")))
             }
         };
         let row = json!({

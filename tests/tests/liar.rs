@@ -312,3 +312,78 @@ async fn forged_reports(t: &mut Trial) -> Result<Report> {
     ));
     Ok(report)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_moved_to_a_new_run_sends_nothing_from_the_old_one() -> Result<()> {
+    let mut t = Trial::start("worker-moved-between-runs")?;
+    let r = within(
+        LIMIT,
+        "worker moved between runs",
+        moved_between_runs(&mut t),
+    )
+    .await;
+    t.finish(r)
+}
+
+async fn moved_between_runs(t: &mut Trial) -> Result<Report> {
+    let tmp = tempfile::tempdir()?;
+    let args = [
+        "--n",
+        "16",
+        "--split",
+        "0:1",
+        "--jobs",
+        "100",
+        "--local-threads",
+        "0",
+    ];
+    let mut a = Coord::ephemeral(&tmp.path().join("run-a"), &args).await?;
+    let addr = a.addr.to_string();
+    let mut w = worker("mover", &addr, &["--threads", "2"])?;
+    let line = w.line_containing("registered").await?;
+    let run_a = nq_e2e::log_field(&line, "run")
+        .map(str::to_owned)
+        .with_context(|| format!("no run id in {line:?}"))?;
+    w.line_containing("job reported").await?;
+    a.proc.kill().await?;
+    t.injected("SIGKILL of run A's coordinator while the worker computes for it");
+    // The worker now holds a result of run A that it could not deliver.
+    w.line_containing("report failed; retrying").await?;
+    // Run B: another data directory, the same address and shape.
+    let mut b = Coord::start(&tmp.path().join("run-b"), &addr, &args).await?;
+    t.injected("a new run B started on run A's address");
+    let line = w.line_containing("registered").await?;
+    let run_b = nq_e2e::log_field(&line, "run")
+        .unwrap_or_default()
+        .to_owned();
+    ensure!(run_b != run_a, "run B has run A's id {run_a}");
+    let report = b.finish().await?;
+    report.check_published()?;
+    w.success().await?;
+    ensure!(
+        report.json["confirmations"] == 0,
+        "run B confirmed a result it never leased: {}",
+        report.json
+    );
+    // Nothing of run A reached run B: no line of B names run A, and the
+    // worker had no report refused (it dropped them itself).
+    let log_b = b.proc.output();
+    ensure!(
+        !log_b.contains(&run_a),
+        "run B's coordinator saw run A ({run_a}):\n{log_b}"
+    );
+    let refused = w
+        .lines_containing("report of a dropped lease refused")
+        .len()
+        + w.lines_containing("rejected this job's report").len();
+    ensure!(
+        refused == 0,
+        "the worker sent run A's results to run B ({refused} refused):\n{}",
+        w.output()
+    );
+    t.note(format!(
+        "run A {run_a} was killed with an undelivered result; run B {run_b} on the \
+         same address counted exactly and saw nothing of run A"
+    ));
+    Ok(report)
+}

@@ -11,6 +11,7 @@
 //! table is never committed by accident.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -28,8 +29,17 @@ struct Args {
     rows: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    match try_main(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nq-reliability: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_main(args: Args) -> Result<()> {
     let dir = match args.rows {
         Some(d) => d,
         None => rows_dir()?,
