@@ -49,6 +49,17 @@ async fn lines(p: &mut Proc, needle: &str, k: u64) -> Result<()> {
     Ok(())
 }
 
+/// Whether a coordinator log line is about the worker registered as `id`
+/// under `name`: its `worker` field is the id, or (for coordinators that log
+/// a worker's identity as `name@ip`) that identity.
+fn about(line: &str, id: &str, name: &str) -> bool {
+    log_field(line, "worker").is_some_and(|w| {
+        w == id
+            || w.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('@'))
+    })
+}
+
 /// The worker id a worker process got at its (last seen) registration.
 async fn registered_id(w: &mut Proc) -> Result<String> {
     let line = w.line_containing("registered").await?;
@@ -183,7 +194,7 @@ async fn worker_sigstop(t: &mut Trial) -> Result<Report> {
     let mut other = worker("other", &addr, &["--threads", "1"])?;
     let line = coord
         .proc
-        .line(|_, l| l.contains(EXPIRED) && log_field(l, "worker") == Some(id.as_str()))
+        .line(|_, l| l.contains(EXPIRED) && about(l, &id, "frozen"))
         .await?;
     let job = log_field(&line, "job")
         .map(str::to_owned)
@@ -199,7 +210,7 @@ async fn worker_sigstop(t: &mut Trial) -> Result<Report> {
         .proc
         .lines_containing(EXPIRED)
         .iter()
-        .filter(|l| log_field(l, "worker") == Some(id.as_str()))
+        .filter(|l| about(l, &id, "frozen"))
         .filter_map(|l| log_field(l, "job").map(str::to_owned))
         .collect();
     let held: BTreeSet<String> = frozen
@@ -282,9 +293,7 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
             t.injected(STALL);
             coord
                 .proc
-                .line(|_, l| {
-                    l.contains(EXPIRED) && log_field(l, "worker") == Some(id.as_str())
-                })
+                .line(|_, l| l.contains(EXPIRED) && about(l, &id, "flaky"))
                 .await?;
             proxy.resume();
         }
