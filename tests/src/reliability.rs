@@ -209,8 +209,17 @@ impl Trial {
                 (false, format!("FAILED: {}", head.join(" ")))
             }
         };
+        let dir = rows_dir()?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(format!("{}.json", self.fault.id));
+        // The tallies of earlier runs on this machine (since the target
+        // directory was last cleaned): how often the fault was tried.
+        let (runs, exact_runs) = earlier_runs(&path);
         let row = json!({
             "fault": self.fault.id,
+            "runs": runs + 1,
+            "exact_runs": exact_runs + u64::from(exact),
             "test": self.test,
             "seed": self.seed.map(|s| format!("{s:#x}")),
             "injections": self
@@ -222,14 +231,23 @@ impl Trial {
             "outcome": outcome,
             "notes": self.notes,
         });
-        let dir = rows_dir()?;
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-        let path = dir.join(format!("{}.json", self.fault.id));
         std::fs::write(&path, format!("{row:#}\n"))
             .with_context(|| format!("cannot write {}", path.display()))?;
         result.map(|_| ())
     }
+}
+
+/// `(runs, exact runs)` recorded in the row at `path` so far; `(0, 0)` when
+/// there is none (or it cannot be read: the tally restarts).
+fn earlier_runs(path: &Path) -> (u64, u64) {
+    let Some(v) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    else {
+        return (0, 0);
+    };
+    let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    (n("runs"), n("exact_runs"))
 }
 
 /// The outcome column of a run whose counts the test found exact.
@@ -277,6 +295,10 @@ pub struct Row {
     pub outcome: String,
     /// Remarks.
     pub notes: Vec<String>,
+    /// Runs recorded on this machine, the last one included.
+    pub runs: u64,
+    /// How many of them were exact.
+    pub exact_runs: u64,
 }
 
 /// Reads every row in `dir` whose fault is in [`FAULTS`], by fault id.
@@ -327,6 +349,8 @@ pub fn read_rows(dir: &Path) -> Result<BTreeMap<String, Row>> {
                         .collect()
                 })
                 .unwrap_or_default(),
+            runs: v.get("runs").and_then(|n| n.as_u64()).unwrap_or(1),
+            exact_runs: v.get("exact_runs").and_then(|n| n.as_u64()).unwrap_or(0),
         };
         if fault(&row.fault).is_some() {
             rows.insert(row.fault.clone(), row);
@@ -360,8 +384,10 @@ pub fn render(rows: &BTreeMap<String, Row>) -> String {
          values (OEIS A000170 and A002562).\n\n\
          Fault moments are random but seeded: a test prints its seed, and \
          `NQ_FAULT_SEED=<seed> cargo test -p nq-e2e <test>` replays it.\n\n\
-         | Fault | What the test does | Injected (last run) | Outcome (last run) | Test |\n\
-         |---|---|---|---|---|\n",
+         The runs column counts the runs recorded in the `target/` directory \
+         that this file was rendered from, and how many of them were exact.\n\n\
+         | Fault | What the test does | Injected (last run) | Outcome (last run) | Runs (exact) | Test |\n\
+         |---|---|---|---|---|---|\n",
     );
     for f in FAULTS {
         let row = rows.get(f.id);
@@ -381,13 +407,16 @@ pub fn render(rows: &BTreeMap<String, Row>) -> String {
         );
         let outcome = row.map_or("not run", |r| r.outcome.as_str());
         let test = row.map_or(String::new(), |r| format!("`{}`", r.test));
+        let runs =
+            row.map_or("0".to_owned(), |r| format!("{} ({})", r.runs, r.exact_runs));
         out.push_str(&format!(
-            "| `{}`: {} | {} | {} | {} | {} |\n",
+            "| `{}`: {} | {} | {} | {} | {} | {} |\n",
             f.id,
             cell(f.fault),
             cell(f.done),
             cell(&injected),
             cell(outcome),
+            runs,
             cell(&test)
         ));
     }
@@ -419,8 +448,8 @@ pub fn table_rows(markdown: &str) -> Vec<(String, String)> {
         .filter_map(|line| {
             let rest = line.strip_prefix("| `")?;
             let id = rest.split('`').next()?.to_owned();
-            // Cells: fault, what, injected, outcome, test (split on unescaped
-            // bars; cells escape theirs as `\|`).
+            // Cells: fault, what, injected, outcome, runs, test (split on
+            // unescaped bars; cells escape theirs as `\|`).
             let cells: Vec<&str> = split_cells(line);
             let outcome = cells.get(3)?.trim().to_owned();
             Some((id, outcome))
@@ -498,6 +527,8 @@ mod tests {
                 exact: true,
                 outcome: "exact: fine".into(),
                 notes: vec!["n".into()],
+                runs: 4,
+                exact_runs: 3,
             },
         );
         let md = render(&rows);
@@ -510,6 +541,7 @@ mod tests {
             .unwrap();
         assert_eq!(g.1, "exact: fine");
         assert!(md.contains("3 × a \\| b"));
+        assert!(md.contains("| 4 (3) |"));
         assert!(check_complete(&rows).is_err());
     }
 
