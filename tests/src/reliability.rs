@@ -73,6 +73,7 @@ pub const FAULTS: &[Fault] = &[
         id: "garbage-traffic",
         fault: "Garbage bytes and oversized messages on the coordinator's port",
         done: "During a run: connections that send seeded random bytes, \
+               connections that send the HTTP/2 preface and then random frames, \
                half-open HTTP/2 connections that send the preface and then \
                nothing, and a gRPC message larger than \
                `nq_proto::MAX_MESSAGE_BYTES`.",

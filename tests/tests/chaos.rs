@@ -348,6 +348,17 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
         t.injected("connection sending random bytes");
         sizes.push(len);
     }
+    // A valid preface, then random bytes where HTTP/2 frames should be: the
+    // server must end the connection (a protocol error), not the run.
+    for _ in 0..5 {
+        let len = usize::try_from(rng.range(1, 16 * 1024))?;
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(PREFACE).await?;
+        let _ = s.write_all(&rng.bytes(len)).await;
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink).await;
+        t.injected("HTTP/2 preface followed by random frames");
+    }
     // Half-open HTTP/2: a valid preface, then silence, held open until the
     // run is over; the coordinator must neither wait for them nor hang on
     // them at shutdown.
@@ -407,5 +418,14 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
         err.code(),
         err2.code()
     ));
+    // An observation, not a requirement: silent connections can hold the
+    // coordinator's exit until its shutdown grace runs out.
+    let held = "in-flight requests did not finish in time";
+    if !coord.proc.lines_containing(held).is_empty() {
+        t.note(format!(
+            "the half-open connections held the coordinator's exit until its \
+             shutdown grace ran out (it logged \"{held}\")"
+        ));
+    }
     Ok(report)
 }
