@@ -10,7 +10,7 @@
 # every check even after a failure, then prints PASS or FAIL and exits 1 on
 # any failure. Needs root (the entry test uses namespaces and chroot).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 # The Kubernetes versions the manifests are validated against: the oldest
 # the manifests are meant for (native gRPC probes are GA since 1.27), and the
@@ -29,10 +29,13 @@ step "tools (pip install -r $REQS into $VENV)"
 stamp="$VENV/.requirements"
 if ! cmp -s "$REQS" "$stamp" 2>/dev/null; then
     rm -rf "$VENV"
-    python3 -m venv "$VENV" &&
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQS" &&
-        cp "$REQS" "$stamp" ||
-        { echo "FAIL: could not install the tools of $REQS"; exit 1; }
+    if ! { python3 -m venv "$VENV" &&
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQS"; }; then
+        echo "FAIL: could not install the tools of $REQS"
+        echo "deploy: FAIL"
+        exit 1
+    fi
+    cp "$REQS" "$stamp"
 fi
 PY="$VENV/bin/python"
 "$VENV/bin/kubernetes-validate" --version
@@ -43,7 +46,10 @@ step "kubernetes-validate --strict (Kubernetes ${K8S_VERSIONS[*]}) on deploy/k8s
 # Every manifest, examples included; not kustomization.yaml, which is no
 # Kubernetes object (deploy_lint.py checks it). An object of a kind with no
 # schema only warns, so a warning fails too.
-mapfile -t manifests < <(ls deploy/k8s/*.yaml | grep -v '/kustomization.yaml$')
+manifests=()
+for f in deploy/k8s/*.yaml; do
+    [ "$f" = deploy/k8s/kustomization.yaml ] || manifests+=("$f")
+done
 ok=1
 for v in "${K8S_VERSIONS[@]}"; do
     out=$("$VENV/bin/kubernetes-validate" --strict --kubernetes-version "$v" "${manifests[@]}" 2>&1)
@@ -51,7 +57,7 @@ for v in "${K8S_VERSIONS[@]}"; do
     echo "$out"
     if [ $rc -ne 0 ] || grep -qv '^INFO ' <<<"$out"; then ok=0; fi
 done
-[ $ok = 1 ] && pass "kubernetes-validate" || fail "kubernetes-validate"
+if [ $ok = 1 ]; then pass "kubernetes-validate"; else fail "kubernetes-validate"; fi
 
 step "kustomize build (kubectl kustomize, where kubectl is installed)"
 if command -v kubectl >/dev/null 2>&1; then
@@ -91,11 +97,10 @@ step "consistency of deploy/ (.ci/deploy_lint.py)"
 if "$PY" .ci/deploy_lint.py; then pass "deploy_lint"; else fail "deploy_lint"; fi
 
 step "entry commands as plain processes (.ci/deploy_entry.py)"
-if [ ! -x target/debug/nq-coord ] || [ ! -x target/debug/nq-worker ]; then
-    cargo build --locked -p nq-coord -p nq-worker ||
-        fail "cargo build -p nq-coord -p nq-worker"
-fi
-if "$PY" .ci/deploy_entry.py --bin target/debug; then
+# A no-op after `cargo test --workspace`; never tests stale binaries.
+if ! cargo build --locked -p nq-coord -p nq-worker; then
+    fail "cargo build -p nq-coord -p nq-worker"
+elif "$PY" .ci/deploy_entry.py --bin target/debug; then
     pass "entry commands"
 else
     fail "entry commands"
