@@ -311,7 +311,8 @@ def health(jail: Jail, name: str, cmd: list[str], workdir: str, want_ok: bool) -
         raise Failure(f"{name} {shlex.join(cmd)} exited {p.returncode} while serving: {said}")
     if not want_ok and p.returncode == 0:
         raise Failure(f"{name} {shlex.join(cmd)} exited 0 with no coordinator: {said}")
-    print(f"  ok: {name} `{shlex.join(cmd)}` exits {p.returncode} ({said.splitlines()[-1]})")
+    last = said.splitlines()[-1] if said else "no output"
+    print(f"  ok: {name} `{shlex.join(cmd)}` exits {p.returncode} ({last})")
 
 
 def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
