@@ -13,9 +13,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # The Kubernetes versions the manifests are validated against: the oldest
-# the manifests are meant for (native gRPC probes are GA since 1.27), and the
-# newest that kubernetes-validate 1.37.0 ships.
-K8S_VERSIONS=(1.30 1.37)
+# they are meant for (native gRPC probes are GA since 1.27; deploy/README.md
+# says so), and the newest that kubernetes-validate 1.37.0 ships.
+K8S_VERSIONS=(1.27 1.37)
 VENV=target/deploy-venv
 REQS=.ci/deploy-requirements.txt
 
