@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::progress::Progress;
+use crate::quorum::{DEFAULT_BAN_AFTER, Fraction};
 
 /// Default lease lifetime: long enough that a busy worker's heartbeat (every
 /// TTL/3) never misses, short enough that a lost worker's jobs return soon.
@@ -66,6 +67,11 @@ pub struct Config {
     pub progress: Option<watch::Sender<Progress>>,
     /// Log an `info!` progress line this often when set.
     pub progress_log: Option<Duration>,
+    /// How many jobs are computed twice by different workers (see
+    /// [`crate::quorum`]).
+    pub verify: Fraction,
+    /// Lost verification conflicts after which a worker is refused.
+    pub ban_after: u32,
 }
 
 impl Config {
@@ -91,6 +97,8 @@ impl Config {
             cache_bytes: nq_store::DEFAULT_CACHE_BYTES,
             progress: None,
             progress_log: None,
+            verify: Fraction::Auto,
+            ban_after: DEFAULT_BAN_AFTER,
         })
     }
 
@@ -125,6 +133,32 @@ pub fn default_split(board: Board) -> SplitSpec {
 pub fn default_target_jobs(board: Board) -> u64 {
     let extra = u32::from(board.n().saturating_sub(16)).min(12);
     256 << extra
+}
+
+/// Parses `--verify`: `auto`, or a share of the jobs from 0 to 1 (`0.05`, or
+/// a percentage such as `5%`).
+///
+/// # Errors
+///
+/// [`Error::Option`] naming the accepted forms.
+pub fn parse_verify(input: &str) -> Result<Fraction> {
+    let bad = || Error::Option {
+        option: "--verify",
+        value: input.to_owned(),
+        accepted: "`auto`, or a share of the jobs from 0 to 1 such as 0.05 or 5%",
+    };
+    let s = input.trim();
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(Fraction::Auto);
+    }
+    let share = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map_err(|_| bad())? / 100.0,
+        None => s.parse::<f64>().map_err(|_| bad())?,
+    };
+    if !(0.0..=1.0).contains(&share) {
+        return Err(bad());
+    }
+    Ok(Fraction::Fixed(share))
 }
 
 /// Parses a split specification `RING:EXTRA`, e.g. `1:0`.

@@ -95,22 +95,23 @@ pub enum Error {
         /// Number of jobs in the run.
         jobs: u64,
     },
-    /// A report names a live lease of another job.
-    #[error("lease {lease} belongs to job {leased}, not to job {job}")]
-    LeaseMismatch {
-        /// The lease received.
-        lease: LeaseId,
-        /// The job the report is for.
+    /// A call the coordinator refuses: a report not bound to a lease it
+    /// issued, or a worker banned by verification. It changes nothing.
+    #[error("refused: {0}")]
+    Refused(Refusal),
+    /// A stored result whose counts do not add up to its stored tally, or do
+    /// not fit its job: the data directory was damaged.
+    #[error(
+        "the stored result of job {job} does not add up (its counts and its          tally disagree): the data directory is damaged; restore it from a          backup, or run `nq-coord audit` on it to see every job's result"
+    )]
+    DamagedResult {
+        /// The job.
         job: JobId,
-        /// The job the lease was granted for.
-        leased: JobId,
     },
-    /// A report names a lease that this session never granted.
-    #[error("lease {lease} was never granted by this coordinator")]
-    UnknownLease {
-        /// The lease received.
-        lease: LeaseId,
-    },
+    /// Verification replaced a result that was not counted: the ledger's
+    /// and the scheduler's views of a job differ. Never expected.
+    #[error("a replaced result was not counted before (internal inconsistency)")]
+    Uncounted,
     /// A report that breaks the protocol or whose counts are impossible. It
     /// changes nothing.
     #[error("report for job {job} rejected: {fault}")]
@@ -197,6 +198,82 @@ pub enum Error {
     Format(#[from] nq_core::notation::FormatError),
 }
 
+/// Why a call is refused ([`Error::Refused`], `PERMISSION_DENIED` on the
+/// wire). Every refusal is logged with the caller's address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The lease was not issued by this coordinator session (made up, or of
+    /// a session before a restart: the job is computed again).
+    UnknownLease {
+        /// The lease received.
+        lease: LeaseId,
+    },
+    /// The lease was issued for another job.
+    LeaseOfAnotherJob {
+        /// The lease received.
+        lease: LeaseId,
+        /// The job the report is for.
+        job: JobId,
+        /// The job the lease was issued for.
+        leased: JobId,
+    },
+    /// The lease was issued to another worker.
+    LeaseOfAnotherWorker {
+        /// The lease received.
+        lease: LeaseId,
+    },
+    /// The report belongs to another run.
+    OtherRun {
+        /// The run id in the report.
+        got: String,
+        /// This coordinator's run.
+        run: String,
+    },
+    /// The worker lost too many verification conflicts.
+    Banned {
+        /// Its identity (`name@address`).
+        identity: String,
+        /// Conflicts it lost.
+        lost: u32,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::UnknownLease { lease } => write!(
+                f,
+                "lease {lease} was not issued by this coordinator session; a report \
+                 must carry the lease its job was handed out under (after a \
+                 coordinator restart, old leases are void and their jobs are \
+                 computed again)"
+            ),
+            Refusal::LeaseOfAnotherJob { lease, job, leased } => {
+                write!(
+                    f,
+                    "lease {lease} was issued for job {leased}, not job {job}"
+                )
+            }
+            Refusal::LeaseOfAnotherWorker { lease } => write!(
+                f,
+                "lease {lease} was issued to another worker; report under your own worker id"
+            ),
+            Refusal::OtherRun { got, run } => write!(
+                f,
+                "the report is for run {got:?}, but this coordinator serves run {run:?}; \
+                 drop results of other runs and register again"
+            ),
+            Refusal::Banned { identity, lost } => write!(
+                f,
+                "worker {identity} lost {lost} verification conflicts (its results \
+                 disagreed with the majority) and gets no more work; check its \
+                 hardware (memory, CPU) before it joins a run again"
+            ),
+        }
+    }
+}
+
 /// What is wrong with a rejected report.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -214,6 +291,13 @@ pub enum ReportFault {
         sub: usize,
         /// The invariant that failed.
         source: nq_core::Error,
+    },
+    /// The job's counts add up to more solutions than the board has.
+    AbovePublished {
+        /// The job's contribution to the total.
+        total: u128,
+        /// The published total of the board (OEIS A000170).
+        published: u128,
     },
     /// The stream ended without a result chunk.
     MissingResult,
@@ -279,6 +363,11 @@ impl fmt::Display for ReportFault {
             ReportFault::Counts { sub, source } => {
                 write!(f, "sub-problem {sub}: {source}")
             }
+            ReportFault::AbovePublished { total, published } => write!(
+                f,
+                "the job's counts add up to {total} solutions, more than the board's \
+                 published total of {published}"
+            ),
             ReportFault::MissingResult => {
                 write!(f, "the stream ended without a result chunk")
             }

@@ -13,9 +13,6 @@ use std::time::Instant;
 
 use nq_store::JobId;
 
-/// Bits of a [`LeaseId`] that count leases within one session.
-const COUNTER_BITS: u32 = 40;
-
 /// Identifies one grant of one job. Distinct from [`JobId`], so the two cannot
 /// be mixed up:
 ///
@@ -28,26 +25,9 @@ const COUNTER_BITS: u32 = 40;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u64);
 
-impl LeaseId {
-    /// The lease number `counter` of session `session`.
-    pub fn new(session: u64, counter: u64) -> LeaseId {
-        LeaseId(session << COUNTER_BITS | (counter & ((1 << COUNTER_BITS) - 1)))
-    }
-
-    /// The session that granted the lease.
-    pub fn session(self) -> u64 {
-        self.0 >> COUNTER_BITS
-    }
-
-    /// The lease's number within its session.
-    pub fn counter(self) -> u64 {
-        self.0 & ((1 << COUNTER_BITS) - 1)
-    }
-}
-
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.session(), self.counter())
+        write!(f, "{:016x}", self.0)
     }
 }
 
@@ -138,7 +118,9 @@ impl LeaseTable {
             .collect();
         let mut out: Vec<Lease> =
             ids.iter().filter_map(|id| self.live.remove(id)).collect();
-        out.sort_by_key(|l| l.id);
+        // Oldest deadline first (lease ids are random, so they say nothing
+        // of age); ties in job order, which is the order they were granted in.
+        out.sort_by_key(|l| (l.deadline, l.job));
         out
     }
 
@@ -158,14 +140,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    #[test]
-    fn lease_ids_carry_their_session() {
-        let id = LeaseId::new(3, 17);
-        assert_eq!((id.session(), id.counter()), (3, 17));
-        assert_eq!(id.to_string(), "3.17");
-        assert_ne!(LeaseId::new(1, 5), LeaseId::new(2, 5));
-    }
 
     #[test]
     fn only_the_holder_renews_and_expiry_takes_the_late() {

@@ -1,33 +1,41 @@
-//! The checked path every result takes, remote or local: verify, then commit.
+//! The checked path every result takes, remote or local: admit, check,
+//! judge, commit.
 //!
-//! 1. [`verify`] checks a report against the stored job: one `SubCounts` per
-//!    sub-problem, each passing `SubProblem::check`, and in solutions mode as
-//!    many valid, ordered solutions per sub-problem as its count says. It folds
-//!    the counts into the job's [`Tally`].
-//! 2. [`Session::commit`](crate::session::Session::commit) queues the verified
-//!    result for the [`committer`], ONE task that owns every write of results.
-//!    It takes all the results queued while the previous flush ran, decides
-//!    each one (first result → accepted; repeat → compared with the stored
-//!    result, a confirmation or a conflict), applies them, flushes ONCE, and
+//! 1. Admission ([`Scheduler::check_report`](crate::scheduler::Scheduler::check_report),
+//!    called by the service before it reads a stream): the report is bound to
+//!    a lease this session issued, to its worker, for its job, in this run.
+//! 2. [`verify`] checks a report against the stored job: one `SubCounts` per
+//!    sub-problem, each passing `SubProblem::check` (invariants and bounds),
+//!    and in solutions mode as many valid, ordered solutions per sub-problem
+//!    as its count says. It folds the counts into the copy's [`Tally`].
+//! 3. [`Session::commit`](crate::session::Session::commit) queues the checked
+//!    copy for the [`committer`], ONE task that owns every write of results.
+//!    It judges each copy with the job's stored copies by the rules of
+//!    [`crate::quorum`] (settled or another copy wanted, which copy counts,
+//!    who lost a conflict), writes, flushes ONCE for the whole group, and
 //!    only then updates the scheduler and acknowledges. That is group commit:
 //!    one disk sync per batch instead of per result.
+//! 4. A copy that discredits a worker (its first lost conflict, or its ban)
+//!    makes the committer judge again every job that worker voted for, so
+//!    none of its unverified results stays counted without a second vote.
 //!
 //! Because the committer is the only writer of results and decides in queue
-//! order, two reports of one job can never both be accepted.
+//! order, no copy is ever counted twice.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use nq_core::split::{SubCounts, SubProblem, Tally};
-use nq_store::{CommitBatch, Duplicate, DuplicateKind, JobId, StoredResult};
+use nq_store::{CommitBatch, Duplicate, DuplicateKind, JobId, JobState, StoredResult};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info};
+use tracing::{debug, error, info, warn};
 
 use crate::error::{Error, ReportFault, Result};
 use crate::lease::LeaseId;
-use crate::scheduler::Outcome;
-use crate::session::Session;
+use crate::quorum::{Vote, judge};
+use crate::scheduler::{Fallout, Issued, Outcome, Scheduler, Settlement};
+use crate::session::{Session, unix_ms};
 
 /// Most results applied under one flush.
 const MAX_GROUP: usize = 2048;
@@ -45,6 +53,10 @@ pub(crate) struct Report {
     /// Solutions received per sub-problem (solutions mode), from the
     /// [`SolutionWriter`].
     pub(crate) listed: Option<Vec<u64>>,
+    /// The kernel that counted, as reported.
+    pub(crate) kernel: String,
+    /// The lease as issued (from admission).
+    pub(crate) issued: Issued,
 }
 
 /// A report that passed every check, with its contribution to the totals.
@@ -52,6 +64,8 @@ pub(crate) struct Report {
 pub(crate) struct Verified {
     pub(crate) job: JobId,
     pub(crate) lease: LeaseId,
+    /// True when the coordinator's own threads computed it.
+    pub(crate) local: bool,
     pub(crate) result: StoredResult,
 }
 
@@ -77,7 +91,6 @@ pub(crate) fn verify(
 ) -> Result<Verified> {
     let job = report.job;
     let bad = |fault| Error::BadReport { job, fault };
-    session.sched().check_report(job, report.lease)?;
     if report.counts.len() != subs.len() {
         return Err(bad(ReportFault::CountsLength {
             expected: subs.len(),
@@ -124,9 +137,25 @@ pub(crate) fn verify(
             0
         }
     };
+    // A job's copies must agree with the published total where one is
+    // known: no single job can hold more solutions than the whole board.
+    if let Some((total, _)) = nq_core::published::published(session.shape.board.n())
+        && tally.total > total
+    {
+        return Err(bad(ReportFault::AbovePublished {
+            total: tally.total,
+            published: total,
+        }));
+    }
+    let identity = session
+        .sched()
+        .identities()
+        .name(report.issued.identity)
+        .to_owned();
     Ok(Verified {
         job,
         lease: report.lease,
+        local: report.issued.local,
         result: StoredResult {
             counts: report.counts,
             solutions,
@@ -134,6 +163,9 @@ pub(crate) fn verify(
             nodes: report.nodes,
             worker: report.worker,
             lease: report.lease.0,
+            identity,
+            kernel: report.kernel,
+            received_unix_ms: unix_ms(std::time::SystemTime::now()),
         },
     })
 }
@@ -173,88 +205,245 @@ pub(crate) async fn committer(
     }
 }
 
-/// Decides, writes, flushes, applies and acknowledges one group.
-async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Result<()> {
-    // 1. Decide. Only this task changes done-ness, so what it reads now still
-    // holds after the flush.
-    let done: Vec<(bool, u32)> = {
-        let s = session.sched();
-        group
-            .iter()
-            .map(|r| (s.is_done(r.verified.job), s.attempts(r.verified.job)))
-            .collect()
-    };
-    let mut first_here: HashMap<JobId, usize> = HashMap::new();
-    let mut decisions = Vec::with_capacity(group.len());
-    let mut batch = CommitBatch::new();
-    for (i, req) in group.iter().enumerate() {
-        let v = &req.verified;
-        let (was_done, attempts) = done[i];
-        if !was_done && !first_here.contains_key(&v.job) {
-            first_here.insert(v.job, i);
-            batch.result(v.job, v.result.clone(), attempts);
-            decisions.push(Outcome::Accepted);
-            continue;
+/// The copies of one job as the committer sees them while it decides a
+/// group: the stored ones, then those decided earlier in the group.
+#[derive(Debug)]
+struct JobCopies {
+    /// Every copy, in the order received; the Done record's copy first.
+    copies: Vec<StoredResult>,
+    /// Which copy the job's Done record holds.
+    done: Option<usize>,
+    /// The tally the scheduler counts for the job (after the decisions so
+    /// far in this group).
+    counted: Option<Tally>,
+    /// True when the job was settled before this group.
+    settled: bool,
+    attempts: u32,
+}
+
+impl JobCopies {
+    /// Reads a job's stored copies.
+    fn load(session: &Session, job: JobId) -> Result<JobCopies> {
+        let record = session.store.job_record(job)?;
+        let mut copies = Vec::new();
+        let mut done = None;
+        if let JobState::Done(result) = record.state {
+            copies.push(*result);
+            done = Some(0);
+            copies.extend(
+                session
+                    .store
+                    .job_duplicates(job)?
+                    .into_iter()
+                    .map(|d| d.result),
+            );
         }
-        let agrees = match first_here.get(&v.job) {
-            Some(&j) => group[j].verified.result.agrees(&v.result),
-            None => match session.store.result(v.job)? {
-                Some(stored) => stored.agrees(&v.result),
-                // The scheduler says done but the store has no result: only a
-                // damaged store can do that. Treat as a disagreement (recorded,
-                // not counted).
-                None => false,
-            },
+        let (counted, settled) = {
+            let s = session.sched();
+            (s.is_counted(job), s.is_done(job))
         };
-        let kind = if agrees {
-            DuplicateKind::Confirmation
-        } else {
-            DuplicateKind::Conflict
+        let counted = match (counted, done) {
+            (true, Some(i)) => Some(copies[i].tally),
+            _ => None,
         };
-        batch.duplicate(
-            v.job,
-            &Duplicate {
-                kind,
-                result: v.result.clone(),
-            },
-        );
-        decisions.push(if agrees {
-            Outcome::Confirmed
-        } else {
-            Outcome::Conflict
+        Ok(JobCopies {
+            copies,
+            done,
+            counted,
+            settled,
+            attempts: record.attempts,
+        })
+    }
+}
+
+/// What judging a job's copies decided: the writes go into the group's
+/// batch, the settlement to the scheduler after the flush.
+struct Decision {
+    settlement: Settlement,
+    /// The outcome for the copy that was judged (if one was).
+    outcome: Outcome,
+}
+
+/// Judges `job`'s copies, the newest being `new` (or none, to judge again
+/// after a change of reputations), and adds the writes to `batch`.
+fn decide(
+    sched: &mut Scheduler,
+    job: JobId,
+    jc: &mut JobCopies,
+    new: Option<&Verified>,
+    batch: &mut CommitBatch,
+) -> Decision {
+    let old_done = jc.done;
+    if let Some(v) = new {
+        jc.copies.push(v.result.clone());
+    }
+    // Classes of equal results, numbered in order of first appearance.
+    let mut reps: Vec<usize> = Vec::new();
+    let mut votes = Vec::with_capacity(jc.copies.len());
+    for (i, c) in jc.copies.iter().enumerate() {
+        let class = match reps.iter().position(|&r| jc.copies[r].agrees(c)) {
+            Some(k) => k,
+            None => {
+                reps.push(i);
+                reps.len() - 1
+            }
+        };
+        votes.push(Vote {
+            identity: sched.intern(&c.identity),
+            class,
         });
     }
+    let ban_after = sched.policy().ban_after;
+    let verdict = judge(&votes, sched.selected(job), sched.identities(), ban_after);
+    // The copy the Done record should hold: the leader's first voting copy.
+    let leader_copy = verdict.leader.map(|l| {
+        (0..jc.copies.len())
+            .find(|&i| {
+                votes[i].class == l
+                    && !sched.identities().is_banned(votes[i].identity, ban_after)
+            })
+            .unwrap_or(reps[l])
+    });
+    let newest = jc.copies.len() - 1;
+    match (old_done, leader_copy) {
+        (None, _) => {
+            // The job's first copy (whatever its vote): it becomes the record.
+            let first = leader_copy.unwrap_or(newest);
+            batch.result(job, jc.copies[first].clone(), jc.attempts);
+            jc.done = Some(first);
+        }
+        (Some(d), Some(l)) if votes[d].class != votes[l].class => {
+            // Verification overturned the recorded copy.
+            batch.replace_result(job, jc.copies[l].clone(), jc.attempts);
+            batch.duplicate(
+                job,
+                &Duplicate {
+                    kind: DuplicateKind::Conflict,
+                    result: jc.copies[d].clone(),
+                },
+            );
+            jc.done = Some(l);
+            if new.is_some() && l != newest {
+                let kind = if votes[newest].class == votes[l].class {
+                    DuplicateKind::Confirmation
+                } else {
+                    DuplicateKind::Conflict
+                };
+                batch.duplicate(
+                    job,
+                    &Duplicate {
+                        kind,
+                        result: jc.copies[newest].clone(),
+                    },
+                );
+            }
+        }
+        (Some(d), _) => {
+            if new.is_some() {
+                let kind = if votes[newest].class == votes[d].class {
+                    DuplicateKind::Confirmation
+                } else {
+                    DuplicateKind::Conflict
+                };
+                batch.duplicate(
+                    job,
+                    &Duplicate {
+                        kind,
+                        result: jc.copies[newest].clone(),
+                    },
+                );
+            }
+        }
+    }
+    let counted = leader_copy.map(|l| jc.copies[l].tally);
+    let outcome = match (old_done, verdict.leader) {
+        (None, _) => Outcome::Accepted,
+        (Some(_), Some(l)) if votes[newest].class == l => {
+            if jc.done != old_done {
+                Outcome::Accepted
+            } else {
+                Outcome::Confirmed
+            }
+        }
+        _ => Outcome::Conflict,
+    };
+    // Losses are charged when a disputed job settles, once.
+    let losers = if verdict.settled && !jc.settled {
+        verdict.losers.clone()
+    } else {
+        vec![]
+    };
+    let settlement = Settlement {
+        job,
+        lease: new.map(|v| v.lease),
+        counted_before: jc.counted,
+        counted,
+        voter: leader_copy.map(|l| votes[l].identity),
+        votes: verdict.votes,
+        settled: verdict.settled,
+        reporters: verdict.reporters,
+        scalar_seen: jc.copies.iter().any(|c| c.kernel == "scalar"),
+        losers,
+        disputed: verdict.conflict,
+    };
+    jc.counted = counted;
+    jc.settled = verdict.settled;
+    Decision {
+        settlement,
+        outcome,
+    }
+}
+
+/// Decides, writes, flushes, applies and acknowledges one group.
+async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Result<()> {
+    // 1. Decide, in queue order. Only this task changes results, so what it
+    // reads now still holds after the flush.
+    let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
+    let mut decisions = Vec::with_capacity(group.len());
+    let mut batch = CommitBatch::new();
+    for req in group.iter() {
+        let v = &req.verified;
+        let jc = match overlay.entry(v.job) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(JobCopies::load(session, v.job)?)
+            }
+        };
+        let mut s = session.sched();
+        decisions.push(decide(&mut s, v.job, jc, Some(v), &mut batch));
+    }
     // 2. Write and make durable, before anything is acknowledged.
-    session.store.apply(batch)?;
-    session.store.flush_async().await?;
+    apply_and_flush(session, batch).await?;
     // 3. Apply to the scheduler.
     let mut outcomes = Vec::with_capacity(group.len());
-    let complete = {
+    let mut fallout = Fallout::default();
+    {
         let mut s = session.sched();
-        for (req, &decided) in group.iter().zip(&decisions) {
-            let v = &req.verified;
-            let agrees = decided == Outcome::Confirmed;
-            let outcome = s.complete(v.job, v.lease, &v.result.tally, || agrees);
-            debug_assert!(!matches!(&outcome, Ok(o) if *o != decided));
-            outcomes.push(outcome);
+        for (req, d) in group.iter().zip(&decisions) {
+            let f = s.settle(&d.settlement, req.verified.local);
+            if let Ok(f) = &f {
+                s.note_outcome(d.outcome);
+                fallout.discredited.extend(&f.discredited);
+                fallout.selection_grew |= f.selection_grew;
+            }
+            outcomes.push(f.map(|_| d.outcome));
         }
-        s.is_complete()
-    };
+    }
     // 4. Acknowledge.
     for (req, outcome) in group.drain(..).zip(outcomes) {
         let v = &req.verified;
         match &outcome {
             Ok(Outcome::Accepted) => {
-                debug!(job = %v.job, lease = %v.lease, worker = %v.result.worker, "job done")
+                debug!(job = %v.job, lease = %v.lease, worker = %v.result.identity, "copy counts")
             }
             Ok(Outcome::Confirmed) => {
-                info!(job = %v.job, lease = %v.lease, worker = %v.result.worker, "repeated result confirms the stored one")
+                debug!(job = %v.job, lease = %v.lease, worker = %v.result.identity, "copy confirms the counted one")
             }
-            Ok(Outcome::Conflict) => error!(
+            Ok(Outcome::Conflict) => warn!(
                 job = %v.job,
                 lease = %v.lease,
-                worker = %v.result.worker,
-                "CONFLICT: a repeated result disagrees with the stored one; recorded, not counted"
+                worker = %v.result.identity,
+                "CONFLICT: a copy disagrees with the counted one; kept as evidence, another copy decides"
             ),
             Err(e) => {
                 error!(job = %v.job, error = %e.chain(), "cannot apply a stored result")
@@ -263,8 +452,115 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
         // A reporter that gave up waiting is not an error.
         let _ = req.reply.send(outcome);
     }
-    if complete {
+    // 5. Discredited workers and a grown selection: judge again what they
+    // touched.
+    rejudge(session, fallout).await?;
+    if session.sched().is_complete() {
         session.complete.cancel();
+    }
+    Ok(())
+}
+
+/// Writes a batch and flushes, with sled's synchronous writes kept off the
+/// async threads.
+async fn apply_and_flush(session: &Session, batch: CommitBatch) -> Result<()> {
+    if !batch.is_empty() {
+        let store = Arc::clone(&session.store);
+        tokio::task::spawn_blocking(move || store.apply(batch)).await??;
+    }
+    session.store.flush_async().await?;
+    Ok(())
+}
+
+/// Judges again every job that `fallout` may have unsettled: those a
+/// discredited identity voted for (its unverified results now need a second
+/// vote, and a banned identity's votes no longer count), and, when the
+/// selection grew, settled jobs that are now selected. Repeats while judging
+/// discredits more identities.
+pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<()> {
+    for _round in 0..16 {
+        if fallout.discredited.is_empty() && !fallout.selection_grew {
+            return Ok(());
+        }
+        let mut jobs: Vec<JobId> = Vec::new();
+        {
+            let s = session.sched();
+            for &id in &fallout.discredited {
+                let (name, lost) = (s.identities().name(id), s.identities().lost(id));
+                if s.identities().is_banned(id, s.policy().ban_after) {
+                    error!(
+                        worker = name,
+                        lost,
+                        "worker BANNED: it lost too many verification conflicts; its results are computed again by others"
+                    );
+                } else {
+                    warn!(
+                        worker = name,
+                        lost,
+                        "worker lost a verification conflict; each of its results now needs a second vote"
+                    );
+                }
+                jobs.extend(s.jobs_voted_by(id));
+            }
+            if fallout.selection_grew {
+                info!(
+                    share = s.policy().share(true),
+                    "copies now come from a second machine: checking that share of the jobs"
+                );
+                jobs.extend(s.unchecked_selected());
+            }
+        }
+        if !fallout.discredited.is_empty() {
+            // Copies beyond the first are in the duplicates tree.
+            let names: Vec<String> = {
+                let s = session.sched();
+                fallout
+                    .discredited
+                    .iter()
+                    .map(|&id| s.identities().name(id).to_owned())
+                    .collect()
+            };
+            let store = Arc::clone(&session.store);
+            let more = tokio::task::spawn_blocking(move || -> Result<Vec<JobId>> {
+                let mut out = Vec::new();
+                for entry in store.duplicates() {
+                    let (job, d) = entry?;
+                    if names.contains(&d.result.identity) {
+                        out.push(job);
+                    }
+                }
+                Ok(out)
+            })
+            .await??;
+            jobs.extend(more);
+        }
+        jobs.sort_unstable();
+        jobs.dedup();
+        let mut batch = CommitBatch::new();
+        let mut settlements = Vec::with_capacity(jobs.len());
+        for &job in &jobs {
+            let mut jc = JobCopies::load(session, job)?;
+            if jc.copies.is_empty() {
+                continue;
+            }
+            let mut s = session.sched();
+            settlements.push(decide(&mut s, job, &mut jc, None, &mut batch).settlement);
+        }
+        apply_and_flush(session, batch).await?;
+        fallout = Fallout::default();
+        let mut s = session.sched();
+        let mut reopened = 0;
+        for st in &settlements {
+            if !st.settled {
+                reopened += 1;
+            }
+            let f = s.settle(st, false)?;
+            fallout.discredited.extend(f.discredited);
+            fallout.selection_grew |= f.selection_grew;
+        }
+        if reopened > 0 {
+            info!(jobs = reopened, "jobs wait for another copy");
+        }
     }
     Ok(())
 }
@@ -311,7 +607,9 @@ impl SolutionWriter {
         job: JobId,
         subs: &[SubProblem],
     ) -> Result<SolutionWriter> {
-        let write = !session.sched().is_done(job);
+        // Only the copy that is counted first stores its solutions; checks
+        // are verified and counted, not stored.
+        let write = !session.sched().is_counted(job);
         if write {
             let mut claims = session
                 .claims
@@ -403,4 +701,107 @@ impl Drop for SolutionWriter {
             claims.remove(&self.job);
         }
     }
+}
+
+/// Rebuilds the verification state and the totals of a resumed run from its
+/// stored copies: nothing cached is trusted. Every copy's tally is derived
+/// again from its counts (and must equal the stored one, or the store is
+/// damaged), lost conflicts are found again in the copies of disputed jobs,
+/// and every job with copies is judged again and settled, or queued for
+/// another copy.
+///
+/// # Errors
+///
+/// [`Error::DamagedResult`] when a stored tally does not match its counts;
+/// store errors; [`Error::Inconsistent`] if the totals overflow.
+pub(crate) fn restore(
+    store: &nq_store::Store,
+    shape: &nq_proto::convert::RunShape,
+    sched: &mut Scheduler,
+) -> Result<()> {
+    let mut dups: HashMap<JobId, Vec<StoredResult>> = HashMap::new();
+    let (mut confirmations, mut conflicts) = (0, 0);
+    for entry in store.duplicates() {
+        let (job, d) = entry?;
+        match d.kind {
+            DuplicateKind::Confirmation => confirmations += 1,
+            DuplicateKind::Conflict => conflicts += 1,
+        }
+        dups.entry(job).or_default().push(d.result);
+    }
+    sched.restore_duplicates(confirmations, conflicts);
+    let mut done: Vec<(JobId, Vec<StoredResult>, u32)> = Vec::new();
+    for entry in store.job_records() {
+        let (job, record) = entry?;
+        sched.restore_attempts(job, record.attempts);
+        if let JobState::Done(result) = record.state {
+            let mut copies = vec![*result];
+            copies.extend(dups.remove(&job).unwrap_or_default());
+            done.push((job, copies, record.attempts));
+        }
+    }
+    // Tallies again from the counts, never from the cached sums.
+    for (job, copies, _) in &done {
+        let subs = crate::session::subproblems_of(store, shape, *job)?;
+        for c in copies {
+            let mut tally = Tally::default();
+            for (sub, counts) in subs.iter().zip(&c.counts) {
+                tally
+                    .add(sub, counts)
+                    .map_err(|_| Error::DamagedResult { job: *job })?;
+            }
+            if c.counts.len() != subs.len() || tally != c.tally {
+                return Err(Error::DamagedResult { job: *job });
+            }
+        }
+        for c in copies {
+            sched.note_source(&c.identity);
+        }
+    }
+    let votes_of = |sched: &mut Scheduler, copies: &[StoredResult]| -> Vec<Vote> {
+        let mut reps: Vec<usize> = Vec::new();
+        copies
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let class = reps
+                    .iter()
+                    .position(|&r| copies[r].agrees(c))
+                    .unwrap_or_else(|| {
+                        reps.push(i);
+                        reps.len() - 1
+                    });
+                Vote {
+                    identity: sched.intern(&c.identity),
+                    class,
+                }
+            })
+            .collect()
+    };
+    // Lost conflicts, from the disputed jobs that settled.
+    let ban_after = sched.policy().ban_after;
+    for (job, copies, _) in done.iter().filter(|(_, c, _)| c.len() > 1) {
+        let votes = votes_of(sched, copies);
+        let verdict = judge(&votes, sched.selected(*job), &Default::default(), ban_after);
+        for loser in verdict.losers {
+            sched.restore_loss(loser);
+        }
+    }
+    // Judge every job with the reputations as they stand.
+    for (job, copies, attempts) in done {
+        let mut jc = JobCopies {
+            copies,
+            done: Some(0),
+            counted: None,
+            settled: false,
+            attempts,
+        };
+        let mut batch = CommitBatch::new();
+        let mut d = decide(sched, job, &mut jc, None, &mut batch);
+        // The losses were charged above; the record is rewritten by the next
+        // copy if the leader changed.
+        d.settlement.losers.clear();
+        sched.settle(&d.settlement, false)?;
+    }
+    Ok(())
 }

@@ -30,6 +30,7 @@
 
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod config;
 pub mod error;
 pub mod export;
@@ -38,6 +39,7 @@ mod ledger;
 mod local;
 mod plan;
 pub mod progress;
+pub mod quorum;
 pub mod report;
 mod run;
 pub mod scheduler;
@@ -45,7 +47,7 @@ pub mod service;
 mod session;
 
 pub use config::Config;
-pub use error::{Error, ReportFault, Result};
+pub use error::{Error, Refusal, ReportFault, Result};
 pub use nq_store::JobId;
 pub use plan::MAX_SUBS_PER_JOB;
 pub use progress::Progress;

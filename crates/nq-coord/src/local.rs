@@ -26,6 +26,7 @@ use tracing::{debug, error, info, warn};
 use crate::error::{Error, Result};
 use crate::lease::{LeaseId, WorkerId};
 use crate::ledger::{self, Report, SolutionWriter};
+use crate::scheduler::KernelRequest;
 use crate::session::Session;
 
 /// How long to wait before asking again when nothing is pending (the rest of
@@ -36,8 +37,19 @@ const STARVED_RETRY: Duration = Duration::from_millis(100);
 struct Running {
     job: JobId,
     subs: Vec<SubProblem>,
+    /// The kernel the job runs on (the lease may ask for the scalar one).
+    kernel: Kernel,
     /// Shared with the pool's job: setting it cancels the job.
     stop: Arc<AtomicBool>,
+}
+
+/// A job leased for the local threads, ready to run.
+struct Leased {
+    lease: LeaseId,
+    job: JobId,
+    subs: Vec<SubProblem>,
+    /// The kernel the lease asks for.
+    kernel: Kernel,
 }
 
 /// What a pool thread reports when a job ends.
@@ -129,9 +141,11 @@ pub(crate) async fn run_local(
         source,
     })?;
     let threads = pool.threads();
-    let worker = session
-        .sched()
-        .register_local(u32::try_from(threads).unwrap_or(u32::MAX), Instant::now());
+    let worker = session.sched().register_local(
+        u32::try_from(threads).unwrap_or(u32::MAX),
+        Kernel::Auto.resolved_name(),
+        Instant::now(),
+    );
     info!(
         threads,
         kernel = Kernel::Auto.resolved_name(),
@@ -149,19 +163,11 @@ pub(crate) async fn run_local(
         while pool.queued() < low_water && !token.is_cancelled() {
             let more = lease(&session, &worker, &mut running, 1)?;
             last_call = Instant::now();
-            let Some((lease, job, subs)) = more.into_iter().next() else {
+            let Some(leased) = more.into_iter().next() else {
                 starved = true;
                 break;
             };
-            submit(
-                &session,
-                &pool,
-                (&tx, &wake),
-                &mut running,
-                lease,
-                job,
-                subs,
-            );
+            submit(&session, &pool, (&tx, &wake), &mut running, leased);
         }
         // The heartbeat keeps long jobs' leases alive.
         if last_call.elapsed() >= renew_every {
@@ -203,7 +209,7 @@ fn lease(
     worker: &WorkerId,
     running: &mut HashMap<LeaseId, Running>,
     want: u32,
-) -> Result<Vec<(LeaseId, JobId, Vec<SubProblem>)>> {
+) -> Result<Vec<Leased>> {
     let held: Vec<LeaseId> = running.keys().copied().collect();
     let grant = session.sched().lease(worker, want, &held, Instant::now())?;
     for id in &grant.revoked {
@@ -216,7 +222,16 @@ fn lease(
     for g in grant.jobs {
         session.persist_lease(&g, worker);
         let (_, subs) = session.subproblems(g.job)?;
-        out.push((g.lease, g.job, subs));
+        let kernel = match g.kernel {
+            KernelRequest::Scalar => Kernel::Scalar,
+            KernelRequest::Any => Kernel::Auto,
+        };
+        out.push(Leased {
+            lease: g.lease,
+            job: g.job,
+            subs,
+            kernel,
+        });
     }
     Ok(out)
 }
@@ -227,9 +242,12 @@ fn submit(
     pool: &Pool,
     (tx, wake): (&mpsc::UnboundedSender<Finished>, &Arc<Notify>),
     running: &mut HashMap<LeaseId, Running>,
-    lease: LeaseId,
-    job: JobId,
-    subs: Vec<SubProblem>,
+    Leased {
+        lease,
+        job,
+        subs,
+        kernel,
+    }: Leased,
 ) {
     let stop = Arc::new(AtomicBool::new(false));
     let mut fault = None;
@@ -260,13 +278,14 @@ fn submit(
         Running {
             job,
             subs: subs.clone(),
+            kernel,
             stop: Arc::clone(&stop),
         },
     );
     pool.submit(Job {
         subproblems: subs,
         list_solutions: session.shape.solutions,
-        kernel: Kernel::Auto,
+        kernel,
         stop,
         sink,
     });
@@ -301,16 +320,29 @@ fn finish(
     let worker = worker.0.clone();
     let lease = f.lease;
     tracker.spawn(async move {
-        let report = Report {
-            job: r.job,
-            lease,
-            worker,
-            counts,
-            nodes,
-            solutions_sent: solutions,
-            listed: f.writer.as_ref().map(|w| w.listed()),
+        // The local threads' reports are bound to their leases like any.
+        let issued =
+            session
+                .sched()
+                .check_report(r.job, lease, &WorkerId(worker.clone()));
+        let result = match issued {
+            Ok(issued) => {
+                let report = Report {
+                    job: r.job,
+                    lease,
+                    worker,
+                    counts,
+                    nodes,
+                    solutions_sent: solutions,
+                    listed: f.writer.as_ref().map(|w| w.listed()),
+                    kernel: r.kernel.resolved_name().to_owned(),
+                    issued,
+                };
+                ledger::verify(&session, &r.subs, report)
+            }
+            Err(e) => Err(e),
         };
-        let result = match ledger::verify(&session, &r.subs, report) {
+        let result = match result {
             Ok(v) => session.commit(v).await,
             Err(e) => Err(e),
         };

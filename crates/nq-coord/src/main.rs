@@ -94,6 +94,19 @@ struct RunArgs {
     /// Interval between progress log lines.
     #[arg(long, value_name = "DURATION", default_value = "10s")]
     progress_interval: String,
+    /// Share of jobs computed a second time by a different worker (on another
+    /// kernel where it can) and compared: `auto`, or 0 to 1 (`0.05`, `5%`).
+    /// A disagreement goes to a third computation, and the majority counts.
+    /// `auto` checks 2% of the jobs once any remote worker takes part, and
+    /// none in a run on this machine's threads alone. `1` computes
+    /// everything twice.
+    #[arg(long, value_name = "SHARE", default_value = "auto")]
+    verify: String,
+    /// Refuse a worker's calls once it lost this many verification conflicts
+    /// (its results disagreed with the majority). One lost conflict already
+    /// makes every result it computed alone be computed again by others.
+    #[arg(long, value_name = "K", default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER)]
+    ban_after: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -116,6 +129,21 @@ enum Command {
     /// exits 0 if it does. A container healthcheck: "serving" means the run
     /// is loaded and jobs are handed out, not merely that the port is open.
     Health(HealthArgs),
+    /// Writes every job's result, the workers that computed it, when, and how
+    /// it was verified, as CSV (to stdout or --output); then adds all counted
+    /// results up again from their stored counts and compares the totals with
+    /// the stored ones. Exits non-zero on any difference or damaged record.
+    Audit(AuditArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AuditArgs {
+    /// The run's data directory (the coordinator must not be running on it).
+    #[arg(long, value_name = "DIR")]
+    data: PathBuf,
+    /// Write the CSV to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -196,6 +224,15 @@ impl TryFrom<RunArgs> for Config {
             });
         }
         config.cache_bytes = a.cache_mib.saturating_mul(1 << 20);
+        config.verify = nq_coord::config::parse_verify(&a.verify)?;
+        if a.ban_after == 0 {
+            return Err(nq_coord::Error::Option {
+                option: "--ban-after",
+                value: "0".into(),
+                accepted: "at least 1",
+            });
+        }
+        config.ban_after = a.ban_after;
         config.progress_log = match a.progress {
             ProgressMode::Log => Some(parse_duration(&a.progress_interval)?),
             ProgressMode::Auto if !std::io::stderr().is_terminal() => {
@@ -217,12 +254,13 @@ fn main() -> ExitCode {
     };
     init_tracing(bar.clone());
     let result = match args.command {
-        Some(Command::Export(e)) => run_export(e),
-        Some(Command::Health(h)) => run_health(h),
+        Some(Command::Export(e)) => run_export(e).map(|()| 0),
+        Some(Command::Health(h)) => run_health(h).map(|()| 0),
+        Some(Command::Audit(a)) => run_audit(a).map(|()| 0),
         None => run_coordinator(args.run, bar),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("nq-coord: error: {e:#}");
             ExitCode::FAILURE
@@ -322,7 +360,44 @@ fn init_tracing(bar: Option<ProgressBar>) {
         .init();
 }
 
-fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<()> {
+/// `nq-coord audit`: the CSV, then the re-added totals against the stored ones.
+fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let report =
+        nq_coord::audit::audit(&args.data, &mut out, nq_coord::quorum::Fraction::Auto)?;
+    out.flush().context("cannot write the audit")?;
+    drop(out);
+    let stored = |v: Option<u128>| {
+        v.map_or("none (the run is not finished)".into(), |v| v.to_string())
+    };
+    eprintln!(
+        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {})",
+        report.settled,
+        report.jobs,
+        report.total,
+        stored(report.stored_total),
+        report.unique.map_or("-".into(), |u| u.to_string()),
+        stored(report.stored_unique),
+    );
+    if !report.agrees() {
+        bail!(
+            "the re-added totals differ from the stored ones: the data directory \
+             is damaged or was written by a faulty coordinator; do not trust its result"
+        );
+    }
+    Ok(())
+}
+
+/// Runs the coordinator; returns the exit code of the run's status
+/// (`RunStatus::exit_code`: 0 only for a complete run that matches the
+/// published count where one is known).
+fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
     let listen = args.listen.clone();
     let mut config = Config::try_from(args)?;
     let addr = resolve(&listen)?;
@@ -352,13 +427,11 @@ fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<()
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{}", report.summary_line())?;
         stdout.flush()?;
-        if report.published_match() == Some(false) {
-            eprintln!(
-                "nq-coord: warning: the counts differ from the published values \
-                 (OEIS A000170/A002562)"
-            );
+        let status = report.status();
+        if status != nq_coord::report::RunStatus::Complete {
+            eprintln!("nq-coord: {}: {}", status.as_str(), report.why());
         }
-        Ok(())
+        Ok(status.exit_code())
     })
 }
 

@@ -42,9 +42,147 @@ pub struct RunReport {
     pub run_id: String,
     /// The data directory.
     pub data_dir: PathBuf,
+    /// Workers that lost verification conflicts.
+    pub faulty_workers: Vec<FaultyWorker>,
+    /// Jobs whose copies disagree, waiting for a deciding copy (only when the
+    /// run stopped before it completed).
+    pub disputed: u64,
+}
+
+/// A worker that lost at least one verification conflict: one of its results
+/// disagreed with the majority of independent copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultyWorker {
+    /// Its registration name (`local` for the coordinator's threads).
+    pub name: String,
+    /// The address it called from (the kernel, for the local threads).
+    pub address: String,
+    /// Conflicts it lost.
+    pub lost: u32,
+    /// True when it was refused work for it.
+    pub banned: bool,
+}
+
+impl FaultyWorker {
+    /// Splits a verification identity (`name@address`, `local:KERNEL`).
+    pub fn from_identity(identity: &str, lost: u32, banned: bool) -> FaultyWorker {
+        let (name, address) = identity
+            .rsplit_once('@')
+            .or_else(|| identity.split_once(':'))
+            .unwrap_or((identity, ""));
+        FaultyWorker {
+            name: name.to_owned(),
+            address: address.to_owned(),
+            lost,
+            banned,
+        }
+    }
+}
+
+/// How a run ended, and the exit code `nq-coord` gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunStatus {
+    /// Every job settled and the total agrees with the published value where
+    /// one is known. Exit code 0.
+    Complete,
+    /// Stopped before every job settled; running again resumes. Exit code 3.
+    Interrupted,
+    /// Stopped while copies of some job disagree and no majority decided.
+    /// Exit code 4.
+    UnresolvedConflicts,
+    /// Every job settled, but the total differs from the published value.
+    /// Exit code 5.
+    PublishedMismatch,
+}
+
+impl RunStatus {
+    /// The process exit code for this status.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            RunStatus::Complete => 0,
+            RunStatus::Interrupted => 3,
+            RunStatus::UnresolvedConflicts => 4,
+            RunStatus::PublishedMismatch => 5,
+        }
+    }
+
+    /// The status as report.json spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Complete => "complete",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::UnresolvedConflicts => "unresolved_conflicts",
+            RunStatus::PublishedMismatch => "published_mismatch",
+        }
+    }
 }
 
 impl RunReport {
+    /// How the run ended.
+    pub fn status(&self) -> RunStatus {
+        match (self.complete, self.published_match()) {
+            (true, Some(false)) => RunStatus::PublishedMismatch,
+            (true, _) => RunStatus::Complete,
+            (false, _) if self.disputed > 0 => RunStatus::UnresolvedConflicts,
+            (false, _) => RunStatus::Interrupted,
+        }
+    }
+
+    /// Why the run ended as it did, in words for people and report.json.
+    pub fn why(&self) -> String {
+        let faulty = if self.faulty_workers.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = self
+                .faulty_workers
+                .iter()
+                .map(|w| {
+                    format!(
+                        "{}@{} (lost {}{})",
+                        w.name,
+                        w.address,
+                        w.lost,
+                        if w.banned { ", banned" } else { "" }
+                    )
+                })
+                .collect();
+            format!(
+                "; workers that lost verification conflicts, whose results were \
+                 computed again by others: {}",
+                names.join(", ")
+            )
+        };
+        let what = match self.status() {
+            RunStatus::Complete => {
+                match self.published_match() {
+                    Some(_) => "every job is settled and the total matches OEIS A000170"
+                        .to_owned(),
+                    None => "every job is settled; no published value to compare with"
+                        .to_owned(),
+                }
+            }
+            RunStatus::Interrupted => format!(
+                "stopped with {} of {} jobs settled; run the same command again to resume",
+                self.jobs_done, self.jobs
+            ),
+            RunStatus::UnresolvedConflicts => format!(
+                "stopped while {} jobs have disagreeing copies that no majority decided; \
+                 run again with more workers attached to decide them",
+                self.disputed
+            ),
+            RunStatus::PublishedMismatch => {
+                let (q, _) = published(self.n).unwrap_or_default();
+                format!(
+                    "every job is settled, but the total {} differs from the published \
+                     {q}: do not trust this run; run `nq-coord audit` on its data \
+                     directory and recount with --verify 1",
+                    self.total
+                )
+            }
+        };
+        what + &faulty
+    }
+
     /// Whether the counts match OEIS A000170 / A002562: `None` when N is not in
     /// the published table (N > 27) or the run is incomplete.
     pub fn published_match(&self) -> Option<bool> {
@@ -66,8 +204,12 @@ impl RunReport {
     pub fn summary_line(&self) -> String {
         if !self.complete {
             return format!(
-                "n={} status=interrupted total={} jobs_done={} jobs={}",
-                self.n, self.total, self.jobs_done, self.jobs
+                "n={} status={} total={} jobs_done={} jobs={}",
+                self.n,
+                self.status().as_str(),
+                self.total,
+                self.jobs_done,
+                self.jobs
             );
         }
         let published = match self.published_match() {
@@ -102,11 +244,28 @@ impl RunReport {
             serde_json::to_string(&self.seconds).unwrap_or_else(|_| "null".into());
         let run_id =
             serde_json::to_string(&self.run_id).expect("a string always serializes");
+        let status = self.status();
+        let why = serde_json::to_string(&self.why()).expect("a string always serializes");
+        let faulty: Vec<serde_json::Value> = self
+            .faulty_workers
+            .iter()
+            .map(|w| {
+                serde_json::json!({
+                    "name": w.name,
+                    "address": w.address,
+                    "lost": w.lost,
+                    "banned": w.banned,
+                })
+            })
+            .collect();
+        let faulty = serde_json::Value::Array(faulty).to_string();
         format!(
             "{{\"n\":{},\"total\":{},\"unique\":{},\"seconds\":{seconds},\"jobs\":{},\
              \"split\":{{\"version\":{},\"ring\":{},\"extra\":{}}},\
              \"published_match\":{published_match},\"conflicts\":{},\
-             \"confirmations\":{},\"complete\":{},\"jobs_done\":{},\"run_id\":{run_id}}}\n",
+             \"confirmations\":{},\"complete\":{},\"jobs_done\":{},\"run_id\":{run_id},\
+             \"status\":\"{}\",\"exit_code\":{},\"why\":{why},\"faulty_workers\":{faulty},\
+             \"disputed\":{}}}\n",
             self.n,
             self.total,
             self.unique,
@@ -118,6 +277,9 @@ impl RunReport {
             self.confirmations,
             self.complete,
             self.jobs_done,
+            status.as_str(),
+            status.exit_code(),
+            self.disputed,
         )
     }
 
@@ -161,6 +323,8 @@ mod tests {
             conflicts: 0,
             run_id: "r\"1".into(),
             data_dir: PathBuf::from("d"),
+            faulty_workers: vec![FaultyWorker::from_identity("liar@127.0.0.1", 2, true)],
+            disputed: 0,
         }
     }
 
@@ -176,6 +340,11 @@ mod tests {
         assert_eq!(v["split"]["ring"], 1);
         assert_eq!(v["run_id"], "r\"1");
         assert_eq!(v["seconds"], 1.5);
+        assert_eq!(v["status"], "complete");
+        assert_eq!(v["exit_code"], 0);
+        assert_eq!(v["faulty_workers"][0]["name"], "liar");
+        assert_eq!(v["faulty_workers"][0]["address"], "127.0.0.1");
+        assert_eq!(v["faulty_workers"][0]["banned"], true);
         let ok = report(8, 92, 12);
         let v: serde_json::Value = serde_json::from_str(&ok.to_json()).unwrap();
         assert_eq!(v["published_match"], true);

@@ -22,9 +22,7 @@ use std::time::{Duration, Instant, SystemTime};
 use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_proto::pb::coordinator_server::CoordinatorServer;
-use nq_store::{
-    DuplicateKind, JobState, Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions,
-};
+use nq_store::{Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,7 +36,8 @@ use crate::ledger;
 use crate::local;
 use crate::plan::{MAX_SUBS_PER_JOB, Plan};
 use crate::progress::Progress;
-use crate::report::{REPORT_FILE, RunReport};
+use crate::quorum::Policy;
+use crate::report::{FaultyWorker, REPORT_FILE, RunReport};
 use crate::scheduler::Scheduler;
 use crate::service::CoordinatorService;
 use crate::session::{Session, unix_ms};
@@ -144,8 +143,8 @@ fn setup(config: &Config) -> Result<Setup> {
     };
     if let Some(summary) = store.summary()? {
         return Ok(Setup::Finished(finished_report(
-            config, &manifest, &summary,
-        )));
+            config, &store, &manifest, &summary,
+        )?));
     }
     if config.data_dir.join(REPORT_FILE).exists() {
         return Err(Error::SummaryLost {
@@ -168,27 +167,15 @@ fn setup(config: &Config) -> Result<Setup> {
         }
         .into());
     }
-    let mut sched = Scheduler::new(works, session_no, config.lease_ttl);
-    for entry in store.job_records() {
-        let (job, record) = entry?;
-        sched.restore_attempts(job, record.attempts);
-        if let JobState::Done(result) = &record.state {
-            sched.restore_done(job, &result.tally)?;
-        }
-    }
-    let (mut confirmations, mut conflicts) = (0, 0);
-    for entry in store.duplicates() {
-        match entry?.1.kind {
-            DuplicateKind::Confirmation => confirmations += 1,
-            DuplicateKind::Conflict => conflicts += 1,
-        }
-    }
-    sched.restore_duplicates(confirmations, conflicts);
-    if sched.jobs_done() > 0 {
+    let mut sched =
+        Scheduler::new(works, session_no, config.lease_ttl, policy(config, &store)?);
+    ledger::restore(&store, &shape_of(&manifest), &mut sched)?;
+    if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),
+            in_check = sched.jobs_in_check(),
             jobs = sched.jobs(),
-            "restored finished jobs"
+            "restored finished jobs (totals derived again from the stored counts)"
         );
     }
     let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
@@ -203,6 +190,24 @@ fn setup(config: &Config) -> Result<Setup> {
         sched,
         elapsed_before,
     })))
+}
+
+/// The verification policy of the run: the configured share and ban limit,
+/// keyed by the run's stored secret (drawn on its first session).
+fn policy(config: &Config, store: &Store) -> Result<Policy> {
+    Ok(Policy {
+        secret: store.verify_secret(rand::random())?,
+        fraction: config.verify,
+        ban_after: config.ban_after.max(1),
+    })
+}
+
+fn shape_of(manifest: &Manifest) -> RunShape {
+    RunShape {
+        board: manifest.key.board,
+        spec: manifest.key.spec,
+        solutions: manifest.key.solutions,
+    }
 }
 
 /// Splits the board into jobs and stores them with a new manifest.
@@ -242,8 +247,37 @@ fn create(config: &Config, store: &Store, key: RunKey) -> Result<Manifest> {
     Ok(manifest)
 }
 
-fn finished_report(config: &Config, m: &Manifest, s: &RunSummary) -> RunReport {
-    RunReport {
+/// The workers that lost verification conflicts, for the report.
+fn faulty_workers(s: &Scheduler) -> Vec<FaultyWorker> {
+    let ban_after = s.policy().ban_after;
+    s.identities()
+        .faulty()
+        .map(|(id, name, lost)| {
+            FaultyWorker::from_identity(
+                name,
+                lost,
+                s.identities().is_banned(id, ban_after),
+            )
+        })
+        .collect()
+}
+
+/// The report of a run an earlier session finished. The workers that lost
+/// conflicts are found again in the stored copies.
+fn finished_report(
+    config: &Config,
+    store: &Store,
+    m: &Manifest,
+    s: &RunSummary,
+) -> Result<RunReport> {
+    let mut sched = Scheduler::new(
+        store.job_works()?,
+        0,
+        config.lease_ttl,
+        policy(config, store)?,
+    );
+    ledger::restore(store, &shape_of(m), &mut sched)?;
+    Ok(RunReport {
         n: m.key.board.n(),
         complete: true,
         total: s.total,
@@ -257,7 +291,9 @@ fn finished_report(config: &Config, m: &Manifest, s: &RunSummary) -> RunReport {
         conflicts: s.conflicts,
         run_id: m.run_id.clone(),
         data_dir: config.data_dir.clone(),
-    }
+        faulty_workers: faulty_workers(&sched),
+        disputed: 0,
+    })
 }
 
 /// The session proper; `stop` is the shutdown signal.
@@ -285,11 +321,7 @@ async fn session(
         sched,
         elapsed_before,
     } = ready;
-    let shape = RunShape {
-        board: manifest.key.board,
-        spec: manifest.key.spec,
-        solutions: manifest.key.solutions,
-    };
+    let shape = shape_of(&manifest);
     let (session, commits) =
         Session::new(Arc::clone(&store), sched, shape, manifest.run_id.clone());
     let session = Arc::new(session);
@@ -454,6 +486,8 @@ async fn session(
             conflicts: s.conflicts(),
             run_id: manifest.run_id.clone(),
             data_dir: config.data_dir.clone(),
+            faulty_workers: faulty_workers(&s),
+            disputed: s.jobs_disputed(),
         };
         let summary = complete.then(|| RunSummary {
             total: tally.total,

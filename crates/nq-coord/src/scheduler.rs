@@ -6,15 +6,17 @@
 //! with a fake clock and simulated lost workers, without sleeping.
 //!
 //! Memory is what makes a million-job run possible: per job the scheduler
-//! keeps 16 bytes (a `Slot`) and one entry in the pending queue. Job
-//! definitions and results live in the store.
+//! keeps 24 bytes (a `Slot`) and one entry in a queue. Job definitions and
+//! results live in the store; jobs under verification (see [`crate::quorum`])
+//! also keep the identities that reported them.
 //!
-//! The state of each job follows [`nq_store::JobState`]:
+//! The state of each job:
 //!
 //! ```text
-//!   Pending ──lease──► Leased{worker, deadline} ──first valid result──► Done
-//!      ▲                    │
-//!      └─expire / release───┘
+//!   Pending ──lease──► Leased{worker, deadline} ──copy, settled──► Done
+//!      ▲   ▲                │         │
+//!      │   └─expire/release─┘         │ copy, not settled (verification
+//!      └──────────────────────────────┘ wants another copy: `checks` queue)
 //! ```
 //!
 //! * Pending jobs are handed out largest estimated work first, so the run ends
@@ -23,27 +25,39 @@
 //!   count as equal), then by id: within an octave, consecutive grants are
 //!   neighbours in the store, whose chunks then stay in cache (this doubled
 //!   the throughput of a million-job run).
-//! * An expired or released job goes to the FRONT of the queue: it is already
-//!   late.
-//! * A result may arrive for a job in any state. The first one (checked by the
-//!   caller) makes the job `Done` and counts; later ones are compared with it
-//!   and only counted as confirmations or conflicts, never added to the total.
+//! * Jobs that wait for another copy (a check) go to the `checks` queue and
+//!   are granted first, to identities that have not reported them.
+//! * An expired or released job goes to the FRONT of its queue: it is late.
+//! * Leases are bound: a report counts only under a lease this session
+//!   issued, to the worker that sends it, for the job it names. Lease ids are
+//!   random, so they cannot be guessed.
+//! * The ledger decides what each copy does ([`Settlement`]); the scheduler
+//!   applies it: the counted tally, settled or not, and lost conflicts.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use nq_core::split::Tally;
 use nq_store::JobId;
+use rand::{Rng, SeedableRng};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::lease::{Lease, LeaseId, LeaseTable, WorkerId};
 use crate::progress::Progress;
+use crate::quorum::{Identities, IdentityId, Policy};
 
 /// Most jobs one `Lease` call can grant.
 pub const MAX_GRANT: u32 = 1024;
 
 /// Runs with at most this many jobs hand them out in exact order of work.
 const EXACT_ORDER_UP_TO: usize = 1 << 16;
+
+/// How many queued checks one grant looks at for one the worker may take.
+const CHECK_SCAN: usize = 64;
+
+/// No identity (a job nobody's copy counts for).
+const NOBODY: u32 = u32::MAX;
 
 /// The octave of an estimated work: jobs in one octave are within a factor of
 /// two of each other, close enough for the largest-first order.
@@ -56,9 +70,14 @@ fn band(work: u64) -> u32 {
 struct Slot {
     /// Estimated work, for progress.
     work: u64,
-    /// How many times the job was leased (this session and earlier ones).
     attempts: u32,
+    /// The first voter of the counted copy ([`NOBODY`] when none counts).
+    voter: u32,
     phase: Phase,
+    /// True when a copy's tally is in the totals.
+    counted: bool,
+    /// True when the counted copy has at least two votes.
+    verified: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,11 +87,34 @@ enum Phase {
     Done,
 }
 
+/// The kernel a lease asks for (see `Job.kernel` in the protocol).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelRequest {
+    /// The worker's fastest.
+    Any,
+    /// The portable scalar kernel.
+    Scalar,
+}
+
+impl KernelRequest {
+    /// The protocol's spelling: `""` or `"scalar"`.
+    pub fn wire(self) -> &'static str {
+        match self {
+            KernelRequest::Any => "",
+            KernelRequest::Scalar => "scalar",
+        }
+    }
+}
+
 /// A registered worker.
 #[derive(Clone, Debug)]
 pub struct Worker {
     /// Its self-chosen name, for logs.
     pub name: String,
+    /// The address it registered from, if known.
+    pub address: Option<IpAddr>,
+    /// Its identity for verification (`name@address`).
+    pub identity: IdentityId,
     /// CPU threads it runs.
     pub threads: u32,
     /// The last time it called in.
@@ -94,6 +136,22 @@ pub struct Granted {
     pub attempts: u32,
     /// When the lease expires unless renewed.
     pub deadline: Instant,
+    /// The kernel the lease asks for.
+    pub kernel: KernelRequest,
+}
+
+/// A lease as it was issued, kept for the whole session so that a report can
+/// be bound to it (also after the lease expired: a late copy is still a copy).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Issued {
+    /// The job it granted.
+    pub job: JobId,
+    /// The worker it was granted to.
+    pub worker: WorkerId,
+    /// Who computes under it, for verification.
+    pub identity: IdentityId,
+    /// True for the coordinator's own threads.
+    pub local: bool,
 }
 
 /// The answer to a `Lease` call.
@@ -111,12 +169,61 @@ pub struct Grant {
 /// What a result did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
-    /// The first result of the job: stored and counted.
+    /// The job's first copy, or a copy that changed which result counts.
     Accepted,
-    /// The job was done already, and this result agrees.
+    /// The copy agrees with the result that counts.
     Confirmed,
-    /// The job was done already, and this result disagrees. Not counted.
+    /// The copy disagrees with the result that counts. Kept, not counted.
     Conflict,
+}
+
+/// What the ledger decided about one job, applied by
+/// [`Scheduler::settle`] once the decision is durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// The job.
+    pub job: JobId,
+    /// The lease the deciding copy came under (it ends), if any.
+    pub lease: Option<LeaseId>,
+    /// The tally that was counted for the job before, if any.
+    pub counted_before: Option<Tally>,
+    /// The tally that counts now, if any copy votes.
+    pub counted: Option<Tally>,
+    /// The first voter of the counted copy.
+    pub voter: Option<IdentityId>,
+    /// The counted copy's votes.
+    pub votes: u32,
+    /// True when the job needs no further copy.
+    pub settled: bool,
+    /// Every identity that reported the job.
+    pub reporters: Vec<IdentityId>,
+    /// True when some copy ran the scalar kernel.
+    pub scalar_seen: bool,
+    /// Identities that lost a conflict on this job.
+    pub losers: Vec<IdentityId>,
+    /// True when the job's valid copies disagree.
+    pub disputed: bool,
+}
+
+/// What a [`Scheduler::settle`] changed beyond its job: the caller must
+/// re-examine other jobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fallout {
+    /// Identities that just became suspect or banned: every job they voted
+    /// for is judged again.
+    pub discredited: Vec<IdentityId>,
+    /// True when copies from a second machine arrived in a run with
+    /// `Fraction::Auto`: more jobs are selected now.
+    pub selection_grew: bool,
+}
+
+/// A job waiting for another copy.
+#[derive(Clone, Debug, Default)]
+struct Open {
+    /// Identities that reported it; none of them may compute it again.
+    reporters: Vec<IdentityId>,
+    /// True when a copy ran the scalar kernel.
+    scalar_seen: bool,
 }
 
 /// The scheduling state of one coordinator session.
@@ -126,11 +233,25 @@ pub struct Scheduler {
     /// Job ids in the order they are handed out. May hold ids that are no
     /// longer pending (done by a late result); they are skipped when popped.
     pending: VecDeque<JobId>,
+    /// Jobs waiting for another copy, granted before `pending`.
+    checks: VecDeque<JobId>,
+    /// Jobs that have copies but are not settled.
+    open: HashMap<JobId, Open>,
+    /// Open jobs whose valid copies disagree.
+    disputed: std::collections::HashSet<JobId>,
     pending_count: u64,
     leases: LeaseTable,
+    /// Every lease this session issued, until its job is settled.
+    issued: HashMap<LeaseId, Issued>,
     workers: HashMap<WorkerId, Worker>,
+    identities: Identities,
+    policy: Policy,
+    /// The machines whose copies were received in the run (the local
+    /// threads count as one, whatever their kernel). Automatic verification
+    /// starts once there are two, since a check needs a second machine.
+    sources: std::collections::HashSet<String>,
+    rng: rand::rngs::StdRng,
     session: u64,
-    next_lease: u64,
     next_worker: u64,
     ttl: Duration,
     closed: bool,
@@ -142,13 +263,20 @@ pub struct Scheduler {
     work_here: u128,
     confirmations: u64,
     conflicts: u64,
+    expiries: u64,
 }
 
 impl Scheduler {
     /// A scheduler for jobs `0..works.len()` with the given estimated works, all
     /// pending. `session` numbers this coordinator session (from
-    /// `Store::next_boot`); `ttl` is the lease lifetime.
-    pub fn new(works: Vec<u64>, session: u64, ttl: Duration) -> Scheduler {
+    /// `Store::next_boot`); `ttl` is the lease lifetime; `policy` the
+    /// verification settings.
+    pub fn new(
+        works: Vec<u64>,
+        session: u64,
+        ttl: Duration,
+        policy: Policy,
+    ) -> Scheduler {
         let mut order: Vec<JobId> = (0..works.len() as u64).map(JobId).collect();
         // Largest first, ties in id order. Large runs order by octave of
         // work instead (see `band`), for the store's sake.
@@ -163,17 +291,27 @@ impl Scheduler {
             .map(|work| Slot {
                 work,
                 attempts: 0,
+                voter: NOBODY,
                 phase: Phase::Pending,
+                counted: false,
+                verified: false,
             })
             .collect();
         Scheduler {
             pending_count: jobs.len() as u64,
             jobs,
             pending: order.into(),
+            checks: VecDeque::new(),
+            open: HashMap::new(),
+            disputed: std::collections::HashSet::new(),
             leases: LeaseTable::default(),
+            issued: HashMap::new(),
             workers: HashMap::new(),
+            identities: Identities::default(),
+            policy,
+            sources: std::collections::HashSet::new(),
+            rng: rand::rngs::StdRng::from_os_rng(),
             session,
-            next_lease: 1,
             next_worker: 1,
             ttl,
             closed: false,
@@ -185,6 +323,7 @@ impl Scheduler {
             work_here: 0,
             confirmations: 0,
             conflicts: 0,
+            expiries: 0,
         }
     }
 
@@ -195,22 +334,50 @@ impl Scheduler {
         })
     }
 
-    /// Marks a job done with its stored result's tally (on startup).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::UnknownJob`]; [`Error::Inconsistent`] if the total overflows.
-    pub fn restore_done(&mut self, job: JobId, tally: &Tally) -> Result<()> {
-        let slot = *self.slot(job)?;
-        if slot.phase == Phase::Done {
-            return Ok(());
+    /// The verification identities of the run (for judging and reports).
+    pub fn identities(&self) -> &Identities {
+        &self.identities
+    }
+
+    /// The id of identity `name`, added if new (restoring stored copies).
+    pub fn intern(&mut self, name: &str) -> IdentityId {
+        self.identities.intern(name)
+    }
+
+    /// Records a lost conflict found in stored copies (on startup).
+    pub fn restore_loss(&mut self, identity: IdentityId) {
+        self.identities.add_loss(identity);
+    }
+
+    /// The verification settings.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// True once copies came from two machines: a check is possible.
+    pub fn second_source(&self) -> bool {
+        self.sources.len() >= 2
+    }
+
+    /// Notes a machine that sent copies (identity `name`). Returns true when
+    /// it is the second one.
+    pub fn note_source(&mut self, name: &str) -> bool {
+        let machine = if name.starts_with("local:") {
+            "local"
+        } else {
+            name
+        };
+        let before = self.sources.len();
+        if before >= 2 || self.sources.contains(machine) {
+            return false;
         }
-        self.tally.merge(tally).map_err(Error::Inconsistent)?;
-        self.jobs[job.0 as usize].phase = Phase::Done;
-        self.pending_count -= 1;
-        self.done_jobs += 1;
-        self.done_work += u128::from(slot.work);
-        Ok(())
+        self.sources.insert(machine.to_owned());
+        before == 1
+    }
+
+    /// True when `job` is chosen for a second copy now.
+    pub fn selected(&self, job: JobId) -> bool {
+        self.policy.selected(job, self.second_source())
     }
 
     /// Sets a job's attempt count (on startup).
@@ -226,21 +393,41 @@ impl Scheduler {
         self.conflicts += conflicts;
     }
 
-    /// Registers a remote worker and returns its new id.
-    pub fn register(&mut self, name: &str, threads: u32, now: Instant) -> WorkerId {
-        self.add_worker(name, threads, now, false)
+    /// Registers a remote worker, calling from `address`, and returns its new
+    /// id.
+    pub fn register(
+        &mut self,
+        name: &str,
+        threads: u32,
+        address: Option<IpAddr>,
+        now: Instant,
+    ) -> WorkerId {
+        let identity = match address {
+            Some(ip) => format!("{name}@{ip}"),
+            None => format!("{name}@unknown"),
+        };
+        let identity = self.identities.intern(&identity);
+        self.add_worker(name, address, identity, threads, now, false)
     }
 
-    /// Registers the coordinator's own threads. They lease like a remote
-    /// worker but are not counted among the workers to tell that the run is
-    /// over.
-    pub fn register_local(&mut self, threads: u32, now: Instant) -> WorkerId {
-        self.add_worker("local", threads, now, true)
+    /// Registers the coordinator's own threads, whose fastest kernel is
+    /// `kernel`. They lease like a remote worker but are not counted among
+    /// the workers to tell that the run is over.
+    pub fn register_local(
+        &mut self,
+        threads: u32,
+        kernel: &str,
+        now: Instant,
+    ) -> WorkerId {
+        let identity = self.identities.intern(&local_identity(kernel));
+        self.add_worker("local", None, identity, threads, now, true)
     }
 
     fn add_worker(
         &mut self,
         name: &str,
+        address: Option<IpAddr>,
+        identity: IdentityId,
         threads: u32,
         now: Instant,
         local: bool,
@@ -251,6 +438,8 @@ impl Scheduler {
             id.clone(),
             Worker {
                 name: name.to_owned(),
+                address,
+                identity,
                 threads,
                 last_seen: now,
                 told_complete: false,
@@ -265,16 +454,41 @@ impl Scheduler {
         self.workers.get(id)
     }
 
+    /// Every registered worker.
+    pub fn workers(&self) -> impl Iterator<Item = (&WorkerId, &Worker)> {
+        self.workers.iter()
+    }
+
+    /// Refuses a banned worker.
+    fn admit(&self, worker: &WorkerId) -> Result<&Worker> {
+        let w = self
+            .workers
+            .get(worker)
+            .ok_or_else(|| Error::UnknownWorker {
+                worker: worker.0.clone(),
+            })?;
+        let lost = self.identities.lost(w.identity);
+        if !w.local && self.identities.is_banned(w.identity, self.policy.ban_after) {
+            return Err(Error::Refused(Refusal::Banned {
+                identity: self.identities.name(w.identity).to_owned(),
+                lost,
+            }));
+        }
+        Ok(w)
+    }
+
     /// The heartbeat: renews every lease in `held` that `worker` still holds,
     /// reports the others as revoked, and grants up to `want` new jobs (fewer
     /// when the worker already holds `max(16, 4 × threads)` leases, or when the
-    /// scheduler is closed).
+    /// scheduler is closed). Jobs waiting for a check go first, to workers
+    /// that have not reported them.
     ///
     /// Call [`Scheduler::expire`] before, so that late leases are reissued.
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownWorker`] when `worker` is not registered in this session.
+    /// [`Error::UnknownWorker`] when `worker` is not registered in this
+    /// session; [`Error::Refused`] when it is banned.
     pub fn lease(
         &mut self,
         worker: &WorkerId,
@@ -284,17 +498,16 @@ impl Scheduler {
     ) -> Result<Grant> {
         let deadline = now + self.ttl;
         let complete = self.is_complete();
-        let w = self
-            .workers
-            .get_mut(worker)
-            .ok_or_else(|| Error::UnknownWorker {
-                worker: worker.0.clone(),
-            })?;
+        let (threads, identity, local) = {
+            let w = self.admit(worker)?;
+            (w.threads, w.identity, w.local)
+        };
+        let w = self.workers.get_mut(worker).expect("admitted above");
         w.last_seen = now;
         if complete {
             w.told_complete = true;
         }
-        let cap = (4 * w.threads).max(16) as usize;
+        let cap = (4 * threads).max(16) as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()
@@ -313,15 +526,11 @@ impl Scheduler {
         let room = cap.saturating_sub(holding);
         let want = (want.min(MAX_GRANT) as usize).min(room);
         while grant.jobs.len() < want {
-            let Some(job) = self.pending.pop_front() else {
+            let Some((job, identity, kernel)) = self.next_job(identity, local) else {
                 break;
             };
+            let lease = self.fresh_lease_id();
             let slot = &mut self.jobs[job.0 as usize];
-            if slot.phase != Phase::Pending {
-                continue; // done by a late result while queued
-            }
-            let lease = LeaseId::new(self.session, self.next_lease);
-            self.next_lease += 1;
             slot.phase = Phase::Leased;
             slot.attempts = slot.attempts.saturating_add(1);
             self.pending_count -= 1;
@@ -331,18 +540,101 @@ impl Scheduler {
                 worker: worker.clone(),
                 deadline,
             });
+            self.issued.insert(
+                lease,
+                Issued {
+                    job,
+                    worker: worker.clone(),
+                    identity,
+                    local,
+                },
+            );
             grant.jobs.push(Granted {
                 job,
                 lease,
                 attempts: slot.attempts,
                 deadline,
+                kernel,
             });
         }
         Ok(grant)
     }
 
+    /// A random lease id not issued before in this session.
+    fn fresh_lease_id(&mut self) -> LeaseId {
+        loop {
+            let id = LeaseId(self.rng.random());
+            if id.0 != 0 && !self.issued.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// The next job `identity` may compute, with the identity it computes
+    /// under and the kernel to ask for. The local threads may take a check of
+    /// their own copy with the other kernel, under the other local identity.
+    fn next_job(
+        &mut self,
+        identity: IdentityId,
+        local: bool,
+    ) -> Option<(JobId, IdentityId, KernelRequest)> {
+        let mut scanned = 0;
+        let mut i = 0;
+        while i < self.checks.len() && scanned < CHECK_SCAN {
+            let job = self.checks[i];
+            let Some(open) = self.open.get(&job) else {
+                self.checks.remove(i); // settled meanwhile
+                continue;
+            };
+            if self.jobs[job.0 as usize].phase != Phase::Pending {
+                self.checks.remove(i); // leased again, or done
+                continue;
+            }
+            scanned += 1;
+            let request = if open.scalar_seen {
+                KernelRequest::Any
+            } else {
+                KernelRequest::Scalar
+            };
+            let choice = if local {
+                let scalar = self.identities.get(&local_identity("scalar"));
+                let options = [(identity, request), (scalar?, KernelRequest::Scalar)];
+                options
+                    .into_iter()
+                    .find(|(id, _)| !open.reporters.contains(id))
+            } else {
+                (!open.reporters.contains(&identity)).then_some((identity, request))
+            };
+            if let Some((id, kernel)) = choice {
+                self.checks.remove(i);
+                return Some((job, id, kernel));
+            }
+            i += 1;
+        }
+        while let Some(job) = self.pending.pop_front() {
+            if self.jobs[job.0 as usize].phase != Phase::Pending
+                || self.open.contains_key(&job)
+            {
+                continue; // done by a late result, or waiting in `checks`
+            }
+            let kernel = if self.selected(job) && self.policy.scalar_first(job) {
+                KernelRequest::Scalar
+            } else {
+                KernelRequest::Any
+            };
+            let id = match (local, kernel) {
+                (true, KernelRequest::Scalar) => {
+                    self.identities.intern(&local_identity("scalar"))
+                }
+                _ => identity,
+            };
+            return Some((job, id, kernel));
+        }
+        None
+    }
+
     /// Takes back leases that `worker` hands in; their jobs go to the front of
-    /// the queue. Unknown, expired or foreign leases are ignored. Returns the
+    /// their queue. Unknown, expired or foreign leases are ignored. Returns the
     /// jobs released.
     pub fn release(
         &mut self,
@@ -357,7 +649,7 @@ impl Scheduler {
         for &id in leases {
             if self.leases.get(id).is_some_and(|l| l.worker == *worker) {
                 let lease = self.leases.remove(id).expect("just checked");
-                self.requeue(&lease);
+                self.requeue(lease.job);
                 out.push(lease.job);
             }
         }
@@ -365,51 +657,70 @@ impl Scheduler {
     }
 
     /// Expires every lease whose deadline is before `now`; their jobs go to
-    /// the front of the queue. Returns the expired leases.
+    /// the front of their queue. Returns the expired leases.
     pub fn expire(&mut self, now: Instant) -> Vec<Lease> {
         let expired = self.leases.expire(now);
+        self.expiries += expired.len() as u64;
         // Pushed to the front in reverse, so the oldest grant is reissued first.
         for lease in expired.iter().rev() {
-            self.requeue(lease);
+            self.requeue(lease.job);
         }
         expired
     }
 
-    fn requeue(&mut self, lease: &Lease) {
-        let slot = &mut self.jobs[lease.job.0 as usize];
-        // The lease left the table just now, so it was the job's live one.
+    /// Puts a job whose live lease just ended back in its queue.
+    fn requeue(&mut self, job: JobId) {
+        let slot = &mut self.jobs[job.0 as usize];
         if slot.phase == Phase::Leased {
             slot.phase = Phase::Pending;
             self.pending_count += 1;
-            self.pending.push_front(lease.job);
+            if self.open.contains_key(&job) {
+                self.checks.push_front(job);
+            } else {
+                self.pending.push_front(job);
+            }
         }
     }
 
-    /// Checks that a report for `job` under `lease` may be considered: the job
-    /// exists, and the lease is either live for this job, or no longer live
-    /// (expired, released, or from an earlier session; a late result is still
-    /// a valid result).
+    /// Binds a report to its lease: `lease` must have been issued in this
+    /// session, to `worker`, for `job`, and the worker must not be banned.
+    /// Returns the lease as issued.
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`], [`Error::LeaseMismatch`] (a live lease of another
-    /// job), [`Error::UnknownLease`] (a lease this session never granted).
-    pub fn check_report(&self, job: JobId, lease: LeaseId) -> Result<()> {
+    /// [`Error::UnknownJob`]; [`Error::Refused`] naming what does not match.
+    pub fn check_report(
+        &self,
+        job: JobId,
+        lease: LeaseId,
+        worker: &WorkerId,
+    ) -> Result<Issued> {
         self.slot(job)?;
-        if let Some(l) = self.leases.get(lease) {
-            if l.job != job {
-                return Err(Error::LeaseMismatch {
-                    lease,
-                    job,
-                    leased: l.job,
-                });
-            }
-        } else if lease.session() > self.session
-            || (lease.session() == self.session && lease.counter() >= self.next_lease)
-        {
-            return Err(Error::UnknownLease { lease });
+        let refuse = |r| Err(Error::Refused(r));
+        let Some(issued) = self.issued.get(&lease) else {
+            return refuse(Refusal::UnknownLease { lease });
+        };
+        if issued.job != job {
+            return refuse(Refusal::LeaseOfAnotherJob {
+                lease,
+                job,
+                leased: issued.job,
+            });
         }
-        Ok(())
+        if issued.worker != *worker {
+            return refuse(Refusal::LeaseOfAnotherWorker { lease });
+        }
+        if !issued.local
+            && self
+                .identities
+                .is_banned(issued.identity, self.policy.ban_after)
+        {
+            return refuse(Refusal::Banned {
+                identity: self.identities.name(issued.identity).to_owned(),
+                lost: self.identities.lost(issued.identity),
+            });
+        }
+        Ok(issued.clone())
     }
 
     /// True when `lease` is live (granted, not expired, released or done).
@@ -417,9 +728,14 @@ impl Scheduler {
         self.leases.get(lease).is_some()
     }
 
-    /// True when `job` has an accepted result.
+    /// True when `job` is settled: its result counts and needs no copy.
     pub fn is_done(&self, job: JobId) -> bool {
         self.slot(job).is_ok_and(|s| s.phase == Phase::Done)
+    }
+
+    /// True when a copy of `job` counts in the totals.
+    pub fn is_counted(&self, job: JobId) -> bool {
+        self.slot(job).is_ok_and(|s| s.counted)
     }
 
     /// How many times `job` was leased.
@@ -427,52 +743,141 @@ impl Scheduler {
         self.slot(job).map_or(0, |s| s.attempts)
     }
 
-    /// Applies a checked result of `job`, sent under `lease`, whose
-    /// contribution to the totals is `tally`.
-    ///
-    /// If the job is not done yet, the result is accepted: the job becomes
-    /// `Done` (revoking whoever holds its lease) and `tally` is added. If it is
-    /// done, `agrees` is asked whether the result matches the stored one, and
-    /// the answer is counted as a confirmation or a conflict; the totals do not
-    /// change.
-    ///
-    /// The caller MUST have made the result durable before calling this (for an
-    /// accepted result) and MUST have checked it (`SubProblem::check`).
+    /// Jobs whose counted copy's first voter is `identity`.
+    pub fn jobs_voted_by(&self, identity: IdentityId) -> Vec<JobId> {
+        self.jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.voter == identity.0)
+            .map(|(i, _)| JobId(i as u64))
+            .collect()
+    }
+
+    /// Settled jobs with a single vote that the current selection wants
+    /// checked (after the selection grew).
+    pub fn unchecked_selected(&self) -> Vec<JobId> {
+        self.jobs
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| {
+                s.phase == Phase::Done && !s.verified && self.selected(JobId(*i as u64))
+            })
+            .map(|(i, _)| JobId(i as u64))
+            .collect()
+    }
+
+    /// Applies a decision of the ledger about one job, which the caller has
+    /// made durable. Returns what changed beyond the job.
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownJob`]; [`Error::Inconsistent`] if the total overflows.
-    pub fn complete(
-        &mut self,
-        job: JobId,
-        lease: LeaseId,
-        tally: &Tally,
-        agrees: impl FnOnce() -> bool,
-    ) -> Result<Outcome> {
-        let slot = *self.slot(job)?;
-        if slot.phase == Phase::Done {
-            // The reporter's lease, if somehow still live, is over too.
+    /// [`Error::UnknownJob`]; [`Error::Inconsistent`] if a total would
+    /// overflow or go below zero (never expected: the ledger subtracts only
+    /// what it added).
+    pub fn settle(&mut self, s: &Settlement, here: bool) -> Result<Fallout> {
+        let slot = *self.slot(s.job)?;
+        if let Some(lease) = s.lease
+            && self.leases.get(lease).is_some_and(|l| l.job == s.job)
+        {
             self.leases.remove(lease);
-            return Ok(if agrees() {
-                self.confirmations += 1;
-                Outcome::Confirmed
-            } else {
-                self.conflicts += 1;
-                Outcome::Conflict
-            });
+            if slot.phase == Phase::Leased {
+                self.jobs[s.job.0 as usize].phase = Phase::Pending;
+                self.pending_count += 1;
+            }
         }
-        self.tally.merge(tally).map_err(Error::Inconsistent)?;
-        if slot.phase == Phase::Leased {
-            self.leases.remove_job(job);
+        let mut tally = self.tally;
+        if let Some(before) = &s.counted_before {
+            tally.total = tally
+                .total
+                .checked_sub(before.total)
+                .ok_or_else(underflow)?;
+            tally.burnside = tally
+                .burnside
+                .checked_sub(before.burnside)
+                .ok_or_else(underflow)?;
+        }
+        if let Some(now) = &s.counted {
+            tally.merge(now).map_err(Error::Inconsistent)?;
+        }
+        self.tally = tally;
+        let was_done = slot.phase == Phase::Done;
+        let slot = &mut self.jobs[s.job.0 as usize];
+        slot.counted = s.counted.is_some();
+        slot.voter = s.voter.map_or(NOBODY, |v| v.0);
+        slot.verified = s.votes >= 2;
+        let work = u128::from(slot.work);
+        if s.settled {
+            if !was_done {
+                if slot.phase == Phase::Pending {
+                    self.pending_count -= 1;
+                }
+                slot.phase = Phase::Done;
+                self.leases.remove_job(s.job);
+                self.open.remove(&s.job);
+                self.done_jobs += 1;
+                self.done_work += work;
+                if here {
+                    self.done_here += 1;
+                    self.work_here += work;
+                }
+            }
         } else {
-            self.pending_count -= 1;
+            self.open.insert(
+                s.job,
+                Open {
+                    reporters: s.reporters.clone(),
+                    scalar_seen: s.scalar_seen,
+                },
+            );
+            if was_done {
+                self.done_jobs -= 1;
+                self.done_work -= work;
+                slot.phase = Phase::Pending;
+                self.pending_count += 1;
+                self.checks.push_back(s.job);
+            } else if slot.phase == Phase::Pending {
+                // Not leased (or its lease just ended): wait for a check.
+                self.checks.push_back(s.job);
+            }
         }
-        self.jobs[job.0 as usize].phase = Phase::Done;
-        self.done_jobs += 1;
-        self.done_here += 1;
-        self.done_work += u128::from(slot.work);
-        self.work_here += u128::from(slot.work);
-        Ok(Outcome::Accepted)
+        if s.disputed && !s.settled {
+            self.disputed.insert(s.job);
+        } else {
+            self.disputed.remove(&s.job);
+        }
+        let mut fallout = Fallout::default();
+        for &loser in &s.losers {
+            let lost = self.identities.add_loss(loser);
+            if lost == 1 || lost == self.policy.ban_after {
+                fallout.discredited.push(loser);
+            }
+        }
+        for &r in &s.reporters {
+            let name = self.identities.name(r).to_owned();
+            if self.note_source(&name) {
+                fallout.selection_grew =
+                    self.policy.share(true) > self.policy.share(false);
+            }
+        }
+        Ok(fallout)
+    }
+
+    /// Counts an outcome of a copy (for the report).
+    pub fn note_outcome(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Accepted => {}
+            Outcome::Confirmed => self.confirmations += 1,
+            Outcome::Conflict => self.conflicts += 1,
+        }
+    }
+
+    /// Forgets issued leases of settled jobs: no report under them can
+    /// change anything any more, and a run's leases would otherwise grow
+    /// memory without bound.
+    pub fn prune_issued(&mut self) {
+        let jobs = &self.jobs;
+        self.issued
+            .retain(|_, i| jobs[i.job.0 as usize].phase != Phase::Done);
     }
 
     /// Stops granting leases (the first step of shutdown). Heartbeats still
@@ -486,12 +891,12 @@ impl Scheduler {
         self.closed
     }
 
-    /// True when every job is done.
+    /// True when every job is settled.
     pub fn is_complete(&self) -> bool {
         self.done_jobs == self.jobs.len() as u64
     }
 
-    /// The totals of the accepted results.
+    /// The totals of the counted copies.
     pub fn tally(&self) -> Tally {
         self.tally
     }
@@ -501,7 +906,7 @@ impl Scheduler {
         self.jobs.len() as u64
     }
 
-    /// Number of jobs done.
+    /// Number of jobs settled.
     pub fn jobs_done(&self) -> u64 {
         self.done_jobs
     }
@@ -511,14 +916,29 @@ impl Scheduler {
         self.pending_count
     }
 
-    /// Repeated results that agreed with the stored ones (all sessions).
+    /// Jobs with copies that wait for another one.
+    pub fn jobs_in_check(&self) -> u64 {
+        self.open.len() as u64
+    }
+
+    /// Jobs whose copies disagree and that wait for a copy to decide.
+    pub fn jobs_disputed(&self) -> u64 {
+        self.disputed.len() as u64
+    }
+
+    /// Copies that agreed with the counted one (all sessions).
     pub fn confirmations(&self) -> u64 {
         self.confirmations
     }
 
-    /// Repeated results that disagreed (all sessions).
+    /// Copies that disagreed (all sessions).
     pub fn conflicts(&self) -> u64 {
         self.conflicts
+    }
+
+    /// Leases that expired in this session.
+    pub fn expiries(&self) -> u64 {
+        self.expiries
     }
 
     /// The lease lifetime.
@@ -583,6 +1003,15 @@ impl Scheduler {
     }
 }
 
+/// The verification identity of the coordinator's threads running `kernel`.
+pub fn local_identity(kernel: &str) -> String {
+    format!("local:{kernel}")
+}
+
+fn underflow() -> Error {
+    Error::Uncounted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -609,11 +1038,38 @@ mod tests {
         }
     }
 
+    fn policy(share: f64) -> Policy {
+        Policy {
+            secret: [3; 16],
+            fraction: crate::quorum::Fraction::Fixed(share),
+            ban_after: 2,
+        }
+    }
+
     fn setup(works: &[u64]) -> (Scheduler, Clock) {
         (
-            Scheduler::new(works.to_vec(), 1, TTL),
+            Scheduler::new(works.to_vec(), 1, TTL, policy(0.0)),
             Clock(Instant::now()),
         )
+    }
+
+    /// The ledger's decision for a single, unselected copy: it settles.
+    fn first_copy(s: &mut Scheduler, job: JobId, lease: LeaseId, total: u128) -> Fallout {
+        let issued = s.issued.get(&lease).cloned();
+        let settlement = Settlement {
+            job,
+            lease: Some(lease),
+            counted_before: None,
+            counted: Some(tally(total)),
+            voter: issued.map(|i| i.identity),
+            votes: 1,
+            settled: true,
+            reporters: vec![],
+            scalar_seen: false,
+            losers: vec![],
+            disputed: false,
+        };
+        s.settle(&settlement, true).unwrap()
     }
 
     fn jobs_of(g: &Grant) -> Vec<u64> {
@@ -624,7 +1080,7 @@ mod tests {
     fn largest_jobs_go_first() {
         // Octaves: 5 → 3, 50 → 6, 12 → 4, 40 → 6; in id order within one.
         let (mut s, clock) = setup(&[5, 50, 12, 50, 40]);
-        let a = s.register("a", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
         let g = s.lease(&a, 5, &[], clock.now()).unwrap();
         assert_eq!(jobs_of(&g), vec![1, 3, 4, 2, 0]);
         assert!(g.jobs.iter().all(|j| j.attempts == 1));
@@ -639,7 +1095,7 @@ mod tests {
             .collect();
         works[7] = 300;
         let (mut s, clock) = setup(&works);
-        let a = s.register("a", 4, clock.now());
+        let a = s.register("a", 4, None, clock.now());
         let g = s.lease(&a, 4, &[], clock.now()).unwrap();
         assert_eq!(jobs_of(&g), vec![7, 0, 1, 2]);
     }
@@ -647,8 +1103,8 @@ mod tests {
     #[test]
     fn an_expired_lease_goes_back_to_pending_and_is_reissued() {
         let (mut s, mut clock) = setup(&[10, 5, 1]);
-        let a = s.register("a", 1, clock.now());
-        let b = s.register("b", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
+        let b = s.register("b", 1, None, clock.now());
         let first = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].clone();
         assert_eq!(first.job, JobId(0));
         // Within the TTL nothing expires.
@@ -670,8 +1126,8 @@ mod tests {
     #[test]
     fn a_lost_worker_loses_its_jobs_but_a_live_one_keeps_them() {
         let (mut s, mut clock) = setup(&[9, 8, 7, 6]);
-        let lost = s.register("lost", 1, clock.now());
-        let live = s.register("live", 1, clock.now());
+        let lost = s.register("lost", 1, None, clock.now());
+        let live = s.register("live", 1, None, clock.now());
         let gl = s.lease(&lost, 2, &[], clock.now()).unwrap();
         let gv = s.lease(&live, 2, &[], clock.now()).unwrap();
         let held: Vec<LeaseId> = gv.jobs.iter().map(|j| j.lease).collect();
@@ -693,57 +1149,121 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_result_is_a_confirmation_or_a_conflict_and_never_counts() {
-        let (mut s, clock) = setup(&[1, 1]);
-        let a = s.register("a", 1, clock.now());
-        let g = s.lease(&a, 2, &[], clock.now()).unwrap();
-        let (j0, l0) = (g.jobs[0].job, g.jobs[0].lease);
-        let never = || panic!("a first result is not compared");
+    fn a_selected_job_is_checked_by_another_worker_on_the_other_kernel() {
+        let mut s = Scheduler::new(vec![1, 1], 1, TTL, policy(1.0));
+        let now = Instant::now();
+        let ip = |d| Some(IpAddr::from([127, 0, 0, d]));
+        let a = s.register("a", 1, ip(1), now);
+        let b = s.register("b", 1, ip(2), now);
+        let g = s.lease(&a, 1, &[], now).unwrap();
+        let (job, lease, first_kernel) =
+            (g.jobs[0].job, g.jobs[0].lease, g.jobs[0].kernel);
+        let ia = s.worker(&a).unwrap().identity;
+        let one_vote = Settlement {
+            job,
+            lease: Some(lease),
+            counted_before: None,
+            counted: Some(tally(5)),
+            voter: Some(ia),
+            votes: 1,
+            settled: false,
+            reporters: vec![ia],
+            scalar_seen: first_kernel == KernelRequest::Scalar,
+            losers: vec![],
+            disputed: false,
+        };
+        s.settle(&one_vote, true).unwrap();
         assert_eq!(
-            s.complete(j0, l0, &tally(5), never).unwrap(),
-            Outcome::Accepted
+            s.tally().total,
+            5,
+            "a first copy counts while it is checked"
         );
-        assert_eq!(s.tally().total, 5);
-        assert!(s.is_done(j0));
-        let again = s.complete(j0, l0, &tally(5), || true).unwrap();
-        assert_eq!(again, Outcome::Confirmed);
-        let wrong = s.complete(j0, l0, &tally(6), || false).unwrap();
-        assert_eq!(wrong, Outcome::Conflict);
-        assert_eq!(s.tally().total, 5, "repeats never change the total");
-        assert_eq!((s.confirmations(), s.conflicts()), (1, 1));
-        assert_eq!(s.jobs_done(), 1);
-        assert!(!s.is_complete());
+        assert!(!s.is_done(job) && !s.is_complete());
+        assert_eq!(s.jobs_in_check(), 1);
+        // `a` may not check itself: it gets the other job, not the check.
+        let again = s.lease(&a, 2, &[], now).unwrap();
+        assert!(again.jobs.iter().all(|j| j.job != job));
+        // `b` gets the check first, on the kernel the first copy did not use.
+        let check = s.lease(&b, 1, &[], now).unwrap().jobs[0].clone();
+        assert_eq!(check.job, job);
+        let other = if first_kernel == KernelRequest::Scalar {
+            KernelRequest::Any
+        } else {
+            KernelRequest::Scalar
+        };
+        assert_eq!(check.kernel, other);
+        let ib = s.worker(&b).unwrap().identity;
+        let two_votes = Settlement {
+            lease: Some(check.lease),
+            counted_before: Some(tally(5)),
+            counted: Some(tally(5)),
+            votes: 2,
+            settled: true,
+            reporters: vec![ia, ib],
+            ..one_vote
+        };
+        s.settle(&two_votes, true).unwrap();
+        assert!(s.is_done(job));
+        assert_eq!(s.tally().total, 5, "a confirmation adds nothing");
+    }
+
+    #[test]
+    fn losers_are_discredited_then_refused() {
+        let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(1.0));
+        let now = Instant::now();
+        let liar = s.register("liar", 1, None, now);
+        let il = s.worker(&liar).unwrap().identity;
+        let lost = |job| Settlement {
+            job: JobId(job),
+            lease: None,
+            counted_before: None,
+            counted: Some(tally(1)),
+            voter: None,
+            votes: 2,
+            settled: true,
+            reporters: vec![],
+            scalar_seen: true,
+            losers: vec![il],
+            disputed: false,
+        };
+        assert_eq!(s.settle(&lost(0), true).unwrap().discredited, vec![il]);
+        assert!(
+            s.lease(&liar, 1, &[], now).is_ok(),
+            "one loss: suspect, not refused"
+        );
+        assert_eq!(s.settle(&lost(1), true).unwrap().discredited, vec![il]);
+        assert!(matches!(
+            s.lease(&liar, 1, &[], now),
+            Err(Error::Refused(Refusal::Banned { lost: 2, .. }))
+        ));
     }
 
     #[test]
     fn a_late_result_after_reissue_counts_once() {
         let (mut s, mut clock) = setup(&[3]);
-        let a = s.register("a", 1, clock.now());
-        let b = s.register("b", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
+        let b = s.register("b", 1, None, clock.now());
         let la = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
         s.expire(clock.advance(31));
         let lb = s.lease(&b, 1, &[], clock.now()).unwrap().jobs[0].lease;
-        // `a` was slow, not dead: its result arrives under the expired lease.
-        s.check_report(JobId(0), la).unwrap();
-        let out = s.complete(JobId(0), la, &tally(7), || unreachable!());
-        assert_eq!(out.unwrap(), Outcome::Accepted);
+        // `a` was slow, not dead: its result arrives under the expired lease,
+        // which is still bound to it.
+        s.check_report(JobId(0), la, &a).unwrap();
+        first_copy(&mut s, JobId(0), la, 7);
         assert!(s.is_complete());
-        // `b` learns at its next heartbeat that its lease is revoked ...
+        assert_eq!(s.tally().total, 7);
+        // `b` learns at its next heartbeat that its lease is revoked.
         let g = s.lease(&b, 1, &[lb], clock.now()).unwrap();
         assert_eq!(g.revoked, vec![lb]);
         assert!(g.run_complete && g.jobs.is_empty());
-        // ... and if it reports anyway, it is compared, not added.
-        let out = s.complete(JobId(0), lb, &tally(7), || true);
-        assert_eq!(out.unwrap(), Outcome::Confirmed);
-        assert_eq!(s.tally().total, 7);
     }
 
     #[test]
     fn released_jobs_are_reissued_first() {
         let (mut s, clock) = setup(&[9, 8, 7]);
-        let a = s.register("a", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
         let g = s.lease(&a, 1, &[], clock.now()).unwrap();
-        let other = s.register("other", 1, clock.now());
+        let other = s.register("other", 1, None, clock.now());
         assert!(
             s.release(&other, &[g.jobs[0].lease], clock.now())
                 .is_empty()
@@ -760,9 +1280,10 @@ mod tests {
     }
 
     #[test]
-    fn bad_reports_and_unknown_workers_are_refused() {
+    fn reports_are_bound_to_their_lease_worker_and_job() {
         let (mut s, clock) = setup(&[1, 1]);
-        let a = s.register("a", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
+        let b = s.register("b", 1, None, clock.now());
         let stranger = WorkerId("w9.9".into());
         assert!(matches!(
             s.lease(&stranger, 1, &[], clock.now()),
@@ -770,27 +1291,31 @@ mod tests {
         ));
         let g = s.lease(&a, 2, &[], clock.now()).unwrap();
         let (l0, l1) = (g.jobs[0].lease, g.jobs[1].lease);
+        assert_ne!(l0.0 + 1, l1.0, "lease ids are not a counter");
+        let refused = |r: Result<Issued>| matches!(r, Err(Error::Refused(_)));
+        assert!(
+            refused(s.check_report(g.jobs[1].job, l0, &a)),
+            "another job's lease"
+        );
+        assert!(
+            refused(s.check_report(g.jobs[0].job, l0, &b)),
+            "another worker's lease"
+        );
+        assert!(
+            refused(s.check_report(g.jobs[0].job, LeaseId(12345), &a)),
+            "made up"
+        );
         assert!(matches!(
-            s.check_report(g.jobs[1].job, l0),
-            Err(Error::LeaseMismatch { .. })
-        ));
-        assert!(matches!(
-            s.check_report(JobId(2), l1),
+            s.check_report(JobId(2), l1, &a),
             Err(Error::UnknownJob { .. })
         ));
-        let future = LeaseId::new(1, 1000);
-        assert!(matches!(
-            s.check_report(JobId(0), future),
-            Err(Error::UnknownLease { .. })
-        ));
-        // A lease of an earlier session is late, not unknown.
-        s.check_report(JobId(0), LeaseId::new(0, 1000)).unwrap();
+        s.check_report(g.jobs[0].job, l0, &a).unwrap();
     }
 
     #[test]
     fn leases_are_capped_per_worker() {
         let (mut s, clock) = setup(&[1; 100]);
-        let a = s.register("a", 2, clock.now());
+        let a = s.register("a", 2, None, clock.now());
         let g = s.lease(&a, 50, &[], clock.now()).unwrap();
         assert_eq!(g.jobs.len(), 16);
         let held: Vec<LeaseId> = g.jobs.iter().map(|j| j.lease).collect();
@@ -808,7 +1333,7 @@ mod tests {
     #[test]
     fn a_closed_scheduler_grants_nothing_but_still_renews() {
         let (mut s, mut clock) = setup(&[1, 1]);
-        let a = s.register("a", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
         let l = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
         s.close();
         clock.advance(20);
@@ -820,11 +1345,11 @@ mod tests {
     #[test]
     fn completion_is_announced_to_every_recent_worker() {
         let (mut s, mut clock) = setup(&[1]);
-        let a = s.register("a", 1, clock.now());
-        let b = s.register("b", 1, clock.now());
-        let _local = s.register_local(2, clock.now());
+        let a = s.register("a", 1, None, clock.now());
+        let b = s.register("b", 1, None, clock.now());
+        let _local = s.register_local(2, "avx2", clock.now());
         let l = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
-        s.complete(JobId(0), l, &tally(1), || true).unwrap();
+        first_copy(&mut s, JobId(0), l, 1);
         assert_eq!(
             s.untold_workers(clock.now()),
             2,
@@ -841,10 +1366,23 @@ mod tests {
     #[test]
     fn restored_jobs_are_never_granted() {
         let (mut s, clock) = setup(&[5, 4, 3]);
-        s.restore_done(JobId(0), &tally(10)).unwrap();
+        let restored = Settlement {
+            job: JobId(0),
+            lease: None,
+            counted_before: None,
+            counted: Some(tally(10)),
+            voter: None,
+            votes: 1,
+            settled: true,
+            reporters: vec![],
+            scalar_seen: false,
+            losers: vec![],
+            disputed: false,
+        };
+        s.settle(&restored, false).unwrap();
         s.restore_attempts(JobId(1), 3);
         s.restore_duplicates(2, 1);
-        let a = s.register("a", 1, clock.now());
+        let a = s.register("a", 1, None, clock.now());
         let g = s.lease(&a, 3, &[], clock.now()).unwrap();
         assert_eq!(jobs_of(&g), vec![1, 2]);
         assert_eq!(g.jobs[0].attempts, 4);

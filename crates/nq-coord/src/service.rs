@@ -3,10 +3,19 @@
 //! store and committer.
 //!
 //! Errors become `tonic::Status` in ONE place, `impl From<Error> for Status`
-//! below: bad input is `INVALID_ARGUMENT`, an unknown worker, lease or a
-//! protocol mismatch `FAILED_PRECONDITION`, a busy job or a shutdown
-//! `UNAVAILABLE` (retryable), and everything else `INTERNAL`, logged first.
+//! below: bad input is `INVALID_ARGUMENT`, an unknown worker or a protocol
+//! mismatch `FAILED_PRECONDITION` (register again), a report not bound to a
+//! lease of this session or a banned worker `PERMISSION_DENIED` (drop it), a
+//! busy job or a shutdown `UNAVAILABLE` (retryable), and everything else
+//! `INTERNAL`, logged first.
+//!
+//! A report goes through stages, each a function of its own: [`admit`]
+//! (bound to a lease of this session, this worker, this job, this run),
+//! [`receive`] (the stream, with solutions checked and stored as they come),
+//! [`ledger::verify`] (the counts), [`Session::commit`] (judged against the
+//! job's other copies and made durable), then the acknowledgement.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,7 +27,7 @@ use tracing::{error, info, instrument, warn};
 use crate::error::{Error, ReportFault};
 use crate::lease::{LeaseId, WorkerId};
 use crate::ledger::{self, Report, SolutionWriter};
-use crate::scheduler::Outcome;
+use crate::scheduler::{Issued, Outcome};
 use crate::session::Session;
 
 /// How long an idle worker waits before asking again, at most.
@@ -44,11 +53,12 @@ impl From<Error> for Status {
     fn from(e: Error) -> Status {
         let msg = e.chain();
         match &e {
-            Error::ProtocolVersion { .. }
-            | Error::UnknownWorker { .. }
-            | Error::UnknownLease { .. } => Status::failed_precondition(msg),
+            Error::ProtocolVersion { .. } | Error::UnknownWorker { .. } => {
+                Status::failed_precondition(msg)
+            }
+            // Logged by the handler, which knows the caller's address.
+            Error::Refused(_) => Status::permission_denied(msg),
             Error::UnknownJob { .. }
-            | Error::LeaseMismatch { .. }
             | Error::BadReport { .. }
             | Error::EmptyReport
             | Error::Convert(_) => {
@@ -71,6 +81,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let peer = request.remote_addr();
         let req = request.into_inner();
         if req.protocol_version != nq_proto::PROTOCOL_VERSION {
             return Err(Error::ProtocolVersion {
@@ -81,12 +92,15 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }
         // Every call gets a fresh id, even for a known name: a restarted worker
         // cannot prove it is the same one, and its old leases simply expire.
-        let worker =
-            self.session
-                .sched()
-                .register(&req.name, req.threads, Instant::now());
+        let worker = self.session.sched().register(
+            &req.name,
+            req.threads,
+            peer.map(|p| p.ip()),
+            Instant::now(),
+        );
         info!(
             worker = %worker,
+            peer = ?peer,
             threads = req.threads,
             version = %req.program_version,
             "worker registered"
@@ -107,13 +121,15 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         // This call is the worker's only heartbeat: renewing `held` is as
         // important as granting new jobs, so it is done even when the
         // scheduler is closed or the run complete.
+        let peer = request.remote_addr();
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let held: Vec<LeaseId> = req.held.iter().map(|&l| LeaseId(l)).collect();
-        let grant =
-            self.session
-                .sched()
-                .lease(&worker, req.want, &held, Instant::now())?;
+        let grant = self
+            .session
+            .sched()
+            .lease(&worker, req.want, &held, Instant::now())
+            .inspect_err(|e| refused(e, peer))?;
         let mut jobs = Vec::with_capacity(grant.jobs.len());
         for g in &grant.jobs {
             // Read outside the scheduler lock. Should it fail, the leases
@@ -130,7 +146,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                     })
                     .collect(),
                 estimated_work: stored.work(),
-                kernel: String::new(),
+                kernel: g.kernel.wire().to_owned(),
             });
         }
         // Idle workers poll twice a second at most: often enough to pick up
@@ -155,58 +171,26 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<Streaming<pb::ReportChunk>>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        // The worker id is not checked against the registered workers: a
-        // worker retrying a report after a coordinator restart still holds an
-        // id of the previous session, and its result is just as valid. What
-        // protects the totals is the job's state and the checks on the counts.
+        let peer = request.remote_addr();
         let mut stream = request.into_inner();
         let first = stream.message().await?.ok_or(Error::EmptyReport)?;
-        let (worker, job, lease) = (
-            first.worker_id.clone(),
-            JobId(first.job_id),
-            LeaseId(first.lease_id),
-        );
         let span = tracing::Span::current();
-        span.record("worker", worker.as_str());
-        span.record("job", job.0);
-        let bad = |fault| Error::BadReport { job, fault };
-        // Cheap checks first, before reading the job or taking a claim.
-        self.session.sched().check_report(job, lease)?;
-        let (_, subs) = self.session.subproblems(job)?;
+        span.record("worker", first.worker_id.as_str());
+        span.record("job", first.job_id);
+        let worker = WorkerId(first.worker_id.clone());
+        let job = JobId(first.job_id);
+        let lease = LeaseId(first.lease_id);
+        let issued = admit(&self.session, &first).inspect_err(|e| refused(e, peer))?;
+        let session = Arc::clone(&self.session);
+        let (_, subs) = tokio::task::spawn_blocking(move || session.subproblems(job))
+            .await
+            .map_err(Error::from)??;
         let writer = if self.session.shape.solutions {
             Some(SolutionWriter::open(&self.session, job, &subs)?)
         } else {
             None
         };
-        // Solution batches are checked and stored as they arrive (under the
-        // job's claim), so memory does not grow with a job's solutions; the
-        // counts wait for the result chunk, which comes last.
-        let mut chunk = Some(first);
-        let result = loop {
-            let c = match chunk.take() {
-                Some(c) => c,
-                None => stream
-                    .message()
-                    .await?
-                    .ok_or(bad(ReportFault::MissingResult))?,
-            };
-            if c.worker_id != worker || c.job_id != job.0 || c.lease_id != lease.0 {
-                return Err(bad(ReportFault::MixedIds).into());
-            }
-            match c.body {
-                Some(pb::report_chunk::Body::Solutions(batch)) => match &writer {
-                    Some(w) => w.batch(batch.subproblem, &batch.rows)?,
-                    None => return Err(bad(ReportFault::SolutionsNotWanted).into()),
-                },
-                Some(pb::report_chunk::Body::Result(r)) => break r,
-                None => return Err(bad(ReportFault::EmptyChunk).into()),
-            }
-        };
-        // The contract says the stream ends after the result; a sender that
-        // goes on is confused, and nothing of its report is kept.
-        if stream.message().await?.is_some() {
-            return Err(bad(ReportFault::ChunkAfterResult).into());
-        }
+        let result = receive(first, &mut stream, writer.as_ref()).await?;
         let counts = result
             .counts
             .into_iter()
@@ -216,15 +200,17 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let report = Report {
             job,
             lease,
-            worker: worker.clone(),
+            worker: worker.0.clone(),
             counts,
             nodes: result.nodes,
             solutions_sent: result.solutions_sent,
             listed: writer.as_ref().map(SolutionWriter::listed),
+            kernel: result.kernel,
+            issued,
         };
         let verified = ledger::verify(&self.session, &subs, report)?;
-        // Returns once the result is durable (or, for a repeat, recorded):
-        // the ack below is the worker's permission to forget the job.
+        // Returns once the copy is judged and durable: the ack below is the
+        // worker's permission to forget the job.
         let outcome = self.session.commit(verified).await?;
         // The claim on the job's solutions ends only now that the result is
         // durable.
@@ -233,7 +219,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             let mut s = self.session.sched();
             let complete = s.is_complete();
             if complete {
-                s.mark_told(&WorkerId(worker));
+                s.mark_told(&worker);
             }
             complete
         };
@@ -268,4 +254,87 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             released: released.len() as u32,
         }))
     }
+}
+
+/// Logs a refused call with the caller's address (a stranger, a confused
+/// worker, or a banned one); other errors are logged where they are mapped.
+fn refused(e: &Error, peer: Option<SocketAddr>) {
+    if let Error::Refused(r) = e {
+        warn!(peer = ?peer, reason = %r, "refused a call");
+    }
+}
+
+/// The admission stage: binds a report to what this coordinator issued.
+/// The run must be this one, and the lease one this session issued to the
+/// reporting worker for the reported job. Checked on the first chunk, before
+/// the job is read or anything is stored.
+///
+/// # Errors
+///
+/// [`Error::Refused`] naming what does not match; [`Error::UnknownJob`].
+fn admit(session: &Session, first: &pb::ReportChunk) -> Result<Issued, Error> {
+    if first.run_id != session.run_id {
+        return Err(Error::Refused(crate::error::Refusal::OtherRun {
+            got: first.run_id.clone(),
+            run: session.run_id.clone(),
+        }));
+    }
+    session.sched().check_report(
+        JobId(first.job_id),
+        LeaseId(first.lease_id),
+        &WorkerId(first.worker_id.clone()),
+    )
+}
+
+/// The receiving stage: reads the report stream to its result chunk. Every
+/// chunk must name the first chunk's worker, job, lease and run; solution
+/// batches go to `writer` (checked and stored as they arrive, under the job's
+/// claim, so memory does not grow with a job's solutions). The stream must end
+/// after the result.
+///
+/// # Errors
+///
+/// [`Error::BadReport`] naming the fault; transport errors.
+async fn receive(
+    first: pb::ReportChunk,
+    stream: &mut Streaming<pb::ReportChunk>,
+    writer: Option<&SolutionWriter>,
+) -> Result<pb::JobResult, Status> {
+    let job = JobId(first.job_id);
+    let bad = |fault| Error::BadReport { job, fault };
+    let ids = (
+        first.worker_id.clone(),
+        first.job_id,
+        first.lease_id,
+        first.run_id.clone(),
+    );
+    let mut chunk = Some(first);
+    let result = loop {
+        let c = match chunk.take() {
+            Some(c) => c,
+            None => stream
+                .message()
+                .await?
+                .ok_or(bad(ReportFault::MissingResult))?,
+        };
+        if (&c.worker_id, c.job_id, c.lease_id, &c.run_id)
+            != (&ids.0, ids.1, ids.2, &ids.3)
+        {
+            return Err(bad(ReportFault::MixedIds).into());
+        }
+        match c.body {
+            Some(pb::report_chunk::Body::Solutions(batch)) => match writer {
+                Some(w) => w.batch(batch.subproblem, &batch.rows)?,
+                None => return Err(bad(ReportFault::SolutionsNotWanted).into()),
+            },
+            Some(pb::report_chunk::Body::Result(r)) => break r,
+            None => return Err(bad(ReportFault::EmptyChunk).into()),
+        }
+    };
+    // The contract says the stream ends after the result; a sender that goes
+    // on is confused, and nothing of its report is kept.
+    if stream.message().await?.is_some() {
+        return Err(bad(ReportFault::ChunkAfterResult).into());
+    }
+    Ok(result)
 }

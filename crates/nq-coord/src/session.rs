@@ -98,13 +98,7 @@ impl Session {
     /// prefix does not validate.
     pub(crate) fn subproblems(&self, job: JobId) -> Result<(StoredJob, Vec<SubProblem>)> {
         let stored = self.store.job(job)?;
-        let mut subs = Vec::with_capacity(stored.len());
-        for rows in stored.prefixes() {
-            let sub = Prefix::from_rows(self.shape.board, rows)
-                .and_then(|p| SubProblem::from_prefix(self.shape.spec, p))
-                .map_err(|source| Error::StoredJob { job, source })?;
-            subs.push(sub);
-        }
+        let subs = subproblems_in(&stored, &self.shape, job)?;
         Ok((stored, subs))
     }
 
@@ -189,6 +183,35 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// The sub-problems of job `job` in `store`, rebuilt from their prefixes and
+/// checked to belong to the run's split.
+///
+/// # Errors
+///
+/// As [`Session::subproblems`].
+pub(crate) fn subproblems_of(
+    store: &Store,
+    shape: &RunShape,
+    job: JobId,
+) -> Result<Vec<SubProblem>> {
+    subproblems_in(&store.job(job)?, shape, job)
+}
+
+fn subproblems_in(
+    stored: &StoredJob,
+    shape: &RunShape,
+    job: JobId,
+) -> Result<Vec<SubProblem>> {
+    let mut subs = Vec::with_capacity(stored.len());
+    for rows in stored.prefixes() {
+        let sub = Prefix::from_rows(shape.board, rows)
+            .and_then(|p| SubProblem::from_prefix(shape.spec, p))
+            .map_err(|source| Error::StoredJob { job, source })?;
+        subs.push(sub);
+    }
+    Ok(subs)
 }
 
 /// Milliseconds since the Unix epoch (0 for times before it).

@@ -545,6 +545,17 @@ impl SubProblem {
         if self.prefix.is_complete() && c.count != 1 {
             return bad("a complete placement has exactly one completion");
         }
+        // Cheap bounds that catch a made-up count of any size: a completion
+        // puts one queen on an allowed square of each empty column, in
+        // distinct rows, and is a solution of the whole board.
+        if c.count > self.max_completions() {
+            return bad("more completions than the empty columns' free squares allow");
+        }
+        if let Some((total, _)) = crate::published::published(self.prefix.board().n())
+            && c.count > total
+        {
+            return bad("more completions than the board has solutions (OEIS A000170)");
+        }
         // With no extra columns the stabilizer acts on this sub-problem's own
         // completions, so its orbits give exact divisibility conditions.
         if matches!(self.kind, Kind::Ring { .. })
@@ -565,6 +576,22 @@ impl SubProblem {
             }
         }
         Ok(())
+    }
+
+    /// An upper bound on the completions of the sub-problem, from the prefix
+    /// alone: the product over the empty columns of the squares the prefix
+    /// leaves free in them, and at most k! for k empty columns (the queens take
+    /// distinct rows). Saturates at `u128::MAX`.
+    pub fn max_completions(&self) -> u128 {
+        let n = self.prefix.board().n();
+        let (mut product, mut factorial, mut k) = (1u128, 1u128, 0u128);
+        for col in (0..n).filter(|&c| self.prefix.get(c).is_none()) {
+            let free = (0..n).filter(|&r| self.prefix.allows(col, r)).count();
+            product = product.saturating_mul(free as u128);
+            k += 1;
+            factorial = factorial.saturating_mul(k);
+        }
+        product.min(factorial)
     }
 
     /// `Σ_{g ∈ Stab} Fix_g` for this sub-problem (see the module docs).
@@ -1146,6 +1173,30 @@ mod tests {
     /// The coverage argument of the module docs, checked by enumeration: for
     /// every class of solutions, the weighted number of times its members
     /// appear as completions of sub-problems equals the size of the class.
+    #[test]
+    fn counts_beyond_the_bounds_are_refused() {
+        let never = AtomicBool::new(false);
+        for n in [8u64, 10, 12] {
+            let board = Board::new(n).unwrap();
+            let (total, _) = crate::published::published(board.n()).unwrap();
+            for spec in [
+                SplitSpec { ring: 0, extra: 1 },
+                SplitSpec { ring: 1, extra: 0 },
+            ] {
+                for sub in split(board, spec) {
+                    let (c, _) = sub.solve(&never).unwrap();
+                    assert!(c.count <= sub.max_completions(), "{:?}", sub.prefix());
+                    sub.check(spec, &c).unwrap();
+                    let too_many = SubCounts {
+                        count: sub.max_completions().min(total) + 1,
+                        ..c
+                    };
+                    assert!(sub.check(spec, &too_many).is_err(), "{:?}", sub.prefix());
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_class_is_covered_exactly_once() {
         for n in 1..=10u8 {

@@ -126,6 +126,8 @@ pub enum Corruption {
     },
     /// A stored board, prefix or split does not validate.
     Core(nq_core::Error),
+    /// A value's checksum does not match its bytes: it was damaged at rest.
+    Checksum,
 }
 
 impl fmt::Display for Corruption {
@@ -141,6 +143,9 @@ impl fmt::Display for Corruption {
             ),
             Corruption::Field { field } => write!(f, "field `{field}` is out of range"),
             Corruption::Core(e) => write!(f, "{e}"),
+            Corruption::Checksum => {
+                write!(f, "a value does not match its checksum (damaged on disk)")
+            }
         }
     }
 }

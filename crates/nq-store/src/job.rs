@@ -237,7 +237,9 @@ impl Default for JobRecord {
     }
 }
 
-const RECORD_VERSION: u8 = 1;
+/// Format of job records. Version 2 seals every record with a CRC-32 and
+/// stores results in their version 2 form; version 1 is still read.
+const RECORD_VERSION: u8 = 2;
 
 /// Job records per value of the `records` tree. Like jobs, records are
 /// chunked to keep sled's entries few; a chunk of 16 stays under a kilobyte,
@@ -282,20 +284,23 @@ pub(crate) fn encode_record_chunk(records: &[(u8, &[u8])]) -> Vec<u8> {
     out
 }
 
-/// Applies `updates` (`(index, encoded record)`, in order) to a chunk value.
-/// A `Done` record is final: an update of a job whose stored record is done
-/// is dropped. Returns the new value, or the decoding error of the old one.
+/// Applies `updates` (`(index, encoded record, replaces_result)`, in order)
+/// to a chunk value. A `Done` record is replaced only by an update marked
+/// `replaces_result` (verification chose another copy of the job's result);
+/// any other update of a done job is dropped, so that a late lease record can
+/// never undo a result. Returns the new value, or the decoding error of the
+/// old one.
 pub(crate) fn update_record_chunk(
     old: Option<&[u8]>,
-    updates: &[(u8, Vec<u8>)],
+    updates: &[(u8, Vec<u8>, bool)],
 ) -> Result<Vec<u8>> {
     let mut records: Vec<(u8, &[u8])> = match old {
         Some(bytes) => decode_record_chunk(bytes)?,
         None => Vec::new(),
     };
-    for (index, bytes) in updates {
+    for (index, bytes, replaces_result) in updates {
         match records.binary_search_by_key(index, |&(i, _)| i) {
-            Ok(at) if JobRecord::is_done_encoding(records[at].1) => {}
+            Ok(at) if !replaces_result && JobRecord::is_done_encoding(records[at].1) => {}
             Ok(at) => records[at].1 = bytes,
             Err(at) => records.insert(at, (*index, bytes)),
         }
@@ -324,6 +329,7 @@ impl JobRecord {
             }
             JobState::Done(result) => result.encode_into(&mut out),
         }
+        crate::codec::seal(&mut out);
         out
     }
 
@@ -333,8 +339,20 @@ impl JobRecord {
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<JobRecord> {
-        let mut r = Reader::new("records", bytes);
-        r.version(RECORD_VERSION)?;
+        let version = bytes.first().copied().unwrap_or(0);
+        let body = if version >= 2 {
+            crate::codec::unseal("records", bytes)?
+        } else {
+            bytes
+        };
+        let mut r = Reader::new("records", body);
+        let version = r.u8()?;
+        if !(1..=RECORD_VERSION).contains(&version) {
+            return Err(r.corrupt(Corruption::Version {
+                found: version,
+                expected: RECORD_VERSION,
+            }));
+        }
         let tag = r.u8()?;
         let attempts = r.u32()?;
         let state = match tag {
@@ -347,7 +365,8 @@ impl JobRecord {
                     deadline_unix_ms,
                 }
             }
-            2 => JobState::Done(Box::new(StoredResult::decode_from(&mut r)?)),
+            // Record version 1 held result version 1, and 2 holds 2.
+            2 => JobState::Done(Box::new(StoredResult::decode_from(&mut r, version)?)),
             _ => return Err(r.corrupt(Corruption::Field { field: "job.state" })),
         };
         r.end()?;
@@ -368,6 +387,7 @@ mod tests {
             nodes: 1,
             worker: "w".into(),
             lease: 2,
+            ..StoredResult::default()
         };
         for state in [
             JobState::Pending,
@@ -399,14 +419,20 @@ mod tests {
                 nodes: 0,
                 worker: "w".into(),
                 lease: 1,
+                ..StoredResult::default()
             })),
             attempts: 1,
         };
-        let v = update_record_chunk(None, &[(5, leased.encode()), (2, leased.encode())])
-            .unwrap();
-        let v =
-            update_record_chunk(Some(&v), &[(5, done.encode()), (5, leased.encode())])
-                .unwrap();
+        let v = update_record_chunk(
+            None,
+            &[(5, leased.encode(), false), (2, leased.encode(), false)],
+        )
+        .unwrap();
+        let v = update_record_chunk(
+            Some(&v),
+            &[(5, done.encode(), false), (5, leased.encode(), false)],
+        )
+        .unwrap();
         let records = decode_record_chunk(&v).unwrap();
         assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 5]);
         assert_eq!(JobRecord::decode(records[1].1).unwrap(), done);

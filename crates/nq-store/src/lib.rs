@@ -90,6 +90,7 @@ const MANIFEST: &[u8] = b"manifest";
 const BOOT: &[u8] = b"boot";
 const ELAPSED: &[u8] = b"elapsed_ms";
 const SUMMARY: &[u8] = b"summary";
+const SECRET: &[u8] = b"verify_secret";
 
 /// Options for [`Store::open`].
 #[derive(Clone, Debug)]
@@ -462,20 +463,23 @@ impl Store {
     ///
     /// sled errors.
     pub fn set_job_record(&self, id: JobId, record: &JobRecord) -> Result<()> {
-        self.update_records([(id, record.encode())])
+        self.update_records([(id, record.encode(), false)])
     }
 
     /// Writes many records (encoded), in order, one read-modify-write per
     /// chunk. Records of done jobs are left alone.
     fn update_records(
         &self,
-        updates: impl IntoIterator<Item = (JobId, Vec<u8>)>,
+        updates: impl IntoIterator<Item = (JobId, Vec<u8>, bool)>,
     ) -> Result<()> {
-        let mut by_chunk: std::collections::BTreeMap<u64, Vec<(u8, Vec<u8>)>> =
+        let mut by_chunk: std::collections::BTreeMap<u64, Vec<(u8, Vec<u8>, bool)>> =
             std::collections::BTreeMap::new();
-        for (id, bytes) in updates {
+        for (id, bytes, replaces_result) in updates {
             let (key, index) = job::record_chunk_of(id);
-            by_chunk.entry(key).or_default().push((index, bytes));
+            by_chunk
+                .entry(key)
+                .or_default()
+                .push((index, bytes, replaces_result));
         }
         for (key, updates) in by_chunk {
             let mut failure = None;
@@ -509,7 +513,7 @@ impl Store {
             let (id, mut rec) = entry?;
             if matches!(rec.state, JobState::Leased { .. }) {
                 rec.state = JobState::Pending;
-                requeue.push((id, rec.encode()));
+                requeue.push((id, rec.encode(), false));
             }
         }
         let n = requeue.len() as u64;
@@ -549,6 +553,18 @@ impl Store {
             Ok(_) => None,
             Err(e) => Some(Err(e)),
         })
+    }
+
+    /// The recorded duplicates of one job, in the order they were recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (a damaged value), sled errors.
+    pub fn job_duplicates(&self, job: JobId) -> Result<Vec<Duplicate>> {
+        self.duplicates
+            .scan_prefix(job.key())
+            .map(|entry| Duplicate::decode(&entry?.1))
+            .collect()
     }
 
     /// Every recorded duplicate, in job order.
@@ -679,6 +695,36 @@ impl Store {
             Some(b) => key_u64("meta", &b)?,
         };
         Ok(old + 1)
+    }
+
+    /// The run's verification secret: `fresh` on the first call (stored and
+    /// flushed before it is returned), the stored one ever after. The
+    /// coordinator keys its choice of the jobs to compute twice with it, so
+    /// the choice is the same in every session and unknown to workers.
+    ///
+    /// # Errors
+    ///
+    /// sled errors, [`Error::Corrupt`] for a stored secret of the wrong size.
+    pub fn verify_secret(&self, fresh: [u8; 16]) -> Result<[u8; 16]> {
+        let stored =
+            match self
+                .meta
+                .compare_and_swap(SECRET, None::<&[u8]>, Some(&fresh[..]))?
+            {
+                Ok(()) => {
+                    self.db.flush()?;
+                    return Ok(fresh);
+                }
+                Err(cas) => cas.current,
+            };
+        stored
+            .and_then(|b| <[u8; 16]>::try_from(&b[..]).ok())
+            .ok_or(Error::Corrupt {
+                tree: "meta",
+                what: Corruption::Field {
+                    field: "verify_secret",
+                },
+            })
     }
 
     /// Time spent on the run by earlier sessions, in milliseconds.
@@ -816,6 +862,7 @@ mod tests {
             nodes: 10,
             worker: worker.into(),
             lease: 1,
+            ..StoredResult::default()
         }
     }
 

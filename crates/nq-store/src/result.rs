@@ -2,12 +2,12 @@
 
 use nq_core::split::{SubCounts, Tally};
 
-use crate::codec::{Reader, put_str, put_varint};
+use crate::codec::{Reader, put_str, put_varint, seal, unseal};
 use crate::error::{Corruption, Result};
 use crate::job::{JobId, JobRecord, JobState};
 
 /// The accepted result of one job.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoredResult {
     /// One entry per sub-problem, in the job's order.
     pub counts: Vec<SubCounts>,
@@ -19,10 +19,18 @@ pub struct StoredResult {
     pub tally: Tally,
     /// Search nodes the worker reported (throughput figures only).
     pub nodes: u64,
-    /// The worker that sent it.
+    /// The worker id (of its coordinator session) that sent it.
     pub worker: String,
     /// The lease it was sent under.
     pub lease: u64,
+    /// Who computed it, as verification tells workers apart: `name@address`
+    /// for a remote worker, `local:KERNEL` for the coordinator's own threads.
+    /// Two copies of a job from one identity are one vote.
+    pub identity: String,
+    /// The kernel that counted (`avx512`, `avx2`, `scalar`), as reported.
+    pub kernel: String,
+    /// When the coordinator received it, milliseconds since the Unix epoch.
+    pub received_unix_ms: u64,
 }
 
 impl StoredResult {
@@ -38,6 +46,7 @@ impl StoredResult {
         let mut out = Vec::with_capacity(24 + 3 * self.counts.len());
         out.push(RESULT_VERSION);
         self.encode_into(&mut out);
+        seal(&mut out);
         out
     }
 
@@ -54,18 +63,23 @@ impl StoredResult {
         put_varint(out, self.nodes.into());
         out.extend_from_slice(&self.lease.to_be_bytes());
         put_str(out, &self.worker);
+        put_str(out, &self.identity);
+        put_str(out, &self.kernel);
+        out.extend_from_slice(&self.received_unix_ms.to_be_bytes());
     }
 
     #[cfg(test)]
     fn decode(bytes: &[u8]) -> Result<StoredResult> {
-        let mut r = Reader::new("results", bytes);
+        let mut r = Reader::new("results", unseal("results", bytes)?);
         r.version(RESULT_VERSION)?;
-        let res = StoredResult::decode_from(&mut r)?;
+        let res = StoredResult::decode_from(&mut r, RESULT_VERSION)?;
         r.end()?;
         Ok(res)
     }
 
-    pub(crate) fn decode_from(r: &mut Reader<'_>) -> Result<StoredResult> {
+    /// Reads a result written in format `version` (1: before identities and
+    /// checksums; its identity reads as its worker id).
+    pub(crate) fn decode_from(r: &mut Reader<'_>, version: u8) -> Result<StoredResult> {
         let len = r.varint_u64()?;
         // Each entry takes at least 3 bytes; refuse lengths the value cannot hold
         // before allocating for them.
@@ -86,6 +100,11 @@ impl StoredResult {
         let nodes = r.varint_u64()?;
         let lease = r.u64()?;
         let worker = r.str()?;
+        let (identity, kernel, received_unix_ms) = if version >= 2 {
+            (r.str()?, r.str()?, r.u64()?)
+        } else {
+            (worker.clone(), String::new(), 0)
+        };
         Ok(StoredResult {
             counts,
             solutions,
@@ -93,11 +112,16 @@ impl StoredResult {
             nodes,
             worker,
             lease,
+            identity,
+            kernel,
+            received_unix_ms,
         })
     }
 }
 
-const RESULT_VERSION: u8 = 1;
+/// Format of results and duplicates. Version 2 added identities, kernels and
+/// receipt times, and a CRC-32 after every value; version 1 is still read.
+pub(crate) const RESULT_VERSION: u8 = 2;
 
 /// How a repeated result compared with the stored one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,12 +150,25 @@ impl Duplicate {
             DuplicateKind::Conflict => 1,
         });
         self.result.encode_into(&mut out);
+        seal(&mut out);
         out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Duplicate> {
-        let mut r = Reader::new("duplicates", bytes);
-        r.version(RESULT_VERSION)?;
+        let version = bytes.first().copied().unwrap_or(0);
+        let body = if version >= 2 {
+            unseal("duplicates", bytes)?
+        } else {
+            bytes
+        };
+        let mut r = Reader::new("duplicates", body);
+        let version = r.u8()?;
+        if !(1..=RESULT_VERSION).contains(&version) {
+            return Err(r.corrupt(Corruption::Version {
+                found: version,
+                expected: RESULT_VERSION,
+            }));
+        }
         let kind = match r.u8()? {
             0 => DuplicateKind::Confirmation,
             1 => DuplicateKind::Conflict,
@@ -141,7 +178,7 @@ impl Duplicate {
                 }));
             }
         };
-        let result = StoredResult::decode_from(&mut r)?;
+        let result = StoredResult::decode_from(&mut r, version)?;
         r.end()?;
         Ok(Duplicate { kind, result })
     }
@@ -157,7 +194,8 @@ impl Duplicate {
 /// sled batches hold on to memory until they end.
 #[derive(Debug, Default)]
 pub struct CommitBatch {
-    pub(crate) records: Vec<(JobId, Vec<u8>)>,
+    /// Encoded records, each with whether it replaces a stored result.
+    pub(crate) records: Vec<(JobId, Vec<u8>, bool)>,
     pub(crate) duplicates: Vec<(JobId, Vec<u8>)>,
 }
 
@@ -178,13 +216,24 @@ impl CommitBatch {
             state: JobState::Done(Box::new(result)),
             attempts,
         };
-        self.records.push((job, record.encode()));
+        self.records.push((job, record.encode(), false));
+    }
+
+    /// Replaces the stored result of a done `job` with `result`: verification
+    /// found that another copy than the stored one holds the majority. The
+    /// caller records the replaced copy with [`CommitBatch::duplicate`].
+    pub fn replace_result(&mut self, job: JobId, result: StoredResult, attempts: u32) {
+        let record = JobRecord {
+            state: JobState::Done(Box::new(result)),
+            attempts,
+        };
+        self.records.push((job, record.encode(), true));
     }
 
     /// Adds a record that is not a result (a lease, or a job back to pending),
     /// to be written with the batch. Dropped if the job is done by then.
     pub fn record(&mut self, job: JobId, record: &JobRecord) {
-        self.records.push((job, record.encode()));
+        self.records.push((job, record.encode(), false));
     }
 
     /// Records a repeated result of `job`.
@@ -281,6 +330,9 @@ mod tests {
             nodes: 99,
             worker: "w".into(),
             lease: 5,
+            identity: "w@127.0.0.1".into(),
+            kernel: "avx2".into(),
+            received_unix_ms: 17,
         }
     }
 
@@ -303,6 +355,24 @@ mod tests {
             finished_unix_ms: 8,
         };
         assert_eq!(RunSummary::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn a_damaged_value_is_refused() {
+        let d = Duplicate {
+            kind: DuplicateKind::Confirmation,
+            result: sample(),
+        };
+        let bytes = d.encode();
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(
+                Duplicate::decode(&bad).is_err(),
+                "flip at byte {i} went unseen"
+            );
+        }
+        assert!(StoredResult::decode(&sample().encode()).is_ok());
     }
 
     #[test]

@@ -222,6 +222,8 @@ pub(crate) struct ReportCtx {
     pub(crate) solutions: bool,
     /// Delays between retries of this report.
     pub(crate) backoff: Backoff,
+    /// The run the job was leased in; every chunk carries it.
+    pub(crate) run_id: Arc<str>,
 }
 
 /// How a job's report task ended.
@@ -289,7 +291,7 @@ pub(crate) async fn report_job(
     let mut registered_again = false;
     loop {
         let worker = ctx.session.borrow_and_update().clone();
-        let chunk = chunk(&worker, job, Body::Result(result.clone()));
+        let chunk = chunk(&worker, &ctx.run_id, job, Body::Result(result.clone()));
         let failure = match ctx.client.report(tokio_stream::once(chunk), true).await {
             Ok(ack) => {
                 return JobEnd::Acked {
@@ -345,6 +347,7 @@ async fn stream_job(
         first: Some(first),
         output,
         worker: worker.clone(),
+        run_id: Arc::clone(&ctx.run_id),
         job,
         sent: Arc::clone(&sent),
         computed,
@@ -396,13 +399,13 @@ async fn wait_for_new_session(ctx: &mut ReportCtx, stale: WorkerId) -> bool {
     ctx.session.changed().await.is_ok()
 }
 
-fn chunk(worker: &WorkerId, job: JobRef, body: Body) -> pb::ReportChunk {
+fn chunk(worker: &WorkerId, run_id: &str, job: JobRef, body: Body) -> pb::ReportChunk {
     pb::ReportChunk {
         worker_id: worker.0.clone(),
         job_id: job.job.0,
         lease_id: job.lease.0,
         body: Some(body),
-        run_id: String::new(),
+        run_id: run_id.to_owned(),
     }
 }
 
@@ -413,6 +416,7 @@ struct ReportStream {
     /// The job's pool output.
     output: mpsc::Receiver<Produced>,
     worker: WorkerId,
+    run_id: Arc<str>,
     job: JobRef,
     /// The job's nodes and solutions, set when the result chunk is yielded;
     /// the stream ends after it.
@@ -464,7 +468,7 @@ impl Stream for ReportStream {
                 return Poll::Ready(None);
             }
         };
-        Poll::Ready(Some(chunk(&self.worker, self.job, body)))
+        Poll::Ready(Some(chunk(&self.worker, &self.run_id, self.job, body)))
     }
 }
 

@@ -426,6 +426,10 @@ impl<'a> LeaseLoop<'a> {
             solutions: shape.solutions,
             backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)
                 .after_failures(failures),
+            run_id: self
+                .run
+                .as_ref()
+                .map_or("".into(), |r| r.id.as_str().into()),
         };
         let job_ref = JobRef { job, lease };
         let task = report_job(ctx, job_ref, attempt, Arc::clone(&computed));

@@ -1,0 +1,409 @@
+//! Verification: which jobs are computed twice, who may compute a copy, and
+//! which copy of a job's result counts.
+//!
+//! No worker is trusted, the coordinator's own threads included: a faulty
+//! DIMM or a lying program returns counts that pass every invariant check
+//! (`SubProblem::check`), so the only defence is to compute again, somewhere
+//! else, and compare. This module is the rule book, pure and synchronous; the
+//! ledger applies it to stored copies, and the scheduler hands out the copies
+//! it asks for.
+//!
+//! # The rules
+//!
+//! * **Identities.** Verification tells computations apart by who made them:
+//!   a remote worker is `name@address` (its registration name and the IP
+//!   address it called from), the coordinator's threads are `local:KERNEL`.
+//!   Two copies from one identity are one vote; a worker never checks itself.
+//!   The local threads may check their own results only with another kernel:
+//!   a different computation on the same machine, which catches a faulty
+//!   vector unit or a miscompiled kernel, though not a faulty machine.
+//! * **Selection.** A share of the jobs ([`Policy::fraction`]) is chosen for a
+//!   second copy by a keyed hash of the job id and the run's secret: the same
+//!   jobs in every session, unknown to workers. Half of the chosen jobs ask
+//!   for the scalar kernel on their first copy and the other half on their
+//!   second, so a worker that sees a `scalar` request cannot tell whether it
+//!   computes a first copy or a check, and the two copies run different
+//!   kernels.
+//! * **Votes.** The copies of a job fall into classes of equal results. A
+//!   class's votes are its distinct identities that are not banned. The
+//!   leader is the class with the most votes (ties: the class seen first).
+//!   A job is *settled* when its leader has strictly more votes than any other
+//!   class and at least the votes it needs: 2 when the job was selected, when
+//!   its valid copies disagree, or when every voter of the leader is suspect
+//!   (has lost a conflict); 1 otherwise. An unsettled job gets another copy
+//!   from an identity that has not reported it yet.
+//! * **Reputation.** When a job with disagreeing copies settles, every
+//!   identity in a losing class has lost a conflict. One loss makes an
+//!   identity suspect: each of its results needs a second vote, so everything
+//!   it computed alone is recomputed by others. [`Policy::ban_after`] losses
+//!   ban it: its calls are refused and its copies no longer vote.
+//!
+//! The leader's tally is what counts toward the totals; a job that settles
+//! on another class than the one counted so far swaps its contribution.
+
+use std::collections::HashMap;
+
+use nq_store::JobId;
+
+/// The index of an identity in [`Identities`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdentityId(pub u32);
+
+/// The default share of jobs computed twice once a remote worker takes part
+/// (see [`Fraction::Auto`]).
+pub const AUTO_FRACTION: f64 = 0.02;
+
+/// The default number of lost conflicts after which a worker is refused.
+pub const DEFAULT_BAN_AFTER: u32 = 3;
+
+/// How many jobs are computed twice.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fraction {
+    /// [`AUTO_FRACTION`] of the jobs once copies came from two machines (two
+    /// workers, or a worker and the coordinator's own threads), none before:
+    /// a lone machine cannot be checked by another one, and waiting for one
+    /// that may never come would stall the run (one machine's kernels are
+    /// checked against each other at start-up instead).
+    Auto,
+    /// This share, 0.0 to 1.0, whoever computes.
+    Fixed(f64),
+}
+
+/// The verification settings of a run.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Keys the choice of the jobs to compute twice.
+    pub secret: [u8; 16],
+    /// The share of jobs computed twice.
+    pub fraction: Fraction,
+    /// Lost conflicts after which an identity is banned (at least 1).
+    pub ban_after: u32,
+}
+
+/// A keyed 64-bit mix (two rounds of SplitMix64's finaliser around the key
+/// halves). Not a cryptographic MAC: it keeps the selection unpredictable to
+/// a worker that does not know the secret and sees only its own leases.
+fn keyed(secret: &[u8; 16], job: JobId, salt: u64) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let (a, b) = secret.split_at(8);
+    let a = u64::from_le_bytes(a.try_into().expect("8 bytes"));
+    let b = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    mix(mix(job.0 ^ a ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ b)
+}
+
+impl Policy {
+    /// The share of jobs computed twice, given whether copies came from a
+    /// second machine in the run.
+    pub fn share(&self, second_source: bool) -> f64 {
+        match self.fraction {
+            Fraction::Fixed(f) => f,
+            Fraction::Auto if second_source => AUTO_FRACTION,
+            Fraction::Auto => 0.0,
+        }
+    }
+
+    /// True when `job` is chosen for a second copy.
+    pub fn selected(&self, job: JobId, second_source: bool) -> bool {
+        let share = self.share(second_source);
+        if share >= 1.0 {
+            return true;
+        }
+        if share <= 0.0 {
+            return false;
+        }
+        // share < 1, so the product is below 2^64.
+        let threshold = (share * 18_446_744_073_709_551_616.0) as u64;
+        keyed(&self.secret, job, 0) < threshold
+    }
+
+    /// True when the first copy of a selected job asks for the scalar kernel
+    /// (otherwise its second copy does).
+    pub fn scalar_first(&self, job: JobId) -> bool {
+        keyed(&self.secret, job, 1) & 1 == 1
+    }
+}
+
+/// Every identity seen in the run, with its lost conflicts.
+#[derive(Debug, Default)]
+pub struct Identities {
+    names: Vec<String>,
+    lost: Vec<u32>,
+    by_name: HashMap<String, IdentityId>,
+}
+
+impl Identities {
+    /// The id of `name`, added if new.
+    pub fn intern(&mut self, name: &str) -> IdentityId {
+        if let Some(&id) = self.by_name.get(name) {
+            return id;
+        }
+        let id = IdentityId(u32::try_from(self.names.len()).unwrap_or(u32::MAX));
+        self.names.push(name.to_owned());
+        self.lost.push(0);
+        self.by_name.insert(name.to_owned(), id);
+        id
+    }
+
+    /// The id of `name`, if seen.
+    pub fn get(&self, name: &str) -> Option<IdentityId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The name of `id`.
+    pub fn name(&self, id: IdentityId) -> &str {
+        self.names.get(id.0 as usize).map_or("?", String::as_str)
+    }
+
+    /// Conflicts `id` lost.
+    pub fn lost(&self, id: IdentityId) -> u32 {
+        self.lost.get(id.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Records a lost conflict; returns the new count.
+    pub fn add_loss(&mut self, id: IdentityId) -> u32 {
+        match self.lost.get_mut(id.0 as usize) {
+            Some(l) => {
+                *l = l.saturating_add(1);
+                *l
+            }
+            None => 0,
+        }
+    }
+
+    /// True once `id` lost a conflict: its results need a second vote.
+    pub fn is_suspect(&self, id: IdentityId) -> bool {
+        self.lost(id) >= 1
+    }
+
+    /// True once `id` lost `ban_after` conflicts: it is refused, and its
+    /// copies do not vote.
+    pub fn is_banned(&self, id: IdentityId, ban_after: u32) -> bool {
+        self.lost(id) >= ban_after.max(1)
+    }
+
+    /// Every identity that lost a conflict, with its losses.
+    pub fn faulty(&self) -> impl Iterator<Item = (IdentityId, &str, u32)> {
+        self.names
+            .iter()
+            .zip(&self.lost)
+            .enumerate()
+            .filter(|(_, (_, l))| **l > 0)
+            .map(|(i, (n, &l))| (IdentityId(i as u32), n.as_str(), l))
+    }
+}
+
+/// One copy of a job's result as the rules see it: who made it, and which
+/// class of equal results it is in (classes are numbered in the order their
+/// first copy was received).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vote {
+    /// Who computed the copy.
+    pub identity: IdentityId,
+    /// Its class.
+    pub class: usize,
+}
+
+/// What the rules say about a job's copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The class that counts, if any copy votes.
+    pub leader: Option<usize>,
+    /// True when the job needs no further copy.
+    pub settled: bool,
+    /// The leader's votes.
+    pub votes: u32,
+    /// Identities in losing classes, set only when a job whose valid copies
+    /// disagree settles.
+    pub losers: Vec<IdentityId>,
+    /// Every identity that reported the job (none of them may compute it again).
+    pub reporters: Vec<IdentityId>,
+    /// True when the valid copies disagree.
+    pub conflict: bool,
+}
+
+/// Applies the rules to a job's copies, in the order received. `selected`
+/// says whether the job was chosen for a second copy.
+pub fn judge(
+    copies: &[Vote],
+    selected: bool,
+    identities: &Identities,
+    ban_after: u32,
+) -> Verdict {
+    let mut reporters: Vec<IdentityId> = Vec::new();
+    // (class, identities) for valid, first-per-identity copies.
+    let mut classes: Vec<Vec<IdentityId>> = Vec::new();
+    for v in copies {
+        if reporters.contains(&v.identity) {
+            continue; // one identity, one vote
+        }
+        reporters.push(v.identity);
+        if identities.is_banned(v.identity, ban_after) {
+            continue;
+        }
+        if classes.len() <= v.class {
+            classes.resize(v.class + 1, Vec::new());
+        }
+        classes[v.class].push(v.identity);
+    }
+    let mut leader: Option<usize> = None;
+    for (c, voters) in classes.iter().enumerate() {
+        if !voters.is_empty() && leader.is_none_or(|l| voters.len() > classes[l].len()) {
+            leader = Some(c);
+        }
+    }
+    let Some(l) = leader else {
+        return Verdict {
+            leader: None,
+            settled: false,
+            votes: 0,
+            losers: vec![],
+            reporters,
+            conflict: false,
+        };
+    };
+    let votes = classes[l].len();
+    let runner_up = classes
+        .iter()
+        .enumerate()
+        .filter(|&(c, _)| c != l)
+        .map(|(_, v)| v.len())
+        .max()
+        .unwrap_or(0);
+    let conflict = classes.iter().filter(|v| !v.is_empty()).count() > 1;
+    let all_suspect = classes[l].iter().all(|&i| identities.is_suspect(i));
+    let needed = if selected || conflict || all_suspect {
+        2
+    } else {
+        1
+    };
+    let settled = votes >= needed && votes > runner_up;
+    let losers = if settled && conflict {
+        classes
+            .iter()
+            .enumerate()
+            .filter(|&(c, _)| c != l)
+            .flat_map(|(_, v)| v.iter().copied())
+            .collect()
+    } else {
+        vec![]
+    };
+    Verdict {
+        leader,
+        settled,
+        votes: votes as u32,
+        losers,
+        reporters,
+        conflict,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(names: &[&str]) -> (Identities, Vec<IdentityId>) {
+        let mut i = Identities::default();
+        let v = names.iter().map(|n| i.intern(n)).collect();
+        (i, v)
+    }
+
+    fn vote(identity: IdentityId, class: usize) -> Vote {
+        Vote { identity, class }
+    }
+
+    #[test]
+    fn one_copy_settles_an_unselected_job_and_not_a_selected_one() {
+        let (i, w) = ids(&["a@1"]);
+        let v = judge(&[vote(w[0], 0)], false, &i, 3);
+        assert!(v.settled && v.leader == Some(0) && v.votes == 1);
+        let v = judge(&[vote(w[0], 0)], true, &i, 3);
+        assert!(!v.settled && v.leader == Some(0));
+        assert_eq!(v.reporters, vec![w[0]]);
+    }
+
+    #[test]
+    fn a_worker_cannot_confirm_itself() {
+        let (i, w) = ids(&["a@1"]);
+        let v = judge(&[vote(w[0], 0), vote(w[0], 0)], true, &i, 3);
+        assert!(!v.settled);
+        assert_eq!(v.votes, 1);
+    }
+
+    #[test]
+    fn a_disagreement_needs_a_majority_and_charges_the_loser() {
+        let (i, w) = ids(&["honest@1", "liar@2", "other@3"]);
+        // The liar's copy came first.
+        let two = [vote(w[1], 0), vote(w[0], 1)];
+        let v = judge(&two, false, &i, 3);
+        assert!(!v.settled, "one against one decides nothing");
+        assert!(v.losers.is_empty());
+        let three = [vote(w[1], 0), vote(w[0], 1), vote(w[2], 1)];
+        let v = judge(&three, false, &i, 3);
+        assert!(v.settled);
+        assert_eq!(v.leader, Some(1));
+        assert_eq!(v.losers, vec![w[1]]);
+    }
+
+    #[test]
+    fn suspects_need_a_second_vote_and_banned_workers_do_not_vote() {
+        let (mut i, w) = ids(&["liar@2", "honest@1"]);
+        i.add_loss(w[0]);
+        assert!(!judge(&[vote(w[0], 0)], false, &i, 3).settled);
+        i.add_loss(w[0]);
+        i.add_loss(w[0]);
+        assert!(i.is_banned(w[0], 3));
+        let v = judge(&[vote(w[0], 0)], false, &i, 3);
+        assert_eq!((v.leader, v.settled), (None, false));
+        // An honest copy then settles it alone: the banned copy is no vote,
+        // so there is no conflict to resolve.
+        let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, 3);
+        assert_eq!((v.leader, v.settled), (Some(1), true));
+        assert!(v.losers.is_empty());
+    }
+
+    #[test]
+    fn selection_follows_the_share_and_the_secret() {
+        let policy = |f| Policy {
+            secret: [7; 16],
+            fraction: f,
+            ban_after: 3,
+        };
+        let count = |p: &Policy, remote| {
+            (0..10_000)
+                .filter(|&j| p.selected(JobId(j), remote))
+                .count()
+        };
+        assert_eq!(count(&policy(Fraction::Fixed(1.0)), false), 10_000);
+        assert_eq!(count(&policy(Fraction::Fixed(0.0)), true), 0);
+        assert_eq!(count(&policy(Fraction::Auto), false), 0);
+        let auto = count(&policy(Fraction::Auto), true);
+        assert!(
+            (100..=300).contains(&auto),
+            "2% of 10000 is about 200, got {auto}"
+        );
+        let half = count(&policy(Fraction::Fixed(0.5)), false);
+        assert!((4_700..=5_300).contains(&half), "got {half}");
+        let other = Policy {
+            secret: [8; 16],
+            ..policy(Fraction::Fixed(0.5))
+        };
+        let same = (0..1000)
+            .filter(|&j| {
+                other.selected(JobId(j), false)
+                    == policy(Fraction::Fixed(0.5)).selected(JobId(j), false)
+            })
+            .count();
+        assert!(
+            same < 600,
+            "another secret selects other jobs ({same} of 1000 agree)"
+        );
+        let scalar = (0..10_000)
+            .filter(|&j| other.scalar_first(JobId(j)))
+            .count();
+        assert!((4_700..=5_300).contains(&scalar));
+    }
+}
