@@ -17,8 +17,9 @@ use tokio::net::TcpStream;
 
 use crate::{LIMIT, data_dir};
 
-/// The coordinator's log line for a result made durable (debug level).
-const DONE: &str = "job done";
+/// The coordinator's log line for a job's result made durable and counted
+/// (debug level; a later copy of the job "confirms the counted one").
+const DONE: &str = "copy counts";
 /// The coordinator's log line for an expired lease.
 const EXPIRED: &str = "lease expired";
 

@@ -137,13 +137,14 @@ async fn a_worker_lying_on_every_job_is_caught_by_a_5_percent_spot_check() -> Re
 }
 
 async fn liar_spot_check(t: &mut Trial) -> Result<Report> {
-    // The liar alone completes SOLO jobs before anyone else joins. Each job
-    // is a verification candidate with probability 0.05, so the chance that
-    // none of its jobs is checked is at most 0.95^200 ≈ 3.5e-5 (if the
-    // coordinator picks each job independently). If it instead picks exactly
-    // 5% of the 1367 jobs (68) at random, the chance that all 68 miss the
-    // liar's 200 is C(1167,68)/C(1367,68) ≈ 1.6e-5. It goes on lying after
-    // the honest workers join, so the true chance is smaller still.
+    // The liar alone completes SOLO jobs before anyone else joins. The
+    // coordinator picks each job for a second copy by a keyed hash of the
+    // run's secret: to the liar, each of its jobs is picked independently
+    // with probability 0.05, so the chance that none of its 200 is checked is
+    // 0.95^200 ≈ 3.5e-5. (Were exactly 5% of the 1367 jobs, 68, picked at
+    // random instead, it would be C(1167,68)/C(1367,68) ≈ 1.6e-5.) It goes on
+    // lying after the honest workers join, so the true chance is smaller
+    // still.
     const SOLO: u64 = 200;
     let tmp = tempfile::tempdir()?;
     let args = [
@@ -223,7 +224,9 @@ async fn refused(
 async fn forged_reports(t: &mut Trial) -> Result<Report> {
     let tmp = tempfile::tempdir()?;
     // Verification off, so that every confirmation would come from a report
-    // that should have been refused; leases far longer than the test.
+    // that should have been refused. The two hand-driven workers never ask
+    // whether the run is over, so the coordinator must not wait for them
+    // after the last job (a short linger).
     let args = [
         "--n",
         "12",
@@ -231,8 +234,8 @@ async fn forged_reports(t: &mut Trial) -> Result<Report> {
         "0",
         "--verify",
         "0",
-        "--lease-ttl",
-        "5m",
+        "--linger",
+        "1s",
     ];
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
     let mut honest = ProtocolWorker::register(coord.addr, "honest").await?;
