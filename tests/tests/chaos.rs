@@ -308,8 +308,8 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
     );
     t.note(format!(
         "{} connections in all through the proxy; the coordinator expired {} of the \
-         worker's leases and recorded {} confirmations (reports repeated after a \
-         lost ack, or late) and no conflict; the worker retried {} calls",
+         worker's leases and recorded {} confirmations (verification copies, and \
+         reports repeated after a lost ack or late) and no conflict; the worker retried {} calls",
         proxy.accepted(),
         coord.proc.lines_containing(EXPIRED).len(),
         report.json["confirmations"],

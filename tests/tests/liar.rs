@@ -303,11 +303,20 @@ async fn forged_reports(t: &mut Trial) -> Result<Report> {
         "a refused report was counted as a confirmation: {}",
         report.json
     );
+    // Each refusal is logged with the peer's address.
     let log = coord.proc.output();
     let logged = log
         .lines()
-        .filter(|l| l.contains("127.0.0.1") && l.to_lowercase().contains("denied"))
+        .filter(|l| {
+            let lower = l.to_lowercase();
+            l.contains("127.0.0.1")
+                && (lower.contains("refused") || lower.contains("denied"))
+        })
         .count();
+    ensure!(
+        logged >= 4,
+        "only {logged} of the 4 refusals are logged with the peer address:\n{log}"
+    );
     t.note(format!(
         "4 forged reports with true counts, each PERMISSION_DENIED; the genuine \
          reports were then accepted as first results; {logged} refusals logged \
