@@ -42,14 +42,14 @@ pub const FAULTS: &[Fault] = &[
     Fault {
         id: "coordinator-sigkill",
         fault: "Coordinator SIGKILLed at random moments of one run",
-        done: "N=16, about 100 jobs, two workers attached throughout. Five times, \
+        done: "N=16 in 137 jobs, two workers attached throughout. Five times, \
                after a seeded random 1–8 durable results, `kill -9` the \
                coordinator and restart it on the same data directory and port.",
     },
     Fault {
         id: "worker-sigkill",
         fault: "Workers SIGKILLed and restarted throughout a run",
-        done: "N=16, about 100 jobs, 1 s leases, three workers. Six times, after a \
+        done: "N=16 in 137 jobs, 1 s leases, three workers. Six times, after a \
                seeded random 1–6 durable results, `kill -9` a randomly chosen \
                worker and start it again under the same name.",
     },
@@ -58,7 +58,7 @@ pub const FAULTS: &[Fault] = &[
         fault: "A worker SIGSTOPped for longer than its lease, then SIGCONTed",
         done: "N=16, 1 s leases. `kill -STOP` a worker while it holds leases, wait \
                until the coordinator expires them and another worker has \
-               finished those jobs, then `kill -CONT` it; its late results \
+               finished one of those jobs, then `kill -CONT` it; its late results \
                must not change the total.",
     },
     Fault {
@@ -89,7 +89,7 @@ pub const FAULTS: &[Fault] = &[
     Fault {
         id: "lying-worker-spot-check",
         fault: "A worker that lies on every job, with `--verify 0.05`",
-        done: "N=16, about 1000 jobs, `--verify 0.05`; the liar alone reports \
+        done: "N=16 in 1367 jobs, `--verify 0.05`; the liar alone reports \
                200 jobs before two honest workers join. It must be caught and \
                the totals exact.",
     },

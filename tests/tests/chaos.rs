@@ -69,6 +69,9 @@ async fn registered_id(w: &mut Proc) -> Result<String> {
         .with_context(|| format!("no worker id in {line:?}"))
 }
 
+/// The coordinator is SIGKILLed five times at seeded random moments of one
+/// run and restarted on the same data directory and port each time; the
+/// workers stay attached throughout and the totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_coordinator_sigkills_at_random_moments() -> Result<()> {
     let mut t = Trial::start("coordinator-sigkill")?;
@@ -127,6 +130,9 @@ async fn coordinator_sigkills(t: &mut Trial) -> Result<Report> {
     Ok(report)
 }
 
+/// Workers are SIGKILLed at seeded random moments and started again at once
+/// under the same name; their leases expire, the jobs are reissued, and the
+/// totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_sigkilled_and_restarted_throughout() -> Result<()> {
     let mut t = Trial::start("worker-sigkill")?;
@@ -169,6 +175,9 @@ async fn worker_sigkills(t: &mut Trial) -> Result<Report> {
     Ok(report)
 }
 
+/// A worker frozen (SIGSTOP) while it holds leases loses them to another
+/// worker; thawed (SIGCONT), whatever it then reports of them is never
+/// counted twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_past_its_lease_changes_nothing() -> Result<()> {
     let mut t = Trial::start("worker-sigstop")?;
@@ -253,6 +262,9 @@ async fn worker_sigstop(t: &mut Trial) -> Result<Report> {
     Ok(report)
 }
 
+/// The only worker talks to the coordinator through a proxy that closes its
+/// connections or holds its bytes past its lease; it recovers every time and
+/// the totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_behind_a_flaky_proxy_counts_exactly() -> Result<()> {
     let mut t = Trial::start("flaky-network")?;
@@ -321,6 +333,9 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// Random bytes, broken and half-open HTTP/2 connections and messages over
+/// the size limit hit the coordinator's port mid-run; it goes on serving and
+/// the totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_and_oversized_messages_on_the_port_change_nothing() -> Result<()> {
     let mut t = Trial::start("garbage-traffic")?;

@@ -46,6 +46,9 @@ fn faulty<'a>(report: &'a Report, name: &str) -> Result<&'a serde_json::Value> {
         .with_context(|| format!("{name} is not in faulty_workers: {}", report.json))
 }
 
+/// With `--verify 1`, a worker that lies on every job is caught, named in
+/// the log and in report.json, refused after `--ban-after 2` lost conflicts,
+/// and the totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lying_worker_is_caught_named_and_refused_with_verify_1() -> Result<()> {
     let mut t = Trial::start("lying-worker-verify-all")?;
@@ -129,6 +132,8 @@ async fn liar_verify_all(t: &mut Trial) -> Result<Report> {
     Ok(report)
 }
 
+/// A 5% spot check catches a worker that lies on every job (see the miss
+/// chance below), and the totals are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_lying_on_every_job_is_caught_by_a_5_percent_spot_check() -> Result<()> {
     let mut t = Trial::start("lying-worker-spot-check")?;
@@ -192,6 +197,9 @@ async fn liar_spot_check(t: &mut Trial) -> Result<Report> {
     Ok(report)
 }
 
+/// True counts under a forged lease, for a job not leased to the sender,
+/// with another run's id, or under another worker's lease: each is refused
+/// with PERMISSION_DENIED, logged with the peer address, and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_not_bound_to_a_lease_of_this_worker_job_and_run_are_refused()
 -> Result<()> {
@@ -325,6 +333,8 @@ async fn forged_reports(t: &mut Trial) -> Result<Report> {
     Ok(report)
 }
 
+/// A worker whose run A is killed while it holds an undelivered result, and
+/// which then joins run B on the same address, sends run B nothing of run A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_moved_to_a_new_run_sends_nothing_from_the_old_one() -> Result<()> {
     let mut t = Trial::start("worker-moved-between-runs")?;
