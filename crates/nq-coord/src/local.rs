@@ -337,6 +337,7 @@ fn finish(
                     listed: f.writer.as_ref().map(|w| w.listed()),
                     kernel: r.kernel.resolved_name().to_owned(),
                     issued,
+                    stored_solutions: f.writer.as_ref().is_some_and(|w| w.stores()),
                 };
                 ledger::verify(&session, &r.subs, report)
             }

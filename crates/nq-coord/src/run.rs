@@ -169,13 +169,14 @@ fn setup(config: &Config) -> Result<Setup> {
     }
     let mut sched =
         Scheduler::new(works, session_no, config.lease_ttl, policy(config, &store)?);
+    // Totals are derived again from the stored counts, never from a cached sum.
     ledger::restore(&store, &shape_of(&manifest), &mut sched)?;
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),
             in_check = sched.jobs_in_check(),
             jobs = sched.jobs(),
-            "restored finished jobs (totals derived again from the stored counts)"
+            "restored finished jobs"
         );
     }
     let elapsed_before = Duration::from_millis(store.elapsed_ms()?);

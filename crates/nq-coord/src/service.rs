@@ -207,6 +207,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             listed: writer.as_ref().map(SolutionWriter::listed),
             kernel: result.kernel,
             issued,
+            stored_solutions: writer.as_ref().is_some_and(SolutionWriter::stores),
         };
         let verified = ledger::verify(&self.session, &subs, report)?;
         // Returns once the copy is judged and durable: the ack below is the
