@@ -29,8 +29,11 @@ repo=$PWD
 started=$SECONDS
 
 say() { echo "slurm.sh: $*"; }
+# The summary, printed last by the exit trap once it is set up.
+summary=""
 fail() {
-    say "FAIL: $*"
+    summary="FAIL: $*"
+    [[ -n ${run:-} ]] || say "$summary"
     exit 1
 }
 
@@ -84,7 +87,9 @@ stop_run() {
 for old in "$base"/run.*; do
     [[ -d $old ]] || continue
     owner=$(cat "$old/owner.pid" 2>/dev/null || true)
-    if [[ -n $owner ]] && grep -qszxF "NQ_SLURM_CI_OWNER=$old" "/proc/$owner/environ"; then
+    # Its owner is alive if that pid is still a slurm.sh (a reused pid at
+    # worst delays the cleanup to a later run).
+    if [[ -n $owner ]] && tr '\0' ' ' 2>/dev/null <"/proc/$owner/cmdline" | grep -q 'slurm\.sh'; then
         say "skipping $old: its run (pid $owner) is still going"
         continue
     fi
@@ -93,14 +98,8 @@ for old in "$base"/run.*; do
     rm -rf "$old"
 done
 
-run=$(mktemp -d "$base/run.XXXXXX")
-# munged wants every directory on the way to its socket searchable by all.
-chmod 755 "$run"
-mkdir -p "$run"/{munge,pids,logs,state,spool,jobs,shared}
-export NQ_SLURM_CI_OWNER=$run
-mark=(env "NQ_SLURM_CI_RUN=$run")
-echo $$ >"$run/owner.pid"
 result=1
+run=$(mktemp -d "$base/run.XXXXXX")
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -110,9 +109,16 @@ cleanup() {
     else
         say "kept $run (logs/, jobs/) for inspection; the next run removes it"
     fi
+    ((rc == 0 && result == 0)) || [[ $summary == FAIL* ]] || summary="FAIL: exit status $rc"
+    say "$summary"
     exit "$rc"
 }
 trap cleanup EXIT
+echo $$ >"$run/owner.pid"
+mark=(env "NQ_SLURM_CI_RUN=$run")
+# munged wants every directory on the way to its socket searchable by all.
+chmod 755 "$run"
+mkdir -p "$run"/{munge,pids,logs,state,spool/nq1,spool/nq2,jobs,shared}
 trap 'fail "interrupted"' INT TERM
 
 on_failure_show() {
@@ -184,7 +190,8 @@ export SLURM_CONF=$run/slurm.conf
 # Facts from trials in this sandbox: no cgroup.conf (22.05 has no
 # CgroupPlugin=disabled; slurmd fails on it), proctrack/linuxproc and
 # task/none. Everything on 127.0.0.1. Two Slurm nodes on this one host (the
-# Debian build allows several slurmd, each with its own -N and port).
+# Debian build allows several slurmd, each with its own -N and port), one
+# CPU each: slurmd warns that the hardware has more, which is harmless.
 cat >"$SLURM_CONF" <<EOF
 ClusterName=nqci
 SlurmctldHost=$host(127.0.0.1)
@@ -303,7 +310,7 @@ check_result() {
 
 # --- 1. N=12 on two nodes ------------------------------------------------------
 t=$SECONDS
-job=$(submit 12 "$run/shared/nq-12.sled")
+job=$(submit 12 "$run/shared/nq-12.sled") || fail "sbatch failed"
 wait_until "job $job (N=12) to end" 120 job_ended "$job"
 check_result "$job" 12
 out=$(out_of "$job")
@@ -316,7 +323,7 @@ say "1. N=12 on nq1 and nq2: exact in $((SECONDS - t)) s"
 # --- 2. the time-limit signal: drain, requeue, resume ---------------------------
 t=$SECONDS
 data=$run/shared/nq-17.sled
-job=$(submit 17 "$data")
+job=$(submit 17 "$data") || fail "sbatch failed"
 out=$(out_of "$job")
 # Stop it once some jobs are done: a progress line with jobs_done > 0.
 wait_until "job $job to finish some work" 120 has_line "$out" 'progress jobs_done=[1-9]'
@@ -349,7 +356,7 @@ interrupted=$(last_match "$out" '^n=17 status=interrupted .*')
 [[ $interrupted =~ jobs_done=([0-9]+)\  ]] || { on_failure_show; fail "job $job: no result line after scancel"; }
 done2=${BASH_REMATCH[1]}
 ((done2 > done1)) || fail "job $job: cancelled with $done2 jobs done, no more than the $done1 before"
-job2=$(submit 17 "$data")
+job2=$(submit 17 "$data") || fail "sbatch failed"
 wait_until "job $job2 (N=17, resubmitted) to end" 120 job_ended "$job2"
 out2=$(out_of "$job2")
 has_line "$out2" "nq_coord::run: resuming run dir=$data" || { on_failure_show; fail "job $job2 did not resume $data"; }
@@ -361,7 +368,7 @@ say "3. scancel at $done2 jobs done; resubmission $job2 restored $restored and f
 # --- 4. resubmitted on the finished directory ------------------------------------
 t=$SECONDS
 final=$(tail -n 1 "$out2")
-job3=$(submit 17 "$data")
+job3=$(submit 17 "$data") || fail "sbatch failed"
 wait_until "job $job3 (N=17, finished directory) to end" 120 job_ended "$job3"
 check_result "$job3" 17
 # The stored run, not a new computation: the same line but for the last
@@ -377,4 +384,4 @@ strip_seconds() { sed -E 's/ seconds=[0-9.]+ / /'; }
 say "4. resubmission on the finished directory printed the stored result in $((SECONDS - t)) s"
 
 result=0
-say "PASS ($version, $((SECONDS - started)) s)"
+summary="PASS ($version, $((SECONDS - started)) s)"
