@@ -16,7 +16,8 @@
 #      preemption), resubmits, and checks that the new job resumes the same
 #      data directory and ends with the exact counts;
 #   4. resubmits on the finished directory and checks that it prints the
-#      stored result.
+#      stored result;
+#   5. submits a job array, N = the task id, and checks both counts.
 #
 # Every daemon is stopped by pid on exit, on failure too. The run directory
 # is removed after a pass (kept with NQ_SLURM_CI_KEEP=1, or after a failure,
@@ -291,10 +292,10 @@ submit() {
         deploy/slurm/nq.sbatch "$n" "$data"
 }
 
-# check_result JOB N: the output's last line is the exact, complete result.
+# check_result JOB N [OUTPUT]: the output's last line is the exact, complete
+# result, and the job completed with exit code 0.
 check_result() {
-    local job=$1 n=$2 out last want total unique
-    out=$(out_of "$job")
+    local job=$1 n=$2 out=${3:-$(out_of "$1")} last want total unique
     read -r total unique <<<"$(published "$n")"
     [[ -n $total ]] || fail "no published count for N=$n in crates/nq-core/src/published.rs"
     last=$(tail -n 1 "$out")
@@ -382,6 +383,27 @@ strip_seconds() { sed -E 's/ seconds=[0-9.]+ / /'; }
 [[ $(tail -n 1 "$out3" | strip_seconds) == "$(strip_seconds <<<"$final")" ]] ||
     fail "job $job3 printed '$(tail -n 1 "$out3")', not the stored result '$final'"
 say "4. resubmission on the finished directory printed the stored result in $((SECONDS - t)) s"
+
+# --- 5. a job array, one N per task ----------------------------------------------
+t=$SECONDS
+# From the jobs directory: with no DATA_DIR, each task's data directory is
+# nq-N.sled in the submit directory.
+array=$(cd "$run/jobs" && NQ_SLURM_CI_RUN=$run NQ_BIN=$bin NQ_LISTEN=127.0.0.1:0 NQ_COORD_HOST=127.0.0.1 \
+    sbatch --parsable --cpus-per-task=1 --time=10 --array=10-11 --output=nq-array-%A_%a.out \
+    "$repo/deploy/slurm/nq.sbatch") || fail "sbatch --array failed"
+array_ended() {
+    local states
+    states=$(scontrol show job "$array" -o 2>/dev/null | grep -o 'JobState=[A-Z_]*' | sort | uniq -c | tr -s ' ')
+    [[ $states == " 2 JobState=COMPLETED" || $states == *FAILED* || $states == *CANCELLED* || $states == *TIMEOUT* ]]
+}
+wait_until "job array $array (N=10, 11) to end" 120 array_ended
+for n in 10 11; do
+    task=$(scontrol show job "$array" -o | grep -E "ArrayTaskId=$n " | grep -oE '^JobId=[0-9]+' | cut -d= -f2)
+    [[ -n $task ]] || fail "job array $array has no task $n"
+    check_result "$task" "$n" "$run/jobs/nq-array-${array}_$n.out"
+    [[ -d $run/jobs/nq-$n.sled ]] || fail "array task $n did not keep its run in nq-$n.sled"
+done
+say "5. job array 10-11: exact in $((SECONDS - t)) s"
 
 result=0
 summary="PASS ($version, $((SECONDS - started)) s)"
