@@ -329,7 +329,8 @@ out=$(out_of "$job")
 # Stop it once some jobs are done: a progress line with jobs_done > 0.
 wait_until "job $job to finish some work" 120 has_line "$out" 'progress jobs_done=[1-9]'
 # What Slurm sends the batch shell at the warning time of --signal=B:USR1@T
-# (slurmctld checks warning times every 30 s, too coarse for a test).
+# (Slurm sends the real one on a coarse timer, "up to 60 seconds earlier
+# than specified" says sbatch(1): too coarse for a test).
 scancel --batch --signal=USR1 "$job"
 wait_until "job $job to requeue itself" 120 restarts_is_1_and_pending "$job"
 interrupted=$(last_match "$out" '^n=17 status=interrupted .*')
