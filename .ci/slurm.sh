@@ -21,9 +21,9 @@
 #
 # Every daemon is stopped by pid on exit, on failure too. The run directory
 # is removed after a pass (kept with NQ_SLURM_CI_KEEP=1, or after a failure,
-# until the next run). Run as root (the
-# daemons run as root, SlurmUser=root). Prints `slurm.sh: PASS` or
-# `slurm.sh: FAIL: why` last and exits non-zero on failure.
+# until the next run). Run as root (the daemons run as root, SlurmUser=root).
+# Prints `slurm.sh: PASS` or `slurm.sh: FAIL: why` last and exits non-zero on
+# failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -141,7 +141,7 @@ done
 if ((${#missing[@]})); then
     say "installing slurm-wlm and munge (missing: ${missing[*]})"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt-get update -qq || fail "apt-get update failed"
     apt-get install -y -qq --no-install-recommends slurm-wlm munge >"$run/logs/apt.log" 2>&1 ||
         { tail -n 20 "$run/logs/apt.log"; fail "apt-get install slurm-wlm munge failed"; }
 fi
