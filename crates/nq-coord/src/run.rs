@@ -174,8 +174,8 @@ fn setup(config: &Config) -> Result<Setup> {
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),
-            in_check = sched.jobs_in_check(),
             jobs = sched.jobs(),
+            in_check = sched.jobs_in_check(),
             "restored finished jobs"
         );
     }
