@@ -313,18 +313,21 @@ fn decide(
     let stored_leads = jc
         .stored
         .filter(|&s| verdict.leader == Some(votes[s].class));
-    let leader_copy = stored_leads.or_else(|| verdict.leader.map(|l| {
-        (0..jc.copies.len())
-            .find(|&i| {
-                votes[i].class == l
-                    && !sched.identities().is_banned(votes[i].identity, ban_after)
-            })
-            .unwrap_or(reps[l])
-    }));
+    let leader_copy = stored_leads.or_else(|| {
+        verdict.leader.map(|l| {
+            (0..jc.copies.len())
+                .find(|&i| {
+                    votes[i].class == l
+                        && !sched.identities().is_banned(votes[i].identity, ban_after)
+                })
+                .unwrap_or(reps[l])
+        })
+    });
     // Solutions mode: the stored solutions must be the counted copy's; when
     // the majority overturned the copy that stored them, the next copy stores
     // its own (its writer deletes the stale ones first).
-    let solutions_missing = solutions_mode && verdict.leader.is_some() && stored_leads.is_none();
+    let solutions_missing =
+        solutions_mode && verdict.leader.is_some() && stored_leads.is_none();
     let newest = jc.copies.len() - 1;
     match (old_done, leader_copy) {
         (None, _) => {
@@ -333,7 +336,10 @@ fn decide(
             batch.result(job, jc.copies[first].clone(), jc.attempts);
             jc.done = Some(first);
         }
-        (Some(d), Some(l)) if d != l && (votes[d].class != votes[l].class || stored_leads == Some(l)) => {
+        (Some(d), Some(l))
+            if d != l
+                && (votes[d].class != votes[l].class || stored_leads == Some(l)) =>
+        {
             // Verification overturned the recorded copy.
             batch.replace_result(job, jc.copies[l].clone(), jc.attempts);
             batch.duplicate(
@@ -410,7 +416,11 @@ fn decide(
                 .reporters
                 .iter()
                 .copied()
-                .filter(|r| !votes.iter().any(|v| v.identity == *r && Some(v.class) == leader))
+                .filter(|r| {
+                    !votes
+                        .iter()
+                        .any(|v| v.identity == *r && Some(v.class) == leader)
+                })
                 .collect()
         } else {
             verdict.reporters
@@ -585,7 +595,14 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
                 continue;
             }
             let mut s = session.sched();
-            let d = decide(&mut s, job, &mut jc, None, &mut batch, session.shape.solutions);
+            let d = decide(
+                &mut s,
+                job,
+                &mut jc,
+                None,
+                &mut batch,
+                session.shape.solutions,
+            );
             settlements.push(d.settlement);
         }
         apply_and_flush(session, batch).await?;
