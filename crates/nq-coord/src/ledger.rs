@@ -35,7 +35,7 @@ use crate::error::{Error, ReportFault, Result};
 use crate::lease::LeaseId;
 use crate::quorum::{Vote, judge};
 use crate::scheduler::{Fallout, Issued, Outcome, Scheduler, Settlement};
-use crate::session::{Session, unix_ms};
+use crate::session::{Session, blocking, unix_ms};
 
 /// Most results applied under one flush.
 const MAX_GROUP: usize = 2048;
@@ -445,24 +445,27 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
     let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
     let mut decisions = Vec::with_capacity(group.len());
     let mut batch = CommitBatch::new();
-    for req in group.iter() {
-        let v = &req.verified;
-        let jc = match overlay.entry(v.job) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(JobCopies::load(session, v.job)?)
-            }
-        };
-        let mut s = session.sched();
-        decisions.push(decide(
-            &mut s,
-            v.job,
-            jc,
-            Some(v),
-            &mut batch,
-            session.shape.solutions,
-        ));
-    }
+    blocking(|| -> Result<()> {
+        for req in group.iter() {
+            let v = &req.verified;
+            let jc = match overlay.entry(v.job) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(JobCopies::load(session, v.job)?)
+                }
+            };
+            let mut s = session.sched();
+            decisions.push(decide(
+                &mut s,
+                v.job,
+                jc,
+                Some(v),
+                &mut batch,
+                session.shape.solutions,
+            ));
+        }
+        Ok(())
+    })?;
     // 2. Write and make durable, before anything is acknowledged.
     apply_and_flush(session, batch).await?;
     // 3. Apply to the scheduler.
@@ -590,7 +593,7 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
         let mut batch = CommitBatch::new();
         let mut settlements = Vec::with_capacity(jobs.len());
         for &job in &jobs {
-            let mut jc = JobCopies::load(session, job)?;
+            let mut jc = blocking(|| JobCopies::load(session, job))?;
             if jc.copies.is_empty() {
                 continue;
             }

@@ -221,7 +221,7 @@ fn lease(
     let mut out = Vec::with_capacity(grant.jobs.len());
     for g in grant.jobs {
         session.persist_lease(&g, worker);
-        let (_, subs) = session.subproblems(g.job)?;
+        let (_, subs) = crate::session::blocking(|| session.subproblems(g.job))?;
         let kernel = match g.kernel {
             KernelRequest::Scalar => Kernel::Scalar,
             KernelRequest::Any => Kernel::Auto,

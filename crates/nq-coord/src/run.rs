@@ -608,7 +608,7 @@ async fn ticker(
         session.persist_expired(&expired);
         if last_records.elapsed() >= RECORDS_EVERY {
             last_records = now;
-            if let Err(e) = session.write_records() {
+            if let Err(e) = crate::session::blocking(|| session.write_records()) {
                 error!(error = %e.chain(), "cannot record leases");
             }
         }
