@@ -48,6 +48,9 @@ const TICK: Duration = Duration::from_millis(250);
 /// How often lease records are written (see `Session::write_records`).
 const RECORDS_EVERY: Duration = Duration::from_secs(1);
 
+/// How often issued leases of settled jobs are forgotten.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
 /// How often the time spent on the run is recorded.
 const ELAPSED_EVERY: Duration = Duration::from_secs(5);
 
@@ -590,6 +593,7 @@ async fn ticker(
     let mut last_log = Instant::now();
     let mut last_elapsed = Instant::now();
     let mut last_records = Instant::now();
+    let mut last_prune = Instant::now();
     loop {
         tokio::select! {
             () = token.cancelled() => return,
@@ -600,6 +604,10 @@ async fn ticker(
             let mut s = session.sched();
             let expired = s.expire(now);
             s.prune_workers(now);
+            if now.duration_since(last_prune) >= PRUNE_EVERY {
+                last_prune = now;
+                s.prune_issued();
+            }
             (expired, s.progress(now))
         };
         for lease in &expired {
