@@ -600,7 +600,7 @@ async fn ticker(
             _ = interval.tick() => {}
         }
         let now = Instant::now();
-        let (expired, mut snapshot) = {
+        let (expired, mut snapshot, in_check) = {
             let mut s = session.sched();
             let expired = s.expire(now);
             s.prune_workers(now);
@@ -608,7 +608,7 @@ async fn ticker(
                 last_prune = now;
                 s.prune_issued();
             }
-            (expired, s.progress(now))
+            (expired, s.progress(now), s.jobs_in_check())
         };
         for lease in &expired {
             warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
@@ -645,6 +645,8 @@ async fn ticker(
                 eta_s = snapshot.eta().map(|d| d.as_secs()),
                 workers = snapshot.workers,
                 leased = snapshot.jobs_leased,
+                // Jobs waiting for a check copy by another worker.
+                in_check,
                 "progress"
             );
         }
