@@ -67,8 +67,6 @@ pub(crate) struct Report {
 pub(crate) struct Verified {
     pub(crate) job: JobId,
     pub(crate) lease: LeaseId,
-    /// True when the coordinator's own threads computed it.
-    pub(crate) local: bool,
     /// Solutions mode: true when its solutions are the stored ones.
     pub(crate) stored_solutions: bool,
     pub(crate) result: StoredResult,
@@ -160,7 +158,6 @@ pub(crate) fn verify(
     Ok(Verified {
         job,
         lease: report.lease,
-        local: report.issued.local,
         stored_solutions: report.stored_solutions,
         result: StoredResult {
             counts: report.counts,
@@ -473,8 +470,8 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
     let mut fallout = Fallout::default();
     {
         let mut s = session.sched();
-        for (req, d) in group.iter().zip(&decisions) {
-            let f = s.settle(&d.settlement, req.verified.local);
+        for d in &decisions {
+            let f = s.settle(&d.settlement, true);
             if let Ok(f) = &f {
                 s.note_outcome(d.outcome);
                 fallout.discredited.extend(&f.discredited);

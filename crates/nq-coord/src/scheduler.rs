@@ -426,6 +426,9 @@ impl Scheduler {
         kernel: &str,
         now: Instant,
     ) -> WorkerId {
+        // Both local identities exist from the start: a check of the local
+        // threads' own copy runs under the scalar one.
+        self.identities.intern(&local_identity("scalar"));
         let identity = self.identities.intern(&local_identity(kernel));
         self.add_worker("local", None, identity, threads, now, true)
     }
@@ -604,10 +607,14 @@ impl Scheduler {
                 KernelRequest::Scalar
             };
             let choice = if local {
+                // The local threads' identity follows the kernel they run.
                 let scalar = self.identities.get(&local_identity("scalar"));
-                let options = [(identity, request), (scalar?, KernelRequest::Scalar)];
+                let fastest =
+                    (request == KernelRequest::Any).then_some((identity, request));
+                let options = [fastest, scalar.map(|s| (s, KernelRequest::Scalar))];
                 options
                     .into_iter()
+                    .flatten()
                     .find(|(id, _)| !open.reporters.contains(id))
             } else {
                 (!open.reporters.contains(&identity)).then_some((identity, request))

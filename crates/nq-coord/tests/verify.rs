@@ -310,3 +310,42 @@ async fn unbound_reports_are_refused() {
         .await
         .expect("test timed out");
 }
+
+/// With `--verify 1` and only its own threads, the coordinator computes every
+/// job twice, the second time on the other kernel, and the audit shows every
+/// job verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_threads_check_themselves_on_the_other_kernel() {
+    use nq_core::search::Kernel;
+    if Kernel::Auto.resolved() == Kernel::Scalar {
+        eprintln!(
+            "skipped: this CPU has only the scalar kernel, so no second kernel to check with"
+        );
+        return;
+    }
+    let test = async {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("run.sled");
+        let mut config = Config::new(10, &data).unwrap();
+        config.local_threads = 2;
+        config.verify = Fraction::Fixed(1.0);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let report = nq_coord::run(config, listener, std::future::pending())
+            .await
+            .unwrap();
+        assert_eq!((report.total, report.unique), (724, 92));
+        assert!(report.faulty_workers.is_empty());
+        let mut csv = vec![];
+        let audit =
+            nq_coord::audit::audit(&data, &mut csv, Fraction::Fixed(1.0)).unwrap();
+        assert!(audit.agrees());
+        let csv = String::from_utf8(csv).unwrap();
+        for row in csv.lines().skip(1) {
+            assert!(row.contains(",settled,verified,"), "{row}");
+            assert!(row.contains("local:scalar:agrees"), "{row}");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), test)
+        .await
+        .expect("test timed out");
+}
