@@ -35,7 +35,7 @@ use crate::error::{Error, ReportFault, Result};
 use crate::lease::LeaseId;
 use crate::quorum::{Vote, judge};
 use crate::scheduler::{Fallout, Issued, Outcome, Scheduler, Settlement};
-use crate::session::{Session, unix_ms};
+use crate::session::{Session, blocking, unix_ms};
 
 /// Most results applied under one flush.
 const MAX_GROUP: usize = 2048;
@@ -57,6 +57,9 @@ pub(crate) struct Report {
     pub(crate) kernel: String,
     /// The lease as issued (from admission).
     pub(crate) issued: Issued,
+    /// Solutions mode: true when this report's solutions were stored (see
+    /// [`SolutionWriter`]).
+    pub(crate) stored_solutions: bool,
 }
 
 /// A report that passed every check, with its contribution to the totals.
@@ -64,8 +67,8 @@ pub(crate) struct Report {
 pub(crate) struct Verified {
     pub(crate) job: JobId,
     pub(crate) lease: LeaseId,
-    /// True when the coordinator's own threads computed it.
-    pub(crate) local: bool,
+    /// Solutions mode: true when its solutions are the stored ones.
+    pub(crate) stored_solutions: bool,
     pub(crate) result: StoredResult,
 }
 
@@ -155,7 +158,7 @@ pub(crate) fn verify(
     Ok(Verified {
         job,
         lease: report.lease,
-        local: report.issued.local,
+        stored_solutions: report.stored_solutions,
         result: StoredResult {
             counts: report.counts,
             solutions,
@@ -219,6 +222,8 @@ struct JobCopies {
     /// True when the job was settled before this group.
     settled: bool,
     attempts: u32,
+    /// Solutions mode: the copy whose solutions are stored, if any.
+    stored: Option<usize>,
 }
 
 impl JobCopies {
@@ -238,9 +243,9 @@ impl JobCopies {
                     .map(|d| d.result),
             );
         }
-        let (counted, settled) = {
+        let (counted, settled, missing) = {
             let s = session.sched();
-            (s.is_counted(job), s.is_done(job))
+            (s.is_counted(job), s.is_done(job), s.wants_solutions(job))
         };
         let counted = match (counted, done) {
             (true, Some(i)) => Some(copies[i].tally),
@@ -248,6 +253,7 @@ impl JobCopies {
         };
         Ok(JobCopies {
             copies,
+            stored: if missing { None } else { done },
             done,
             counted,
             settled,
@@ -272,10 +278,14 @@ fn decide(
     jc: &mut JobCopies,
     new: Option<&Verified>,
     batch: &mut CommitBatch,
+    solutions_mode: bool,
 ) -> Decision {
     let old_done = jc.done;
     if let Some(v) = new {
         jc.copies.push(v.result.clone());
+        if v.stored_solutions {
+            jc.stored = Some(jc.copies.len() - 1);
+        }
     }
     // Classes of equal results, numbered in order of first appearance.
     let mut reps: Vec<usize> = Vec::new();
@@ -295,15 +305,26 @@ fn decide(
     }
     let ban_after = sched.policy().ban_after;
     let verdict = judge(&votes, sched.selected(job), sched.identities(), ban_after);
-    // The copy the Done record should hold: the leader's first voting copy.
-    let leader_copy = verdict.leader.map(|l| {
-        (0..jc.copies.len())
-            .find(|&i| {
-                votes[i].class == l
-                    && !sched.identities().is_banned(votes[i].identity, ban_after)
-            })
-            .unwrap_or(reps[l])
+    // The copy the Done record should hold: the leader's first voting copy,
+    // or in solutions mode the leader's copy whose solutions are stored.
+    let stored_leads = jc
+        .stored
+        .filter(|&s| verdict.leader == Some(votes[s].class));
+    let leader_copy = stored_leads.or_else(|| {
+        verdict.leader.map(|l| {
+            (0..jc.copies.len())
+                .find(|&i| {
+                    votes[i].class == l
+                        && !sched.identities().is_banned(votes[i].identity, ban_after)
+                })
+                .unwrap_or(reps[l])
+        })
     });
+    // Solutions mode: the stored solutions must be the counted copy's; when
+    // the majority overturned the copy that stored them, the next copy stores
+    // its own (its writer deletes the stale ones first).
+    let solutions_missing =
+        solutions_mode && verdict.leader.is_some() && stored_leads.is_none();
     let newest = jc.copies.len() - 1;
     match (old_done, leader_copy) {
         (None, _) => {
@@ -312,7 +333,10 @@ fn decide(
             batch.result(job, jc.copies[first].clone(), jc.attempts);
             jc.done = Some(first);
         }
-        (Some(d), Some(l)) if votes[d].class != votes[l].class => {
+        (Some(d), Some(l))
+            if d != l
+                && (votes[d].class != votes[l].class || stored_leads == Some(l)) =>
+        {
             // Verification overturned the recorded copy.
             batch.replace_result(job, jc.copies[l].clone(), jc.attempts);
             batch.duplicate(
@@ -380,14 +404,31 @@ fn decide(
         counted,
         voter: leader_copy.map(|l| votes[l].identity),
         votes: verdict.votes,
-        settled: verdict.settled,
-        reporters: verdict.reporters,
+        settled: verdict.settled && !solutions_missing,
+        // A copy that only has to store the leader's solutions may come from
+        // one of the leader's voters (it adds no vote).
+        reporters: if solutions_missing {
+            let leader = verdict.leader;
+            verdict
+                .reporters
+                .iter()
+                .copied()
+                .filter(|r| {
+                    !votes
+                        .iter()
+                        .any(|v| v.identity == *r && Some(v.class) == leader)
+                })
+                .collect()
+        } else {
+            verdict.reporters
+        },
         scalar_seen: jc.copies.iter().any(|c| c.kernel == "scalar"),
         losers,
         disputed: verdict.conflict,
+        solutions_missing,
     };
     jc.counted = counted;
-    jc.settled = verdict.settled;
+    jc.settled = settlement.settled;
     Decision {
         settlement,
         outcome,
@@ -401,17 +442,27 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
     let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
     let mut decisions = Vec::with_capacity(group.len());
     let mut batch = CommitBatch::new();
-    for req in group.iter() {
-        let v = &req.verified;
-        let jc = match overlay.entry(v.job) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(JobCopies::load(session, v.job)?)
-            }
-        };
-        let mut s = session.sched();
-        decisions.push(decide(&mut s, v.job, jc, Some(v), &mut batch));
-    }
+    blocking(|| -> Result<()> {
+        for req in group.iter() {
+            let v = &req.verified;
+            let jc = match overlay.entry(v.job) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(JobCopies::load(session, v.job)?)
+                }
+            };
+            let mut s = session.sched();
+            decisions.push(decide(
+                &mut s,
+                v.job,
+                jc,
+                Some(v),
+                &mut batch,
+                session.shape.solutions,
+            ));
+        }
+        Ok(())
+    })?;
     // 2. Write and make durable, before anything is acknowledged.
     apply_and_flush(session, batch).await?;
     // 3. Apply to the scheduler.
@@ -419,8 +470,8 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
     let mut fallout = Fallout::default();
     {
         let mut s = session.sched();
-        for (req, d) in group.iter().zip(&decisions) {
-            let f = s.settle(&d.settlement, req.verified.local);
+        for d in &decisions {
+            let f = s.settle(&d.settlement, true);
             if let Ok(f) = &f {
                 s.note_outcome(d.outcome);
                 fallout.discredited.extend(&f.discredited);
@@ -539,12 +590,20 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
         let mut batch = CommitBatch::new();
         let mut settlements = Vec::with_capacity(jobs.len());
         for &job in &jobs {
-            let mut jc = JobCopies::load(session, job)?;
+            let mut jc = blocking(|| JobCopies::load(session, job))?;
             if jc.copies.is_empty() {
                 continue;
             }
             let mut s = session.sched();
-            settlements.push(decide(&mut s, job, &mut jc, None, &mut batch).settlement);
+            let d = decide(
+                &mut s,
+                job,
+                &mut jc,
+                None,
+                &mut batch,
+                session.shape.solutions,
+            );
+            settlements.push(d.settlement);
         }
         apply_and_flush(session, batch).await?;
         fallout = Fallout::default();
@@ -608,8 +667,9 @@ impl SolutionWriter {
         subs: &[SubProblem],
     ) -> Result<SolutionWriter> {
         // Only the copy that is counted first stores its solutions; checks
-        // are verified and counted, not stored.
-        let write = !session.sched().is_counted(job);
+        // are verified and counted, not stored (unless verification
+        // overturned the copy whose solutions were stored).
+        let write = session.sched().wants_solutions(job);
         if write {
             let mut claims = session
                 .claims
@@ -681,6 +741,11 @@ impl SolutionWriter {
         }
         l.batches += 1;
         Ok(())
+    }
+
+    /// True when this writer stores the solutions it receives.
+    pub(crate) fn stores(&self) -> bool {
+        self.write
     }
 
     /// Solutions received so far, per sub-problem.
@@ -789,15 +854,27 @@ pub(crate) fn restore(
     }
     // Judge every job with the reputations as they stand.
     for (job, copies, attempts) in done {
+        // Solutions mode: the stored solutions must be the recorded copy's.
+        let stored = if shape.solutions {
+            let n = usize::from(shape.board.n()).max(1);
+            let mut rows = 0u64;
+            for batch in store.job_solutions(job) {
+                rows += (batch?.rows.len() / n) as u64;
+            }
+            (rows == copies[0].solutions).then_some(0)
+        } else {
+            Some(0)
+        };
         let mut jc = JobCopies {
             copies,
             done: Some(0),
             counted: None,
             settled: false,
             attempts,
+            stored,
         };
         let mut batch = CommitBatch::new();
-        let mut d = decide(sched, job, &mut jc, None, &mut batch);
+        let mut d = decide(sched, job, &mut jc, None, &mut batch, shape.solutions);
         // The losses were charged above; the record is rewritten by the next
         // copy if the leader changed.
         d.settlement.losers.clear();

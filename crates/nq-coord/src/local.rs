@@ -221,7 +221,7 @@ fn lease(
     let mut out = Vec::with_capacity(grant.jobs.len());
     for g in grant.jobs {
         session.persist_lease(&g, worker);
-        let (_, subs) = session.subproblems(g.job)?;
+        let (_, subs) = crate::session::blocking(|| session.subproblems(g.job))?;
         let kernel = match g.kernel {
             KernelRequest::Scalar => Kernel::Scalar,
             KernelRequest::Any => Kernel::Auto,
@@ -337,6 +337,7 @@ fn finish(
                     listed: f.writer.as_ref().map(|w| w.listed()),
                     kernel: r.kernel.resolved_name().to_owned(),
                     issued,
+                    stored_solutions: f.writer.as_ref().is_some_and(|w| w.stores()),
                 };
                 ledger::verify(&session, &r.subs, report)
             }

@@ -48,6 +48,9 @@ const TICK: Duration = Duration::from_millis(250);
 /// How often lease records are written (see `Session::write_records`).
 const RECORDS_EVERY: Duration = Duration::from_secs(1);
 
+/// How often issued leases of settled jobs are forgotten.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
 /// How often the time spent on the run is recorded.
 const ELAPSED_EVERY: Duration = Duration::from_secs(5);
 
@@ -169,13 +172,14 @@ fn setup(config: &Config) -> Result<Setup> {
     }
     let mut sched =
         Scheduler::new(works, session_no, config.lease_ttl, policy(config, &store)?);
+    // Totals are derived again from the stored counts, never from a cached sum.
     ledger::restore(&store, &shape_of(&manifest), &mut sched)?;
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),
-            in_check = sched.jobs_in_check(),
             jobs = sched.jobs(),
-            "restored finished jobs (totals derived again from the stored counts)"
+            in_check = sched.jobs_in_check(),
+            "restored finished jobs"
         );
     }
     let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
@@ -589,17 +593,22 @@ async fn ticker(
     let mut last_log = Instant::now();
     let mut last_elapsed = Instant::now();
     let mut last_records = Instant::now();
+    let mut last_prune = Instant::now();
     loop {
         tokio::select! {
             () = token.cancelled() => return,
             _ = interval.tick() => {}
         }
         let now = Instant::now();
-        let (expired, mut snapshot) = {
+        let (expired, mut snapshot, in_check) = {
             let mut s = session.sched();
             let expired = s.expire(now);
             s.prune_workers(now);
-            (expired, s.progress(now))
+            if now.duration_since(last_prune) >= PRUNE_EVERY {
+                last_prune = now;
+                s.prune_issued();
+            }
+            (expired, s.progress(now), s.jobs_in_check())
         };
         for lease in &expired {
             warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
@@ -607,7 +616,7 @@ async fn ticker(
         session.persist_expired(&expired);
         if last_records.elapsed() >= RECORDS_EVERY {
             last_records = now;
-            if let Err(e) = session.write_records() {
+            if let Err(e) = crate::session::blocking(|| session.write_records()) {
                 error!(error = %e.chain(), "cannot record leases");
             }
         }
@@ -636,6 +645,8 @@ async fn ticker(
                 eta_s = snapshot.eta().map(|d| d.as_secs()),
                 workers = snapshot.workers,
                 leased = snapshot.jobs_leased,
+                // Jobs waiting for a check copy by another worker.
+                in_check,
                 "progress"
             );
         }

@@ -203,6 +203,9 @@ pub struct Settlement {
     pub losers: Vec<IdentityId>,
     /// True when the job's valid copies disagree.
     pub disputed: bool,
+    /// Solutions mode: the stored solutions are not the counted copy's (it
+    /// was overturned), so the next copy must store its own.
+    pub solutions_missing: bool,
 }
 
 /// What a [`Scheduler::settle`] changed beyond its job: the caller must
@@ -239,6 +242,9 @@ pub struct Scheduler {
     open: HashMap<JobId, Open>,
     /// Open jobs whose valid copies disagree.
     disputed: std::collections::HashSet<JobId>,
+    /// Solutions mode: jobs whose stored solutions are not the counted
+    /// copy's.
+    solutions_missing: std::collections::HashSet<JobId>,
     pending_count: u64,
     leases: LeaseTable,
     /// Every lease this session issued, until its job is settled.
@@ -304,6 +310,7 @@ impl Scheduler {
             checks: VecDeque::new(),
             open: HashMap::new(),
             disputed: std::collections::HashSet::new(),
+            solutions_missing: std::collections::HashSet::new(),
             leases: LeaseTable::default(),
             issued: HashMap::new(),
             workers: HashMap::new(),
@@ -419,6 +426,9 @@ impl Scheduler {
         kernel: &str,
         now: Instant,
     ) -> WorkerId {
+        // Both local identities exist from the start: a check of the local
+        // threads' own copy runs under the scalar one.
+        self.identities.intern(&local_identity("scalar"));
         let identity = self.identities.intern(&local_identity(kernel));
         self.add_worker("local", None, identity, threads, now, true)
     }
@@ -597,10 +607,14 @@ impl Scheduler {
                 KernelRequest::Scalar
             };
             let choice = if local {
+                // The local threads' identity follows the kernel they run.
                 let scalar = self.identities.get(&local_identity("scalar"));
-                let options = [(identity, request), (scalar?, KernelRequest::Scalar)];
+                let fastest =
+                    (request == KernelRequest::Any).then_some((identity, request));
+                let options = [fastest, scalar.map(|s| (s, KernelRequest::Scalar))];
                 options
                     .into_iter()
+                    .flatten()
                     .find(|(id, _)| !open.reporters.contains(id))
             } else {
                 (!open.reporters.contains(&identity)).then_some((identity, request))
@@ -738,6 +752,13 @@ impl Scheduler {
         self.slot(job).is_ok_and(|s| s.counted)
     }
 
+    /// Solutions mode: true when the next copy of `job` must store its
+    /// solutions (no copy counts yet, or the counted copy's solutions are not
+    /// the stored ones).
+    pub fn wants_solutions(&self, job: JobId) -> bool {
+        !self.is_counted(job) || self.solutions_missing.contains(&job)
+    }
+
     /// How many times `job` was leased.
     pub fn attempts(&self, job: JobId) -> u32 {
         self.slot(job).map_or(0, |s| s.attempts)
@@ -844,6 +865,11 @@ impl Scheduler {
             self.disputed.insert(s.job);
         } else {
             self.disputed.remove(&s.job);
+        }
+        if s.solutions_missing {
+            self.solutions_missing.insert(s.job);
+        } else {
+            self.solutions_missing.remove(&s.job);
         }
         let mut fallout = Fallout::default();
         for &loser in &s.losers {
@@ -1068,6 +1094,7 @@ mod tests {
             scalar_seen: false,
             losers: vec![],
             disputed: false,
+            solutions_missing: false,
         };
         s.settle(&settlement, true).unwrap()
     }
@@ -1171,6 +1198,7 @@ mod tests {
             scalar_seen: first_kernel == KernelRequest::Scalar,
             losers: vec![],
             disputed: false,
+            solutions_missing: false,
         };
         s.settle(&one_vote, true).unwrap();
         assert_eq!(
@@ -1225,6 +1253,7 @@ mod tests {
             scalar_seen: true,
             losers: vec![il],
             disputed: false,
+            solutions_missing: false,
         };
         assert_eq!(s.settle(&lost(0), true).unwrap().discredited, vec![il]);
         assert!(
@@ -1378,6 +1407,7 @@ mod tests {
             scalar_seen: false,
             losers: vec![],
             disputed: false,
+            solutions_missing: false,
         };
         s.settle(&restored, false).unwrap();
         s.restore_attempts(JobId(1), 3);

@@ -28,7 +28,7 @@ use crate::error::{Error, ReportFault};
 use crate::lease::{LeaseId, WorkerId};
 use crate::ledger::{self, Report, SolutionWriter};
 use crate::scheduler::{Issued, Outcome};
-use crate::session::Session;
+use crate::session::{Session, blocking};
 
 /// How long an idle worker waits before asking again, at most.
 const RETRY_AFTER_MS: u64 = 500;
@@ -134,7 +134,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         for g in &grant.jobs {
             // Read outside the scheduler lock. Should it fail, the leases
             // granted here simply expire and are reissued.
-            let stored = self.session.store.job(g.job).map_err(Error::from)?;
+            let stored =
+                blocking(|| self.session.store.job(g.job)).map_err(Error::from)?;
             self.session.persist_lease(g, &worker);
             jobs.push(pb::Job {
                 job_id: g.job.0,
@@ -186,7 +187,9 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .await
             .map_err(Error::from)??;
         let writer = if self.session.shape.solutions {
-            Some(SolutionWriter::open(&self.session, job, &subs)?)
+            Some(blocking(|| {
+                SolutionWriter::open(&self.session, job, &subs)
+            })?)
         } else {
             None
         };
@@ -207,6 +210,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             listed: writer.as_ref().map(SolutionWriter::listed),
             kernel: result.kernel,
             issued,
+            stored_solutions: writer.as_ref().is_some_and(SolutionWriter::stores),
         };
         let verified = ledger::verify(&self.session, &subs, report)?;
         // Returns once the copy is judged and durable: the ack below is the
@@ -324,7 +328,7 @@ async fn receive(
         }
         match c.body {
             Some(pb::report_chunk::Body::Solutions(batch)) => match writer {
-                Some(w) => w.batch(batch.subproblem, &batch.rows)?,
+                Some(w) => blocking(|| w.batch(batch.subproblem, &batch.rows))?,
                 None => return Err(bad(ReportFault::SolutionsNotWanted).into()),
             },
             Some(pb::report_chunk::Body::Result(r)) => break r,

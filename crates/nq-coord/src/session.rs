@@ -214,6 +214,20 @@ fn subproblems_in(
     Ok(subs)
 }
 
+/// Runs synchronous store work from async code without stalling the tasks
+/// that share the thread: on a multi-threaded runtime the thread hands its
+/// other tasks to its peers first (`block_in_place`); elsewhere (a pool
+/// thread, a current-thread runtime in a test) it just runs. sled calls are
+/// usually microseconds, but a read can wait for the disk.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// Milliseconds since the Unix epoch (0 for times before it).
 pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
