@@ -295,6 +295,23 @@ impl Proc {
         Ok(())
     }
 
+    /// Forgets the lines received but not yet waited for, so that the next
+    /// wait sees only lines written from about now on (a line still in the
+    /// pipe may remain: the process wrote it a moment ago).
+    pub fn skip_backlog(&mut self) {
+        self.seen.clear();
+        while self.lines.try_recv().is_ok() {}
+    }
+
+    /// A handle on this process's output that outlives it, for reports made
+    /// after the process (or the future that owned it) is gone.
+    pub fn output_handle(&self) -> OutputHandle {
+        OutputHandle {
+            name: self.name.clone(),
+            log: Arc::clone(&self.log),
+        }
+    }
+
     /// Every line so far that contains `needle`.
     pub fn lines_containing(&self, needle: &str) -> Vec<String> {
         self.log
@@ -313,6 +330,26 @@ impl Proc {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .join("\n")
+    }
+}
+
+/// A shared view of a [`Proc`]'s output (see [`Proc::output_handle`]).
+#[derive(Clone, Debug)]
+pub struct OutputHandle {
+    name: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl OutputHandle {
+    /// The process's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its last `n` lines (all of them when fewer), one per line.
+    pub fn tail(&self, n: usize) -> String {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log[log.len().saturating_sub(n)..].join("\n")
     }
 }
 

@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-use crate::Report;
 use crate::rng::Rng;
+use crate::{OutputHandle, Proc, Report};
 
 /// One kind of fault the suite injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +126,8 @@ pub struct Trial {
     /// Injections by kind, in the order of first use.
     injections: Vec<(String, u64)>,
     notes: Vec<String>,
+    /// Processes whose output is printed if the trial fails.
+    watched: Vec<OutputHandle>,
 }
 
 impl Trial {
@@ -149,7 +151,15 @@ impl Trial {
             seed: None,
             injections: Vec::new(),
             notes: Vec::new(),
+            watched: Vec::new(),
         })
+    }
+
+    /// Prints `p`'s output (its last lines) if the trial fails, even when
+    /// the failure is a timeout that dropped `p` (libtest shows what a failed
+    /// test printed).
+    pub fn watch(&mut self, p: &Proc) {
+        self.watched.push(p.output_handle());
     }
 
     /// The trial's random sequence, from [`Rng::seed_from_env`]. The seed is
@@ -198,6 +208,16 @@ impl Trial {
         let (exact, outcome) = match &result {
             Ok(r) => (true, exact_outcome(r)),
             Err(e) => {
+                for w in &self.watched {
+                    eprintln!("----- last lines of {} -----\n{}", w.name(), w.tail(300));
+                }
+                if let Some(seed) = self.seed {
+                    eprintln!(
+                        "{} failed; replay with {}={seed:#x}",
+                        self.fault.id,
+                        crate::rng::SEED_ENV
+                    );
+                }
                 // The error's first two lines name the failure; what follows
                 // is usually a process's whole output.
                 let text = format!("{e:#}");
@@ -216,7 +236,17 @@ impl Trial {
         let path = dir.join(format!("{}.json", self.fault.id));
         // The tallies of earlier runs on this machine (since the target
         // directory was last cleaned): how often the fault was tried.
-        let (runs, exact_runs) = earlier_runs(&path);
+        let (runs, exact_runs, earlier_failure) = earlier_runs(&path);
+        // The newest failure is kept across later passing runs, with its
+        // seed, so that it can be replayed after the fact.
+        let last_failure = if exact {
+            earlier_failure
+        } else {
+            Some(json!({
+                "seed": self.seed.map(|s| format!("{s:#x}")),
+                "outcome": outcome,
+            }))
+        };
         let row = json!({
             "fault": self.fault.id,
             "runs": runs + 1,
@@ -231,6 +261,7 @@ impl Trial {
             "exact": exact,
             "outcome": outcome,
             "notes": self.notes,
+            "last_failure": last_failure,
         });
         std::fs::write(&path, format!("{row:#}\n"))
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -238,17 +269,19 @@ impl Trial {
     }
 }
 
-/// `(runs, exact runs)` recorded in the row at `path` so far; `(0, 0)` when
-/// there is none (or it cannot be read: the tally restarts).
-fn earlier_runs(path: &Path) -> (u64, u64) {
+/// `(runs, exact runs, last failure)` recorded in the row at `path` so far;
+/// `(0, 0, None)` when there is none (or it cannot be read: the tally
+/// restarts).
+fn earlier_runs(path: &Path) -> (u64, u64, Option<serde_json::Value>) {
     let Some(v) = std::fs::read_to_string(path)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
     else {
-        return (0, 0);
+        return (0, 0, None);
     };
     let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    (n("runs"), n("exact_runs"))
+    let failure = v.get("last_failure").filter(|f| !f.is_null()).cloned();
+    (n("runs"), n("exact_runs"), failure)
 }
 
 /// The outcome column of a run whose counts the test found exact.
@@ -300,6 +333,8 @@ pub struct Row {
     pub runs: u64,
     /// How many of them were exact.
     pub exact_runs: u64,
+    /// The newest run that was not exact: its seed and outcome.
+    pub last_failure: Option<(Option<String>, String)>,
 }
 
 /// Reads every row in `dir` whose fault is in [`FAULTS`], by fault id.
@@ -352,6 +387,10 @@ pub fn read_rows(dir: &Path) -> Result<BTreeMap<String, Row>> {
                 .unwrap_or_default(),
             runs: v.get("runs").and_then(|n| n.as_u64()).unwrap_or(1),
             exact_runs: v.get("exact_runs").and_then(|n| n.as_u64()).unwrap_or(0),
+            last_failure: v.get("last_failure").filter(|f| !f.is_null()).map(|f| {
+                let s = |k: &str| f.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+                (s("seed"), s("outcome").unwrap_or_default())
+            }),
         };
         if fault(&row.fault).is_some() {
             rows.insert(row.fault.clone(), row);
@@ -429,12 +468,18 @@ pub fn render(rows: &BTreeMap<String, Row>) -> String {
             f.id,
             r.seed.as_deref().unwrap_or("none")
         ));
-        if r.notes.is_empty() {
+        if r.notes.is_empty() && r.last_failure.is_none() {
             out.push_str(" no remarks.\n");
         } else {
             out.push('\n');
             for n in &r.notes {
                 out.push_str(&format!("  - {n}\n"));
+            }
+            if let Some((seed, outcome)) = &r.last_failure {
+                out.push_str(&format!(
+                    "  - last run that was not exact (seed {}): {outcome}\n",
+                    seed.as_deref().unwrap_or("none")
+                ));
             }
         }
     }
@@ -530,6 +575,7 @@ mod tests {
                 notes: vec!["n".into()],
                 runs: 4,
                 exact_runs: 3,
+                last_failure: Some((Some("0x2".into()), "FAILED: x".into())),
             },
         );
         let md = render(&rows);
@@ -543,6 +589,7 @@ mod tests {
         assert_eq!(g.1, "exact: fine");
         assert!(md.contains("3 × a \\| b"));
         assert!(md.contains("| 4 (3) |"));
+        assert!(md.contains("not exact (seed 0x2): FAILED: x"));
         assert!(check_complete(&rows).is_err());
     }
 

@@ -85,9 +85,12 @@ async fn coordinator_sigkills(t: &mut Trial) -> Result<Report> {
     let dir = data_dir(&tmp);
     let args = run_args(&["--lease-ttl", "2s"]);
     let mut coord = Coord::ephemeral(&dir, &args).await?;
+    t.watch(&coord.proc);
     let addr = coord.addr.to_string();
     let mut a = worker("a", &addr, &["--threads", "1"])?;
+    t.watch(&a);
     let mut b = worker("b", &addr, &["--threads", "1"])?;
+    t.watch(&b);
     let mut moments = Vec::new();
     for kill in 0..5 {
         // At most 5 × 8 = 40 of the 137 jobs are done before the last kill,
@@ -103,6 +106,7 @@ async fn coordinator_sigkills(t: &mut Trial) -> Result<Report> {
             "a restarted coordinator did not resume:\n{before}"
         );
         coord = Coord::start(&dir, &addr, &args).await?;
+        t.watch(&coord.proc);
     }
     let report = coord.finish().await?;
     report.check_published()?;
@@ -145,12 +149,16 @@ async fn worker_sigkills(t: &mut Trial) -> Result<Report> {
     let tmp = tempfile::tempdir()?;
     let mut coord =
         Coord::ephemeral(&data_dir(&tmp), &run_args(&["--lease-ttl", "1s"])).await?;
+    t.watch(&coord.proc);
     let addr = coord.addr.to_string();
     let names = ["w0", "w1", "w2"];
     let mut workers = names
         .iter()
         .map(|n| worker(n, &addr, &["--threads", "1"]))
         .collect::<Result<Vec<_>>>()?;
+    for w in &workers {
+        t.watch(w);
+    }
     let mut victims = Vec::new();
     for _ in 0..6 {
         // At most 6 × 6 = 36 of the 137 jobs are done before the last kill.
@@ -161,6 +169,7 @@ async fn worker_sigkills(t: &mut Trial) -> Result<Report> {
         t.injected("SIGKILL of a worker, restarted at once");
         victims.push(names[v]);
         workers[v] = worker(names[v], &addr, &["--threads", "1"])?;
+        t.watch(&workers[v]);
     }
     let report = coord.finish().await?;
     report.check_published()?;
@@ -190,18 +199,25 @@ async fn worker_sigstop(t: &mut Trial) -> Result<Report> {
     let tmp = tempfile::tempdir()?;
     let mut coord =
         Coord::ephemeral(&data_dir(&tmp), &run_args(&["--lease-ttl", "1s"])).await?;
+    t.watch(&coord.proc);
     let addr = coord.addr.to_string();
     let mut frozen = worker("frozen", &addr, &["--threads", "2"])?;
+    t.watch(&frozen);
     let id = registered_id(&mut frozen).await?;
-    // A random moment once it is in its stride (it holds a full queue).
+    // A random moment once it is in its stride, right after it took a new
+    // job: it surely holds a lease when it stops (one whose job has barely
+    // started), or the coordinator would have nothing to expire.
     let k = rng.range(1, 4);
     lines(&mut frozen, "job reported", k).await?;
+    frozen.skip_backlog();
+    frozen.line_containing("job leased").await?;
     frozen.signal(libc::SIGSTOP)?;
     t.injected("SIGSTOP of a worker holding leases, past its lease");
     // Its leases expire only now that it is silent; their jobs go to the
     // other worker. Wait for the first expiry, then for the other worker to
     // finish an expired job: by then every lease it held is past its TTL.
     let mut other = worker("other", &addr, &["--threads", "1"])?;
+    t.watch(&other);
     let line = coord
         .proc
         .line(|_, l| l.contains(EXPIRED) && about(l, &id, "frozen"))
@@ -279,10 +295,12 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
     let tmp = tempfile::tempdir()?;
     let mut coord =
         Coord::ephemeral(&data_dir(&tmp), &run_args(&["--lease-ttl", "1s"])).await?;
+    t.watch(&coord.proc);
     let proxy = Proxy::start(coord.addr).await?;
     // The only worker: the run advances only through the proxy, so every
     // fault lands mid-run and the worker must survive each one.
     let mut w = worker("flaky", &proxy.addr.to_string(), &["--threads", "2"])?;
+    t.watch(&w);
     let id = registered_id(&mut w).await?;
     // The first two faults are one of each, in a random order; the rest
     // random.
@@ -302,6 +320,10 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
             // Recovery: the worker connects again.
             proxy.wait_accepted(accepted + 1).await;
         } else {
+            // Right after the worker took a new job, so that it surely holds a
+            // lease for the coordinator to expire during the stall.
+            w.skip_backlog();
+            w.line_containing("job leased").await?;
             proxy.stall();
             t.injected(STALL);
             coord
@@ -347,8 +369,10 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
     let mut rng = t.rng();
     let tmp = tempfile::tempdir()?;
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &run_args(&[])).await?;
+    t.watch(&coord.proc);
     let addr = coord.addr;
     let mut w = worker("w", &addr.to_string(), &["--threads", "1"])?;
+    t.watch(&w);
     lines(&mut coord.proc, DONE, 1).await?;
 
     // Random bytes: the server must close each connection (it reads no valid

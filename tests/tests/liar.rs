@@ -73,11 +73,15 @@ async fn liar_verify_all(t: &mut Trial) -> Result<Report> {
         "2",
     ];
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    t.watch(&coord.proc);
     let addr = coord.addr.to_string();
     let mut l = liar("liar", &addr, "1.0")?;
+    t.watch(&l);
     t.injected("worker reporting wrong counts on every job");
     let mut h1 = worker("honest-1", &addr, &["--threads", "1"])?;
+    t.watch(&h1);
     let mut h2 = worker("honest-2", &addr, &["--threads", "1"])?;
+    t.watch(&h2);
 
     // Refused after its limit, with its own exit status and a message.
     let status = l.wait().await?;
@@ -165,14 +169,18 @@ async fn liar_spot_check(t: &mut Trial) -> Result<Report> {
         "0.05",
     ];
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    t.watch(&coord.proc);
     let addr = coord.addr.to_string();
     let mut l = liar("liar", &addr, "1.0")?;
+    t.watch(&l);
     t.injected("worker reporting wrong counts on every job");
     for _ in 0..SOLO {
         l.line_containing("reported job=").await?;
     }
     let mut h1 = worker("honest-1", &addr, &["--threads", "1"])?;
+    t.watch(&h1);
     let mut h2 = worker("honest-2", &addr, &["--threads", "1"])?;
+    t.watch(&h2);
     let report = coord.finish().await?;
     report.check_exact()?;
     h1.success().await?;
@@ -246,6 +254,7 @@ async fn forged_reports(t: &mut Trial) -> Result<Report> {
         "1s",
     ];
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    t.watch(&coord.proc);
     let mut honest = ProtocolWorker::register(coord.addr, "honest").await?;
     let mut thief = ProtocolWorker::register(coord.addr, "thief").await?;
     let job = honest.lease_one().await?.context("no job for honest")?;
@@ -303,6 +312,7 @@ async fn forged_reports(t: &mut Trial) -> Result<Report> {
         ack.outcome()
     );
     let mut w = worker("finisher", &coord.addr.to_string(), &["--threads", "1"])?;
+    t.watch(&w);
     let report = coord.finish().await?;
     report.check_published()?;
     w.success().await?;
@@ -360,8 +370,10 @@ async fn moved_between_runs(t: &mut Trial) -> Result<Report> {
         "0",
     ];
     let mut a = Coord::ephemeral(&tmp.path().join("run-a"), &args).await?;
+    t.watch(&a.proc);
     let addr = a.addr.to_string();
     let mut w = worker("mover", &addr, &["--threads", "2"])?;
+    t.watch(&w);
     let line = w.line_containing("registered").await?;
     let run_a = nq_e2e::log_field(&line, "run")
         .map(str::to_owned)
@@ -373,6 +385,7 @@ async fn moved_between_runs(t: &mut Trial) -> Result<Report> {
     w.line_containing("report failed; retrying").await?;
     // Run B: another data directory, the same address and shape.
     let mut b = Coord::start(&tmp.path().join("run-b"), &addr, &args).await?;
+    t.watch(&b.proc);
     t.injected("a new run B started on run A's address");
     let line = w.line_containing("registered").await?;
     let run_b = nq_e2e::log_field(&line, "run")
