@@ -61,6 +61,29 @@ fn about(line: &str, id: &str, name: &str) -> bool {
     })
 }
 
+/// Coordinator flags for a progress line every tick: its `leased=0` tells a
+/// test that waits for a lease to expire that there is none to expire.
+const PROGRESS: [&str; 4] = ["--progress", "log", "--progress-interval", "100ms"];
+
+/// Waits, while `worker` is silenced (stopped or stalled) and is the only
+/// worker that may hold leases, for the coordinator to expire one of its
+/// leases. Returns the expiry line, or `None` when the coordinator reports
+/// that no job is leased at all: the worker held nothing when it was
+/// silenced (it had just reported its last job), so nothing can expire.
+async fn expiry_or_nothing_leased(
+    coord: &mut Proc,
+    id: &str,
+    worker: &str,
+) -> Result<Option<String>> {
+    let line = coord
+        .line(|_, l| {
+            (l.contains(EXPIRED) && about(l, id, worker))
+                || (l.contains("progress") && log_field(l, "leased") == Some("0"))
+        })
+        .await?;
+    Ok(line.contains(EXPIRED).then_some(line))
+}
+
 /// The worker id a worker process got at its (last seen) registration.
 async fn registered_id(w: &mut Proc) -> Result<String> {
     let line = w.line_containing("registered").await?;
@@ -195,33 +218,47 @@ async fn a_worker_stopped_past_its_lease_changes_nothing() -> Result<()> {
 }
 
 async fn worker_sigstop(t: &mut Trial) -> Result<Report> {
+    const THAWED_EMPTY: &str = "SIGSTOP while it held no lease (thawed at once, retried)";
     let mut rng = t.rng();
     let tmp = tempfile::tempdir()?;
-    let mut coord =
-        Coord::ephemeral(&data_dir(&tmp), &run_args(&["--lease-ttl", "1s"])).await?;
+    let mut coord = Coord::ephemeral(
+        &data_dir(&tmp),
+        &run_args(&[&["--lease-ttl", "1s"], &PROGRESS[..]].concat()),
+    )
+    .await?;
     t.watch(&coord.proc);
     let addr = coord.addr.to_string();
     let mut frozen = worker("frozen", &addr, &["--threads", "2"])?;
     t.watch(&frozen);
     let id = registered_id(&mut frozen).await?;
     // A random moment once it is in its stride, right after it took a new
-    // job: it surely holds a lease when it stops (one whose job has barely
-    // started), or the coordinator would have nothing to expire.
-    let k = rng.range(1, 4);
-    lines(&mut frozen, "job reported", k).await?;
-    frozen.skip_backlog();
-    frozen.line_containing("job leased").await?;
-    frozen.signal(libc::SIGSTOP)?;
+    // job, so that it almost surely holds a lease when it stops. Should it
+    // have reported everything before the signal landed, it is thawed and
+    // stopped again later.
+    let line = loop {
+        ensure!(
+            t.count(THAWED_EMPTY) < 5,
+            "the worker never held a lease when stopped"
+        );
+        lines(&mut frozen, "job reported", rng.range(1, 4)).await?;
+        frozen.skip_backlog();
+        frozen.line_containing("job leased").await?;
+        coord.proc.skip_backlog();
+        frozen.signal(libc::SIGSTOP)?;
+        // Its leases expire only now that it is silent.
+        match expiry_or_nothing_leased(&mut coord.proc, &id, "frozen").await? {
+            Some(line) => break line,
+            None => {
+                frozen.signal(libc::SIGCONT)?;
+                t.injected(THAWED_EMPTY);
+            }
+        }
+    };
     t.injected("SIGSTOP of a worker holding leases, past its lease");
-    // Its leases expire only now that it is silent; their jobs go to the
-    // other worker. Wait for the first expiry, then for the other worker to
-    // finish an expired job: by then every lease it held is past its TTL.
+    // Their jobs go to another worker. Wait for it to finish one of them: by
+    // then every lease the stopped worker held is past its TTL.
     let mut other = worker("other", &addr, &["--threads", "1"])?;
     t.watch(&other);
-    let line = coord
-        .proc
-        .line(|_, l| l.contains(EXPIRED) && about(l, &id, "frozen"))
-        .await?;
     let job = log_field(&line, "job")
         .map(str::to_owned)
         .with_context(|| format!("no job in {line:?}"))?;
@@ -293,8 +330,11 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
     const STALL: &str = "stall of the worker's traffic past its lease";
     let mut rng = t.rng();
     let tmp = tempfile::tempdir()?;
-    let mut coord =
-        Coord::ephemeral(&data_dir(&tmp), &run_args(&["--lease-ttl", "1s"])).await?;
+    let mut coord = Coord::ephemeral(
+        &data_dir(&tmp),
+        &run_args(&[&["--lease-ttl", "1s"], &PROGRESS[..]].concat()),
+    )
+    .await?;
     t.watch(&coord.proc);
     let proxy = Proxy::start(coord.addr).await?;
     // The only worker: the run advances only through the proxy, so every
@@ -302,15 +342,22 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
     let mut w = worker("flaky", &proxy.addr.to_string(), &["--threads", "2"])?;
     t.watch(&w);
     let id = registered_id(&mut w).await?;
-    // The first two faults are one of each, in a random order; the rest
-    // random.
+    // Six faults, at least one of each kind: the first is random, then the
+    // missing kind, then random.
     let first_drop = rng.chance(0.5);
-    for i in 0..6 {
-        // At most 6 × 3 = 18 of the 137 jobs are done before the last fault.
+    let mut attempts = 0;
+    while t.count(DROP) + t.count(STALL) < 6 {
+        // At most 12 × 3 = 36 of the 137 jobs are done before the last fault.
+        attempts += 1;
+        ensure!(
+            attempts <= 12,
+            "too many stalls found the worker without a lease"
+        );
         lines(&mut coord.proc, DONE, rng.range(1, 3)).await?;
-        let drop = match i {
-            0 => first_drop,
-            1 => !first_drop,
+        let drop = match (t.count(DROP), t.count(STALL)) {
+            (0, 0) => first_drop,
+            (0, _) => true,
+            (_, 0) => false,
             _ => rng.chance(0.5),
         };
         if drop {
@@ -320,17 +367,19 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
             // Recovery: the worker connects again.
             proxy.wait_accepted(accepted + 1).await;
         } else {
-            // Right after the worker took a new job, so that it surely holds a
-            // lease for the coordinator to expire during the stall.
+            // Right after the worker took a new job, so that it almost surely
+            // holds a lease for the coordinator to expire during the stall.
             w.skip_backlog();
             w.line_containing("job leased").await?;
+            coord.proc.skip_backlog();
             proxy.stall();
-            t.injected(STALL);
-            coord
-                .proc
-                .line(|_, l| l.contains(EXPIRED) && about(l, &id, "flaky"))
-                .await?;
+            let expired = expiry_or_nothing_leased(&mut coord.proc, &id, "flaky").await?;
             proxy.resume();
+            t.injected(if expired.is_some() {
+                STALL
+            } else {
+                "stall while the worker held no lease (not counted)"
+            });
         }
     }
     let report = coord.finish().await?;
