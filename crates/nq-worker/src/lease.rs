@@ -172,8 +172,14 @@ impl<'a> LeaseLoop<'a> {
         }
         // Aborting drops each task's pool output, which also stops its job.
         self.tasks.shutdown().await;
+        // `summary.exit` is only meaningful when the loop ended without error
+        // (giving up, for one, is an error, not a drain).
+        let exit = match &result {
+            Ok(()) => format!("{:?}", self.summary.exit),
+            Err(_) => "Error".to_owned(),
+        };
         info!(
-            exit = ?self.summary.exit,
+            exit = %exit,
             jobs = self.summary.jobs,
             nodes = self.summary.nodes,
             released = self.summary.released,
