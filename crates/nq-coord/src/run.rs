@@ -92,7 +92,11 @@ pub async fn run(
             }
         })
     };
-    let result = session(config, listener, stop, started).await;
+    // A full disk or damaged files are reported with the directory to act on.
+    let data_dir = config.data_dir.clone();
+    let result = session(config, listener, stop, started)
+        .await
+        .map_err(|e| e.with_data_dir(&data_dir));
     returned.cancel();
     watcher.await?;
     result

@@ -44,6 +44,10 @@ pub struct Config {
     pub backoff_max: Duration,
     /// Deadline of each unary call (Register, Lease, Release, count reports).
     pub rpc_timeout: Duration,
+    /// How long the worker keeps trying without an answer from the
+    /// coordinator (counted from its last answer, or from the start) before
+    /// [`crate::run`] fails with [`Error::GaveUp`]; `None` waits forever.
+    pub give_up: Option<Duration>,
 }
 
 impl Config {
@@ -61,6 +65,7 @@ impl Config {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(10),
+            give_up: Some(DEFAULT_GIVE_UP),
         }
     }
 
@@ -69,6 +74,54 @@ impl Config {
         self.threads = threads;
         self.max_jobs = default_max_jobs(threads);
         self
+    }
+}
+
+/// The default of [`Config::give_up`]: ten minutes without an answer.
+///
+/// Long enough for a coordinator that is slow to come up (a batch job whose
+/// nodes start together while the coordinator splits a large run, a pod
+/// whose volume is re-attached after a restart), and short enough that a
+/// worker that missed the end of a run (stopped while the coordinator
+/// finished and left) gives back its Slurm allocation or pod within minutes
+/// instead of holding it until it is killed.
+pub const DEFAULT_GIVE_UP: Duration = Duration::from_secs(600);
+
+/// Parses a `--give-up` value: a duration as [`parse_duration`] reads it, or
+/// `never` (or a zero duration) to wait for a coordinator forever (`None`).
+///
+/// ```
+/// use std::time::Duration;
+/// use nq_worker::config::parse_give_up;
+/// assert_eq!(parse_give_up("10m").unwrap(), Some(Duration::from_secs(600)));
+/// assert_eq!(parse_give_up("never").unwrap(), None);
+/// assert_eq!(parse_give_up("0").unwrap(), None);
+/// assert!(parse_give_up("later").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Duration`] naming the accepted forms.
+pub fn parse_give_up(input: &str) -> Result<Option<Duration>> {
+    if input.trim().eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    let limit = parse_duration(input)?;
+    Ok((!limit.is_zero()).then_some(limit))
+}
+
+/// A duration the way a user writes it on the command line: `10m`, `2s`,
+/// `1500ms`.
+pub(crate) fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        format!("{}ms", d.as_millis())
+    } else if secs >= 3600 && secs.is_multiple_of(3600) {
+        format!("{}h", secs / 3600)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
     }
 }
 
@@ -264,6 +317,32 @@ mod tests {
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
         for bad in ["", "s", "-1s", "1d", "1.2.3s", "ms"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn give_up_limits() {
+        assert_eq!(parse_give_up("2s").unwrap(), Some(Duration::from_secs(2)));
+        assert_eq!(parse_give_up(" Never ").unwrap(), None);
+        assert_eq!(parse_give_up("0s").unwrap(), None);
+        let err = parse_give_up("sometime").unwrap_err().to_string();
+        assert!(err.contains("30s"), "{err}");
+        assert_eq!(
+            Config::new("h".parse().unwrap()).give_up,
+            Some(DEFAULT_GIVE_UP)
+        );
+    }
+
+    #[test]
+    fn durations_are_written_as_users_write_them() {
+        for (d, want) in [
+            (Duration::from_secs(600), "10m"),
+            (Duration::from_secs(2), "2s"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_millis(1500), "1500ms"),
+        ] {
+            assert_eq!(human(d), want);
         }
     }
 

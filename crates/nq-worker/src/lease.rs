@@ -98,6 +98,11 @@ pub(crate) struct LeaseLoop<'a> {
     /// When to call the coordinator next (Register or Lease).
     next_call: Instant,
     backoff: Backoff,
+    /// When the coordinator last answered (or when the loop started), for
+    /// `Config::give_up`.
+    last_answer: Instant,
+    /// Whether any coordinator ever answered.
+    answered: bool,
     /// The end of the grace period, once draining.
     draining: Option<Instant>,
     exit: Option<Exit>,
@@ -133,6 +138,8 @@ impl<'a> LeaseLoop<'a> {
             ttl: DEFAULT_TTL,
             next_call: now,
             backoff: Backoff::new(config.backoff_initial, config.backoff_max),
+            last_answer: now,
+            answered: false,
             draining: None,
             exit: None,
             summary: Summary {
@@ -165,8 +172,14 @@ impl<'a> LeaseLoop<'a> {
         }
         // Aborting drops each task's pool output, which also stops its job.
         self.tasks.shutdown().await;
+        // `summary.exit` is only meaningful when the loop ended without error
+        // (giving up, for one, is an error, not a drain).
+        let exit = match &result {
+            Ok(()) => format!("{:?}", self.summary.exit),
+            Err(_) => "Error".to_owned(),
+        };
         info!(
-            exit = ?self.summary.exit,
+            exit = %exit,
             jobs = self.summary.jobs,
             nodes = self.summary.nodes,
             released = self.summary.released,
@@ -226,8 +239,7 @@ impl<'a> LeaseLoop<'a> {
                     ?delay,
                     "coordinator unreachable; retrying"
                 );
-                self.next_call = Instant::now() + delay;
-                return Ok(());
+                return self.retry_after(delay);
             }
             Err(status) => return Err(refused("Register", &status)),
         };
@@ -271,6 +283,7 @@ impl<'a> LeaseLoop<'a> {
             shape,
             id: info.run_id,
         });
+        self.on_answer();
         let worker = WorkerId(response.worker_id);
         self.session.send_replace(worker.clone());
         self.worker = Some(worker);
@@ -301,9 +314,10 @@ impl<'a> LeaseLoop<'a> {
                             ?delay,
                             "lease failed; retrying"
                         );
-                        self.next_call = Instant::now() + delay;
+                        self.retry_after(delay)?;
                     }
                     Failure::Register => {
+                        self.on_answer();
                         info!(
                             worker = %worker.0,
                             message = status.message(),
@@ -318,6 +332,7 @@ impl<'a> LeaseLoop<'a> {
             }
         };
         self.backoff.reset();
+        self.on_answer();
         self.set_ttl(response.lease_ttl_ms);
         for id in &response.revoked {
             if let Some(h) = self.held.get_mut(&LeaseId(*id))
@@ -549,6 +564,43 @@ impl<'a> LeaseLoop<'a> {
 
     /// First signal: lease nothing more, hand back the jobs that no thread has
     /// started, and keep computing and reporting the rest within the grace.
+    /// The coordinator answered: the `--give-up` clock starts again.
+    fn on_answer(&mut self) {
+        self.last_answer = Instant::now();
+        self.answered = true;
+    }
+
+    /// Schedules the next call `delay` after a failed one, or gives up when
+    /// the coordinator has been silent for `Config::give_up`. The last try
+    /// falls exactly when the limit runs out, so a worker never gives up
+    /// while a retry is still due.
+    fn retry_after(&mut self, delay: Duration) -> Result<()> {
+        let now = Instant::now();
+        let Some(limit) = self.config.give_up else {
+            self.next_call = now + delay;
+            return Ok(());
+        };
+        let deadline = self.last_answer + limit;
+        if now >= deadline {
+            error!(
+                coordinator = %self.config.coordinator,
+                ?limit,
+                "no answer from the coordinator; giving up"
+            );
+            return Err(Error::GaveUp {
+                coordinator: self.config.coordinator.clone(),
+                limit,
+                silence: if self.answered {
+                    crate::Silence::SinceLastAnswer
+                } else {
+                    crate::Silence::SinceStart
+                },
+            });
+        }
+        self.next_call = (now + delay).min(deadline);
+        Ok(())
+    }
+
     async fn start_drain(&mut self) {
         let threads = self.config.threads.get();
         self.draining = Some(Instant::now() + self.config.grace);

@@ -102,6 +102,23 @@ pub enum Error {
         #[source]
         source: nq_proto::ConvertError,
     },
+    /// No coordinator answered for [`Config::give_up`]: the run is probably
+    /// over (or the address is wrong), and the worker stops rather than hold
+    /// its machine forever.
+    #[error(
+        "gave up: no coordinator answered at {coordinator} for {} {silence}; if the \
+         run is over there is nothing to do, otherwise check the address and start \
+         the worker again (--give-up never waits forever)",
+        config::human(*limit)
+    )]
+    GaveUp {
+        /// The coordinator's address.
+        coordinator: Coordinator,
+        /// The limit that ran out.
+        limit: std::time::Duration,
+        /// Since when nothing answered.
+        silence: Silence,
+    },
     /// The coordinator sent a job that is not part of its own run. Counting
     /// it could corrupt the total, so the worker stops.
     #[error("the coordinator sent job {job}, which is not a job of its run")]
@@ -112,6 +129,25 @@ pub enum Error {
         #[source]
         source: nq_proto::ConvertError,
     },
+}
+
+/// How long a worker went without an answer before it gave up, and since
+/// when; see [`Error::GaveUp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Silence {
+    /// No coordinator ever answered this worker.
+    SinceStart,
+    /// A coordinator answered once, then stopped answering.
+    SinceLastAnswer,
+}
+
+impl std::fmt::Display for Silence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Silence::SinceStart => "since the worker started",
+            Silence::SinceLastAnswer => "since it last answered",
+        })
+    }
 }
 
 /// `Result` with this crate's [`Error`].
@@ -478,5 +514,65 @@ mod tests {
         let err = run_against(&fake, 1).await.unwrap_err();
         assert!(matches!(err, Error::Job { job: 0, .. }), "{err:?}");
         assert!(fake.state().released >= 1, "the bad lease is handed back");
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gives_up_when_no_coordinator_ever_answers() {
+        let (listener, addr) = listener().await;
+        drop(listener);
+        let mut cfg = config(addr, 1);
+        cfg.give_up = Some(Duration::from_millis(300));
+        let err = tokio::time::timeout(LIMIT, run(cfg, std::future::pending()))
+            .await
+            .expect("the worker gives up in time")
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::GaveUp {
+                    silence: Silence::SinceStart,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!(
+                "at http://{addr} for 300ms since the worker started"
+            )),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gives_up_once_the_coordinator_is_gone() {
+        let fake = Fake::new(10, SplitSpec::new(1, 0).unwrap(), 4, false);
+        // No jobs: the worker only registers and heartbeats.
+        fake.state().hold_back = true;
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let mut cfg = config(addr, 1);
+        cfg.give_up = Some(Duration::from_millis(500));
+        let worker = tokio::spawn(run(cfg, std::future::pending()));
+        until(&fake, |s| !s.workers.is_empty()).await;
+        // The coordinator leaves without telling the worker.
+        token.cancel();
+        server.await.unwrap();
+        let err = tokio::time::timeout(LIMIT, worker)
+            .await
+            .expect("the worker gives up in time")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::GaveUp {
+                    silence: Silence::SinceLastAnswer,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }
