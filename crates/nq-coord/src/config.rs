@@ -66,13 +66,20 @@ pub struct Config {
     pub progress: Option<watch::Sender<Progress>>,
     /// Log an `info!` progress line this often when set.
     pub progress_log: Option<Duration>,
+    /// When set, every call of the `nqueens.v1.Coordinator` service must
+    /// carry `authorization: Bearer <token>`; others get UNAUTHENTICATED. The
+    /// health and reflection services stay open.
+    pub token: Option<nq_proto::auth::Token>,
+    /// Serve TLS (and require client certificates with a client CA) when set.
+    pub tls: Option<nq_proto::tls::ServerTls>,
 }
 
 impl Config {
     /// A configuration with defaults: the given board and directory, default
     /// split, no solutions, NO local threads (the library default only serves;
     /// the `nq-coord` binary defaults to all cores), 30 s leases, default job
-    /// count, an 11 s linger cap, 16 MiB cache, no progress output.
+    /// count, an 11 s linger cap, 16 MiB cache, no progress output, no token and
+    /// no TLS.
     ///
     /// # Errors
     ///
@@ -91,6 +98,8 @@ impl Config {
             cache_bytes: nq_store::DEFAULT_CACHE_BYTES,
             progress: None,
             progress_log: None,
+            token: None,
+            tls: None,
         })
     }
 

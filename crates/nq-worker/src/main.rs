@@ -5,6 +5,7 @@
 
 use std::io::IsTerminal;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
@@ -19,8 +20,10 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// The coordinator: HOST, HOST:PORT or http://HOST:PORT (port 50051 by
-    /// default). The worker waits, retrying, until the coordinator is up.
+    /// The coordinator: HOST, HOST:PORT, http://HOST:PORT or
+    /// https://HOST:PORT (port 50051 by default; https, or any form with
+    /// --ca, speaks TLS). The worker waits, retrying, until the coordinator
+    /// is up.
     #[arg(long, value_name = "HOST[:PORT]")]
     connect: String,
     /// CPU threads for the search [default: every core].
@@ -38,12 +41,30 @@ struct Args {
     /// before handing them back (e.g. 500ms, 30s, 2m).
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     grace: String,
+    /// The coordinator's shared secret, sent on every call as
+    /// `authorization: Bearer TOKEN`. A refused token stops the worker
+    /// (exit 1). Prefer the environment variable: a command line is visible
+    /// to every user of the machine.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Speak TLS to the coordinator, trusting this CA (PEM) for its
+    /// certificate. Without it, an https:// coordinator is checked against
+    /// the system's CA certificates.
+    #[arg(long, value_name = "PEM", env = "NQ_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a coordinator that requires one (mutual
+    /// TLS), with --tls-key.
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 impl TryFrom<Args> for nq_worker::Config {
-    type Error = nq_worker::Error;
+    type Error = anyhow::Error;
 
-    fn try_from(args: Args) -> Result<Self, Self::Error> {
+    fn try_from(args: Args) -> anyhow::Result<Self> {
         let mut config = nq_worker::Config::new(args.connect.parse()?);
         if let Some(threads) = args.threads {
             config = config.with_threads(threads);
@@ -51,6 +72,22 @@ impl TryFrom<Args> for nq_worker::Config {
         config.kernel = args.kernel;
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
+        config.token = args
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        let tls =
+            args.ca.is_some() || args.tls_cert.is_some() || config.coordinator.tls();
+        if tls {
+            config.tls = Some(nq_proto::tls::ClientTls::load(
+                args.ca.as_deref(),
+                args.tls_cert.as_deref(),
+                args.tls_key.as_deref(),
+            )?);
+            config.coordinator = config.coordinator.with_tls();
+        }
         Ok(config)
     }
 }

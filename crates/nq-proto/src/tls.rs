@@ -1,0 +1,297 @@
+//! TLS material for both ends, read from PEM files and checked when loaded.
+//!
+//! The coordinator serves TLS with a certificate and key ([`ServerTls`]), and
+//! may require client certificates signed by a CA it trusts (mutual TLS).
+//! Workers trust a CA of their own choosing and may present a certificate
+//! ([`ClientTls`]). Everything goes through rustls (tonic's `tls-ring`).
+//!
+//! Every file is read and checked here, at start, so that a wrong path, a DER
+//! file, a key that does not belong to its certificate or a CA file that
+//! holds no certificate is reported with the file's name and the expected
+//! format, not as a failed handshake at the first connection.
+
+use std::path::{Path, PathBuf};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// What a certificate file must hold.
+const CERT_FORMAT: &str = "PEM `-----BEGIN CERTIFICATE-----` blocks";
+
+/// What a key file must hold.
+const KEY_FORMAT: &str = "one PEM private key: `-----BEGIN PRIVATE KEY-----` (PKCS#8), \
+     `BEGIN RSA PRIVATE KEY` or `BEGIN EC PRIVATE KEY`";
+
+/// A TLS file that cannot be used, named by the flag that gave it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The file cannot be read.
+    #[error("cannot read {flag} {}", path.display())]
+    Read {
+        /// The flag (`--tls-cert`, `--ca`, ...).
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file does not hold what it should.
+    #[error("{flag} {} is not usable: {problem}; expected {expected}", path.display())]
+    Format {
+        /// The flag.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What was found wrong.
+        problem: String,
+        /// The accepted format.
+        expected: &'static str,
+    },
+    /// The files are well-formed but rustls refuses them together (e.g. a
+    /// key that does not belong to the certificate).
+    #[error("rustls refuses {what}: {reason}")]
+    Rejected {
+        /// The files, by flag and name.
+        what: String,
+        /// rustls's reason, with its causes.
+        reason: String,
+    },
+    /// Half a client identity.
+    #[error("{given} needs {missing} too: a client certificate comes with its key")]
+    Incomplete {
+        /// The flag given.
+        given: &'static str,
+        /// The flag missing.
+        missing: &'static str,
+    },
+}
+
+/// The coordinator's TLS: its identity and, for mutual TLS, the CA whose
+/// client certificates it requires.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    config: ServerTlsConfig,
+    mutual: bool,
+}
+
+impl ServerTls {
+    /// Reads and checks the certificate chain `cert`, its private key `key`,
+    /// and the optional `client_ca` (mutual TLS: every client must present a
+    /// certificate that this CA signed).
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError`] naming the file, the flag and the expected format.
+    pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTls> {
+        let identity = identity("--tls-cert", cert, "--tls-key", key)?;
+        let mut config = ServerTlsConfig::new().identity(identity);
+        let mut what = format!(
+            "--tls-cert {} with --tls-key {}",
+            cert.display(),
+            key.display()
+        );
+        if let Some(ca) = client_ca {
+            config = config.client_ca_root(ca_certificate("--tls-client-ca", ca)?);
+            what = format!("{what} and --tls-client-ca {}", ca.display());
+        }
+        // Building a server is how tonic hands the files to rustls; doing it
+        // now turns a mismatched key into an error at start.
+        tonic::transport::Server::builder()
+            .tls_config(config.clone())
+            .map_err(|e| TlsError::Rejected {
+                what,
+                reason: chain(&e),
+            })?;
+        Ok(ServerTls {
+            config,
+            mutual: client_ca.is_some(),
+        })
+    }
+
+    /// The configuration for `tonic::transport::Server::tls_config`.
+    pub fn config(&self) -> ServerTlsConfig {
+        self.config.clone()
+    }
+
+    /// Whether clients must present a certificate.
+    pub fn mutual(&self) -> bool {
+        self.mutual
+    }
+}
+
+/// A client's TLS: the CA it trusts (or the system's roots) and an optional
+/// certificate for mutual TLS.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    config: ClientTlsConfig,
+}
+
+impl ClientTls {
+    /// Reads and checks `ca` (the CA that signed the coordinator's
+    /// certificate; `None` trusts the system's roots) and the optional client
+    /// certificate `cert` with its `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError`] naming the file, the flag and the expected format, or
+    /// [`TlsError::Incomplete`] for a certificate without key or the reverse.
+    pub fn load(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<ClientTls> {
+        let mut config = ClientTlsConfig::new();
+        let mut what = vec![];
+        match ca {
+            Some(ca) => {
+                config = config.ca_certificate(ca_certificate("--ca", ca)?);
+                what.push(format!("--ca {}", ca.display()));
+            }
+            None => {
+                config = config.with_native_roots();
+                what.push("the system's CA certificates".to_owned());
+            }
+        }
+        match (cert, key) {
+            (Some(cert), Some(key)) => {
+                config = config.identity(identity("--tls-cert", cert, "--tls-key", key)?);
+                what.push(format!(
+                    "--tls-cert {} with --tls-key {}",
+                    cert.display(),
+                    key.display()
+                ));
+            }
+            (Some(_), None) => {
+                return Err(TlsError::Incomplete {
+                    given: "--tls-cert",
+                    missing: "--tls-key",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(TlsError::Incomplete {
+                    given: "--tls-key",
+                    missing: "--tls-cert",
+                });
+            }
+            (None, None) => {}
+        }
+        // As for the server: building an endpoint hands the files to rustls.
+        tonic::transport::Endpoint::from_static("https://localhost")
+            .tls_config(config.clone())
+            .map_err(|e| TlsError::Rejected {
+                what: what.join(" and "),
+                reason: chain(&e),
+            })?;
+        Ok(ClientTls { config })
+    }
+
+    /// The configuration for `tonic::transport::Endpoint::tls_config`.
+    pub fn config(&self) -> ClientTlsConfig {
+        self.config.clone()
+    }
+}
+
+/// `Result` with [`TlsError`].
+pub type Result<T> = std::result::Result<T, TlsError>;
+
+/// Describes the TLS failure behind a failed call, if there is one: a
+/// certificate the other side refused or a certificate this side could not
+/// verify. Such failures are configuration errors that retrying cannot fix.
+///
+/// Returns `None` for everything else (refused connections, timeouts, ...).
+pub fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            // `io::Error::source` skips the error it wraps: look at it here.
+            if let Some(inner) = io.get_ref()
+                && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+            {
+                return Some(tls.to_string());
+            }
+        }
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        next = e.source();
+    }
+    None
+}
+
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        flag,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The certificates of a PEM file: at least one, each valid PEM.
+fn certificates(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
+    let pem = read(flag, path)?;
+    let format = |problem: String| TlsError::Format {
+        flag,
+        path: path.to_owned(),
+        problem,
+        expected: CERT_FORMAT,
+    };
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| format(format!("bad PEM ({e})")))?;
+    if certs.is_empty() {
+        return Err(format("it holds no certificate".to_owned()));
+    }
+    Ok(pem)
+}
+
+/// A CA file: certificates that rustls accepts as trust anchors.
+fn ca_certificate(flag: &'static str, path: &Path) -> Result<Certificate> {
+    let pem = certificates(flag, path)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_slice_iter(&pem).flatten() {
+        roots.add(der).map_err(|e| TlsError::Format {
+            flag,
+            path: path.to_owned(),
+            problem: format!("a certificate is not valid X.509 ({e})"),
+            expected: CERT_FORMAT,
+        })?;
+    }
+    Ok(Certificate::from_pem(pem))
+}
+
+/// A certificate chain and its key.
+fn identity(
+    cert_flag: &'static str,
+    cert: &Path,
+    key_flag: &'static str,
+    key: &Path,
+) -> Result<Identity> {
+    let cert_pem = certificates(cert_flag, cert)?;
+    let key_pem = read(key_flag, key)?;
+    PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Format {
+        flag: key_flag,
+        path: key.to_owned(),
+        problem: match e {
+            rustls_pki_types::pem::Error::NoItemsFound => {
+                "it holds no private key".to_owned()
+            }
+            e => format!("bad PEM ({e})"),
+        },
+        expected: KEY_FORMAT,
+    })?;
+    Ok(Identity::from_pem(cert_pem, key_pem))
+}
+
+/// An error and its causes, on one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
