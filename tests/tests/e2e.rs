@@ -14,6 +14,7 @@ mod drain;
 mod faults;
 mod inprocess;
 mod input;
+mod security;
 mod solutions;
 mod totals;
 

@@ -11,6 +11,7 @@
 //! format, not as a failed handshake at the first connection.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -85,15 +86,16 @@ impl ServerTls {
     ///
     /// [`TlsError`] naming the file, the flag and the expected format.
     pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<ServerTls> {
-        let identity = identity("--tls-cert", cert, "--tls-key", key)?;
-        let mut config = ServerTlsConfig::new().identity(identity);
+        let (cert_pem, key_pem) = identity("--tls-cert", cert, "--tls-key", key)?;
+        let mut config =
+            ServerTlsConfig::new().identity(Identity::from_pem(cert_pem, key_pem));
         let mut what = format!(
             "--tls-cert {} with --tls-key {}",
             cert.display(),
             key.display()
         );
         if let Some(ca) = client_ca {
-            config = config.client_ca_root(ca_certificate("--tls-client-ca", ca)?);
+            config = config.client_ca_root(ca_certificate("--tls-client-ca", ca)?.0);
             what = format!("{what} and --tls-client-ca {}", ca.display());
         }
         // Building a server is how tonic hands the files to rustls; doing it
@@ -126,6 +128,10 @@ impl ServerTls {
 #[derive(Clone, Debug)]
 pub struct ClientTls {
     config: ClientTlsConfig,
+    /// The same settings as a rustls configuration (only with a CA file), for
+    /// a client that diagnoses a refused handshake itself: see
+    /// [`ClientTls::rustls_config`].
+    rustls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl ClientTls {
@@ -144,9 +150,12 @@ impl ClientTls {
     ) -> Result<ClientTls> {
         let mut config = ClientTlsConfig::new();
         let mut what = vec![];
+        let mut roots = None;
         match ca {
             Some(ca) => {
-                config = config.ca_certificate(ca_certificate("--ca", ca)?);
+                let (certificate, store) = ca_certificate("--ca", ca)?;
+                config = config.ca_certificate(certificate);
+                roots = Some(store);
                 what.push(format!("--ca {}", ca.display()));
             }
             None => {
@@ -154,9 +163,12 @@ impl ClientTls {
                 what.push("the system's CA certificates".to_owned());
             }
         }
+        let mut client_identity = None;
         match (cert, key) {
             (Some(cert), Some(key)) => {
-                config = config.identity(identity("--tls-cert", cert, "--tls-key", key)?);
+                let (cert_pem, key_pem) = identity("--tls-cert", cert, "--tls-key", key)?;
+                config = config.identity(Identity::from_pem(&cert_pem, &key_pem));
+                client_identity = Some((cert_pem, key_pem));
                 what.push(format!(
                     "--tls-cert {} with --tls-key {}",
                     cert.display(),
@@ -177,20 +189,63 @@ impl ClientTls {
             }
             (None, None) => {}
         }
+        let rejected = |reason: String| TlsError::Rejected {
+            what: what.join(" and "),
+            reason,
+        };
         // As for the server: building an endpoint hands the files to rustls.
         tonic::transport::Endpoint::from_static("https://localhost")
             .tls_config(config.clone())
-            .map_err(|e| TlsError::Rejected {
-                what: what.join(" and "),
-                reason: chain(&e),
-            })?;
-        Ok(ClientTls { config })
+            .map_err(|e| rejected(chain(&e)))?;
+        let rustls = match roots {
+            Some(roots) => Some(Arc::new(
+                rustls_client(roots, client_identity.as_ref())
+                    .map_err(|e| rejected(e.to_string()))?,
+            )),
+            None => None,
+        };
+        Ok(ClientTls { config, rustls })
     }
 
     /// The configuration for `tonic::transport::Endpoint::tls_config`.
     pub fn config(&self) -> ClientTlsConfig {
         self.config.clone()
     }
+
+    /// The same trust and identity as a rustls client configuration (ring,
+    /// ALPN `h2`), when a CA file was given.
+    ///
+    /// tonic reports a TLS 1.3 handshake that the server refused after the
+    /// fact (a missing or unknown client certificate) only as a closed
+    /// connection; a client that wants to say why can repeat the handshake
+    /// with this configuration and read the server's alert.
+    pub fn rustls_config(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.rustls.clone()
+    }
+}
+
+/// A rustls client configuration equivalent to what tonic builds.
+fn rustls_client(
+    roots: rustls::RootCertStore,
+    identity: Option<&(Vec<u8>, Vec<u8>)>,
+) -> std::result::Result<rustls::ClientConfig, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            let certs = CertificateDer::pem_slice_iter(cert)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            builder.with_client_auth_cert(certs, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
 
 /// `Result` with [`TlsError`].
@@ -247,7 +302,10 @@ fn certificates(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
 }
 
 /// A CA file: certificates that rustls accepts as trust anchors.
-fn ca_certificate(flag: &'static str, path: &Path) -> Result<Certificate> {
+fn ca_certificate(
+    flag: &'static str,
+    path: &Path,
+) -> Result<(Certificate, rustls::RootCertStore)> {
     let pem = certificates(flag, path)?;
     let mut roots = rustls::RootCertStore::empty();
     for der in CertificateDer::pem_slice_iter(&pem).flatten() {
@@ -258,16 +316,16 @@ fn ca_certificate(flag: &'static str, path: &Path) -> Result<Certificate> {
             expected: CERT_FORMAT,
         })?;
     }
-    Ok(Certificate::from_pem(pem))
+    Ok((Certificate::from_pem(pem), roots))
 }
 
-/// A certificate chain and its key.
+/// A certificate chain and its key, as checked PEM.
 fn identity(
     cert_flag: &'static str,
     cert: &Path,
     key_flag: &'static str,
     key: &Path,
-) -> Result<Identity> {
+) -> Result<(Vec<u8>, Vec<u8>)> {
     let cert_pem = certificates(cert_flag, cert)?;
     let key_pem = read(key_flag, key)?;
     PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Format {
@@ -281,7 +339,7 @@ fn identity(
         },
         expected: KEY_FORMAT,
     })?;
-    Ok(Identity::from_pem(cert_pem, key_pem))
+    Ok((cert_pem, key_pem))
 }
 
 /// An error and its causes, on one line.

@@ -96,6 +96,48 @@ impl Failure {
     }
 }
 
+/// Repeats the TLS handshake with the coordinator outside tonic and reads the
+/// server's verdict, to tell a refused certificate from a coordinator that is
+/// down or busy. Returns what rustls says when the handshake was refused.
+///
+/// Needed because with TLS 1.3 the server checks the client's certificate
+/// after the client has finished its handshake: tonic then reports only "a
+/// closed connection", which looks like a coordinator restarting, and the
+/// worker would retry a certificate the coordinator never accepts. Only with
+/// a CA file (`ClientTls::rustls_config`); costs one connection and at most
+/// a second or two per call.
+pub(crate) async fn diagnose_tls(config: &Config) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    const PATIENCE: Duration = Duration::from_secs(1);
+
+    let rustls = config.tls.as_ref()?.rustls_config()?;
+    let host = config.coordinator.host();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let name =
+        tokio_rustls::rustls::pki_types::ServerName::try_from(bare.to_owned()).ok()?;
+    let tcp = tokio::time::timeout(
+        PATIENCE,
+        tokio::net::TcpStream::connect((bare, config.coordinator.port())),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let connector = tokio_rustls::TlsConnector::from(rustls);
+    let mut stream =
+        match tokio::time::timeout(PATIENCE, connector.connect(name, tcp)).await {
+            Err(_) => return None,
+            Ok(Err(e)) => return nq_proto::tls::tls_failure(&e),
+            Ok(Ok(stream)) => stream,
+        };
+    // An accepted client hears nothing until it speaks (or the server's HTTP/2
+    // settings); a refused one gets the alert.
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(PATIENCE, stream.read(&mut byte)).await {
+        Ok(Err(e)) => nq_proto::tls::tls_failure(&e),
+        _ => None,
+    }
+}
+
 /// Exponential backoff with jitter: each delay is drawn from `[d/2, d]`, where
 /// `d` doubles from `initial` up to `max`. The jitter keeps a fleet of workers
 /// from reconnecting in lockstep after a coordinator restart.

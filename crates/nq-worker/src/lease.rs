@@ -238,6 +238,13 @@ impl<'a> LeaseLoop<'a> {
             // FAILED_PRECONDITION here is a protocol version mismatch, not an
             // unknown worker: retrying cannot fix it.
             Err(status) if Failure::of(&status) == Failure::Retry => {
+                // A connection closed during the first call over TLS may be a
+                // refused client certificate: ask rustls.
+                if matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown)
+                    && let Some(reason) = crate::client::diagnose_tls(self.config).await
+                {
+                    return Err(Error::Tls { reason });
+                }
                 let delay = self.backoff.next_delay();
                 warn!(
                     coordinator = %self.config.coordinator,
