@@ -48,16 +48,37 @@ impl tonic::service::Interceptor for TokenCheck {
     }
 }
 
+/// How open a listening address is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Exposure {
+    /// Loopback only, or protected by TLS.
+    Guarded,
+    /// Beyond loopback with a token but no TLS: the token crosses the
+    /// network in clear text.
+    ClearToken,
+    /// Beyond loopback with neither token nor TLS: anyone who reaches the
+    /// port can register and report counts.
+    Open,
+}
+
+impl Exposure {
+    pub(crate) fn of(addr: SocketAddr, token: bool, tls: bool) -> Exposure {
+        match (addr.ip().is_loopback(), token, tls) {
+            (true, _, _) | (false, _, true) => Exposure::Guarded,
+            (false, true, false) => Exposure::ClearToken,
+            (false, false, false) => Exposure::Open,
+        }
+    }
+}
+
 /// Says loudly, at start, when anyone who reaches `addr` could join the run
 /// and report counts: a non-loopback address with neither token nor TLS. A
 /// token without TLS on such an address crosses the network in clear text,
 /// which gets a plain warning.
 pub(crate) fn warn_if_exposed(addr: SocketAddr, token: bool, tls: bool) {
-    if addr.ip().is_loopback() {
-        return;
-    }
-    if !token && !tls {
-        error!(
+    match Exposure::of(addr, token, tls) {
+        Exposure::Guarded => {}
+        Exposure::Open => error!(
             %addr,
             "\n\
              ************************************************************************\n\
@@ -67,13 +88,12 @@ pub(crate) fn warn_if_exposed(addr: SocketAddr, token: bool, tls: bool) {
              * and its workers, add --tls-cert/--tls-key (and --tls-client-ca for\n\
              * client certificates), or listen on 127.0.0.1 only.\n\
              ************************************************************************"
-        );
-    } else if !tls {
-        warn!(
+        ),
+        Exposure::ClearToken => warn!(
             %addr,
             "the token crosses the network in clear text: add --tls-cert and --tls-key \
              unless the network is private"
-        );
+        ),
     }
 }
 
@@ -96,5 +116,22 @@ mod tests {
         assert!(check.call(good).is_ok());
         // No token configured: everything passes.
         assert!(TokenCheck::new(None).call(Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn only_unprotected_ports_beyond_loopback_are_open() {
+        let any: SocketAddr = "0.0.0.0:50051".parse().unwrap();
+        let lan: SocketAddr = "[2001:db8::1]:50051".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:50051".parse().unwrap();
+        let local6: SocketAddr = "[::1]:50051".parse().unwrap();
+        for addr in [any, lan] {
+            assert_eq!(Exposure::of(addr, false, false), Exposure::Open);
+            assert_eq!(Exposure::of(addr, true, false), Exposure::ClearToken);
+            assert_eq!(Exposure::of(addr, false, true), Exposure::Guarded);
+            assert_eq!(Exposure::of(addr, true, true), Exposure::Guarded);
+        }
+        for addr in [local, local6] {
+            assert_eq!(Exposure::of(addr, false, false), Exposure::Guarded);
+        }
     }
 }

@@ -353,3 +353,117 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate for `localhost` and its key, as files.
+    struct Files {
+        dir: tempfile::TempDir,
+        cert: PathBuf,
+        key: PathBuf,
+    }
+
+    fn files() -> Files {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = dir.path().join("cert.pem");
+        let key = dir.path().join("key.pem");
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        Files { dir, cert, key }
+    }
+
+    fn write(f: &Files, name: &str, text: &str) -> PathBuf {
+        let path = f.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn good_files_load_on_both_sides() {
+        let f = files();
+        assert!(!ServerTls::load(&f.cert, &f.key, None).unwrap().mutual());
+        assert!(
+            ServerTls::load(&f.cert, &f.key, Some(&f.cert))
+                .unwrap()
+                .mutual()
+        );
+        let client = ClientTls::load(Some(&f.cert), Some(&f.cert), Some(&f.key)).unwrap();
+        assert!(client.rustls_config().is_some());
+    }
+
+    #[test]
+    fn unusable_files_are_named_with_the_expected_format() {
+        let f = files();
+        let garbage = write(&f, "garbage.pem", "hello\n");
+        let err = ServerTls::load(&garbage, &f.key, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--tls-cert") && err.contains("garbage.pem"),
+            "{err}"
+        );
+        assert!(err.contains("BEGIN CERTIFICATE"), "{err}");
+        // A certificate where the key should be.
+        let err = ServerTls::load(&f.cert, &f.cert, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--tls-key") && err.contains("no private key"),
+            "{err}"
+        );
+        assert!(err.contains("BEGIN PRIVATE KEY"), "{err}");
+        // Valid PEM around bytes that are no certificate.
+        let fake = write(
+            &f,
+            "fake-ca.pem",
+            "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n",
+        );
+        let err = ClientTls::load(Some(&fake), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--ca") && err.contains("X.509"), "{err}");
+        let missing = f.dir.path().join("missing.pem");
+        let err = ServerTls::load(&f.cert, &f.key, Some(&missing)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TlsError::Read {
+                    flag: "--tls-client-ca",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_key_of_another_certificate_is_refused_at_load() {
+        let (a, b) = (files(), files());
+        let err = ServerTls::load(&a.cert, &b.key, None).unwrap_err();
+        assert!(matches!(err, TlsError::Rejected { .. }), "{err}");
+        assert!(err.to_string().contains("--tls-key"), "{err}");
+    }
+
+    #[test]
+    fn half_a_client_identity_is_refused() {
+        let f = files();
+        let err = ClientTls::load(Some(&f.cert), Some(&f.cert), None).unwrap_err();
+        assert!(err.to_string().contains("needs --tls-key"), "{err}");
+        let err = ClientTls::load(Some(&f.cert), None, Some(&f.key)).unwrap_err();
+        assert!(err.to_string().contains("needs --tls-cert"), "{err}");
+    }
+
+    #[test]
+    fn rustls_errors_are_found_behind_io_errors() {
+        let inner =
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, inner);
+        let found = tls_failure(&io).unwrap();
+        assert!(found.contains("CertificateRequired"), "{found}");
+        let plain = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(tls_failure(&plain), None);
+    }
+}
