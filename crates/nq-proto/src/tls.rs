@@ -251,28 +251,53 @@ fn rustls_client(
 /// `Result` with [`TlsError`].
 pub type Result<T> = std::result::Result<T, TlsError>;
 
-/// Describes the TLS failure behind a failed call, if there is one: a
-/// certificate the other side refused or a certificate this side could not
-/// verify. Such failures are configuration errors that retrying cannot fix.
+/// Describes the TLS failure behind a failed call, if it is one that
+/// retrying cannot fix: a certificate the other side refused or that this
+/// side could not verify, or TLS settings the two sides do not share.
 ///
-/// Returns `None` for everything else (refused connections, timeouts, ...).
+/// Returns `None` for everything else: refused connections, timeouts, and
+/// TLS records damaged in transit (a flaky proxy), which a retry may get past.
 pub fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut next = Some(error);
     while let Some(e) = next {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            // `io::Error::source` skips the error it wraps: look at it here.
-            if let Some(inner) = io.get_ref()
-                && let Some(tls) = inner.downcast_ref::<rustls::Error>()
-            {
-                return Some(tls.to_string());
-            }
-        }
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
+        // `io::Error::source` skips the error it wraps: look at it here.
+        let wrapped = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+        if let Some(tls) = wrapped.or_else(|| e.downcast_ref::<rustls::Error>()) {
+            return lasting(tls).then(|| tls.to_string());
         }
         next = e.source();
     }
     None
+}
+
+/// Whether a rustls error is about certificates or settings (lasting) rather
+/// than about damaged traffic.
+fn lasting(error: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    match error {
+        rustls::Error::InvalidCertificate(_)
+        | rustls::Error::NoCertificatesPresented
+        | rustls::Error::PeerIncompatible(_)
+        | rustls::Error::NoApplicationProtocol => true,
+        rustls::Error::AlertReceived(alert) => matches!(
+            alert,
+            A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::CertificateRequired
+                | A::AccessDenied
+                | A::HandshakeFailure
+                | A::ProtocolVersion
+                | A::NoApplicationProtocol
+        ),
+        _ => false,
+    }
 }
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>> {
@@ -465,5 +490,11 @@ mod tests {
         assert!(found.contains("CertificateRequired"), "{found}");
         let plain = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert_eq!(tls_failure(&plain), None);
+        // Damaged records are worth a retry.
+        let damaged = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::DecryptError,
+        );
+        assert_eq!(tls_failure(&damaged), None);
     }
 }
