@@ -512,8 +512,8 @@ impl<'a> LeaseLoop<'a> {
         &mut self,
         joined: std::result::Result<(tokio::task::Id, (LeaseId, JobEnd)), JoinError>,
     ) {
-        let (lease, end) = match joined {
-            Ok((_, ended)) => ended,
+        let (task, (lease, end)) = match joined {
+            Ok(ended) => ended,
             // Aborted because its run is over: already dropped.
             Err(e) if e.is_cancelled() => return,
             Err(e) => {
@@ -529,6 +529,11 @@ impl<'a> LeaseLoop<'a> {
                 return;
             }
         };
+        // A task of an earlier run may end after a job of the new run took
+        // the same lease id: only the task that owns the entry may end it.
+        if self.held.get(&lease).is_none_or(|h| h.task.id() != task) {
+            return;
+        }
         let Some(held) = self.held.remove(&lease) else {
             return;
         };
