@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nq_core::search::Kernel;
 use nq_core::split::SubProblem;
 use nq_proto::convert::RunShape;
 use nq_proto::pb;
@@ -32,8 +33,6 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, error, info, info_span, warn};
-
-use nq_core::search::Kernel;
 
 use crate::client::{
     Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, Session,
