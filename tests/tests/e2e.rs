@@ -15,6 +15,7 @@ mod faults;
 mod inprocess;
 mod input;
 mod process;
+mod security;
 mod solutions;
 mod totals;
 

@@ -122,13 +122,68 @@ struct RunArgs {
     /// `auto` checks 2% of the jobs once any remote worker takes part, and
     /// none in a run on this machine's threads alone. `1` computes
     /// everything twice.
-    #[arg(long, value_name = "SHARE", default_value = "auto")]
+    #[arg(long, value_name = "SHARE", env = "NQ_VERIFY", default_value = "auto")]
     verify: String,
     /// Refuse a worker's calls once it lost this many verification conflicts
     /// (its results disagreed with the majority). One lost conflict already
     /// makes every result it computed alone be computed again by others.
-    #[arg(long, value_name = "K", default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER)]
+    #[arg(
+        long,
+        value_name = "K",
+        env = "NQ_BAN_AFTER",
+        default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER
+    )]
     ban_after: u32,
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// Who may join the run. Without --token and TLS, anyone who reaches the
+/// port can; the coordinator says so loudly when it listens beyond loopback.
+#[derive(clap::Args, Debug, Default)]
+struct SecurityArgs {
+    /// Shared secret that every worker must send (`authorization: Bearer
+    /// TOKEN`); calls without it get UNAUTHENTICATED and are logged with the
+    /// caller's address. The gRPC health and reflection services stay open
+    /// (container probes, `grpcurl list`). Prefer the environment variable:
+    /// a command line is visible to every user of the machine.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Serve TLS with this certificate chain (PEM), with --tls-key.
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: require every client to present a certificate signed by
+    /// this CA (PEM). Needs --tls-cert and --tls-key.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "NQ_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    /// Reads and checks the token and the TLS files into `config`.
+    fn apply(&self, config: &mut Config) -> anyhow::Result<()> {
+        config.token = self
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            config.tls = Some(nq_proto::tls::ServerTls::load(
+                cert,
+                key,
+                self.tls_client_ca.as_deref(),
+            )?);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -161,10 +216,10 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct AuditArgs {
     /// The run's data directory (the coordinator must not be running on it).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
     data: PathBuf,
     /// Write the CSV to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "NQ_AUDIT_OUTPUT")]
     output: Option<PathBuf>,
 }
 
@@ -186,6 +241,26 @@ struct HealthArgs {
         env = "NQ_HEALTH_TIMEOUT"
     )]
     timeout: String,
+    /// Speak TLS, trusting this CA (PEM) for the coordinator's certificate.
+    #[arg(long, value_name = "PEM", env = "NQ_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM), for a coordinator that requires one
+    /// (--tls-client-ca); with --tls-key and --ca.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "NQ_TLS_CERT",
+        requires = "tls_key",
+        requires = "ca"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Token to send; the health service does not need one, but a proxy in
+    /// front of the coordinator may.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -323,8 +398,9 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
     use tonic_health::pb::health_client::HealthClient;
 
     let timeout = parse_duration(&args.timeout)?;
-    let endpoint =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", args.connect))
+    let scheme = if args.ca.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", args.connect))
             .with_context(|| {
                 format!(
                     "invalid --connect {:?}: expected HOST:PORT, such as 127.0.0.1:50051",
@@ -333,6 +409,22 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
             })?
             .connect_timeout(timeout)
             .timeout(timeout);
+    if let Some(ca) = &args.ca {
+        let tls = nq_proto::tls::ClientTls::load(
+            Some(ca),
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+        )?;
+        endpoint = endpoint.tls_config(tls.config()).with_context(|| {
+            format!("cannot use TLS towards --connect {:?}", args.connect)
+        })?;
+    }
+    let token = args
+        .token
+        .as_deref()
+        .map(nq_proto::auth::Token::new)
+        .transpose()
+        .context("invalid --token (or NQ_TOKEN)")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -345,12 +437,13 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
         let request = HealthCheckRequest {
             service: nq_proto::pb::coordinator_server::SERVICE_NAME.to_owned(),
         };
-        let status = HealthClient::new(channel)
-            .check(request)
-            .await
-            .with_context(|| format!("the health check of {} failed", args.connect))?
-            .into_inner()
-            .status();
+        let status =
+            HealthClient::with_interceptor(channel, nq_proto::auth::Bearer(token))
+                .check(request)
+                .await
+                .with_context(|| format!("the health check of {} failed", args.connect))?
+                .into_inner()
+                .status();
         match status {
             ServingStatus::Serving => {
                 stdout_line("SERVING")?;
@@ -433,9 +526,11 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
 /// Runs the coordinator; returns the exit code of the run's status
 /// (`RunStatus::exit_code`: 0 only for a complete run that matches the
 /// published count where one is known).
-fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
+fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
     let listen = args.listen.clone();
+    let security = std::mem::take(&mut args.security);
     let mut config = Config::try_from(args)?;
+    security.apply(&mut config)?;
     let addr = resolve(&listen)?;
     let runtime =
         tokio::runtime::Runtime::new().context("cannot start the async runtime")?;

@@ -48,6 +48,13 @@ pub struct Config {
     /// coordinator (counted from its last answer, or from the start) before
     /// [`crate::run`] fails with [`Error::GaveUp`]; `None` waits forever.
     pub give_up: Option<Duration>,
+    /// Sent on every call as `authorization: Bearer <token>`, for a
+    /// coordinator started with a token.
+    pub token: Option<nq_proto::auth::Token>,
+    /// TLS towards the coordinator: the CA to trust and an optional client
+    /// certificate. `None` with an `https://` coordinator trusts the system's
+    /// CA certificates.
+    pub tls: Option<nq_proto::tls::ClientTls>,
 }
 
 impl Config {
@@ -66,6 +73,8 @@ impl Config {
             backoff_max: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(10),
             give_up: Some(DEFAULT_GIVE_UP),
+            token: None,
+            tls: None,
         }
     }
 
@@ -130,25 +139,40 @@ fn default_max_jobs(threads: NonZeroUsize) -> usize {
     threads.get().saturating_mul(2).max(2)
 }
 
-/// A coordinator address: a host (name, IPv4, or bracketed IPv6) and a port.
+/// A coordinator address: a host (name, IPv4, or bracketed IPv6), a port,
+/// and whether to speak TLS.
 ///
-/// Parses `host`, `host:port`, `http://host` and `http://host:port`; the port
-/// defaults to [`DEFAULT_PORT`]. Displays as the URI the worker dials.
+/// Parses `host`, `host:port`, `http://host[:port]` and `https://host[:port]`;
+/// the port defaults to [`DEFAULT_PORT`]. Displays as the URI the worker
+/// dials.
 ///
 /// ```
 /// let c: nq_worker::Coordinator = "10.0.0.5".parse().unwrap();
 /// assert_eq!(c.to_string(), "http://10.0.0.5:50051");
 /// let c: nq_worker::Coordinator = "http://[::1]:7000".parse().unwrap();
 /// assert_eq!(c.to_string(), "http://[::1]:7000");
-/// assert!("https://coord:443".parse::<nq_worker::Coordinator>().is_err());
+/// let c: nq_worker::Coordinator = "https://coord:443".parse().unwrap();
+/// assert!(c.tls());
+/// assert!("grpc://coord:443".parse::<nq_worker::Coordinator>().is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Coordinator {
     host: String,
     port: u16,
+    tls: bool,
 }
 
 impl Coordinator {
+    /// Whether the worker speaks TLS to it (`https://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The same address, spoken to over TLS.
+    pub fn with_tls(self) -> Coordinator {
+        Coordinator { tls: true, ..self }
+    }
+
     /// The host part (IPv6 addresses keep their brackets).
     pub fn host(&self) -> &str {
         &self.host
@@ -169,6 +193,7 @@ impl From<std::net::SocketAddr> for Coordinator {
         Coordinator {
             host,
             port: addr.port(),
+            tls: false,
         }
     }
 }
@@ -181,10 +206,11 @@ impl FromStr for Coordinator {
             input: input.to_owned(),
             reason,
         };
-        let rest = match input.split_once("://") {
-            Some(("http", rest)) => rest,
-            Some(_) => return Err(bad("only plain http:// is supported")),
-            None => input,
+        let (rest, tls) = match input.split_once("://") {
+            Some(("http", rest)) => (rest, false),
+            Some(("https", rest)) => (rest, true),
+            Some(_) => return Err(bad("the scheme must be http:// or https://")),
+            None => (input, false),
         };
         // A trailing slash is harmless (`http://host:port/`); any other path is not.
         let rest = rest.strip_suffix('/').unwrap_or(rest);
@@ -230,13 +256,15 @@ impl FromStr for Coordinator {
         Ok(Coordinator {
             host: host.to_owned(),
             port,
+            tls,
         })
     }
 }
 
 impl fmt::Display for Coordinator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}:{}", self.host, self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}:{}", self.host, self.port)
     }
 }
 
@@ -272,6 +300,8 @@ mod tests {
             ("http://127.0.0.1:7000/", "http://127.0.0.1:7000"),
             ("[::1]", "http://[::1]:50051"),
             ("http://[fe80::1]:9", "http://[fe80::1]:9"),
+            ("https://coord", "https://coord:50051"),
+            ("https://127.0.0.1:7000/", "https://127.0.0.1:7000"),
         ];
         for (input, want) in cases {
             let c: Coordinator = input.parse().unwrap_or_else(|e| panic!("{input}: {e}"));
@@ -288,8 +318,8 @@ mod tests {
             "coord:0",
             "coord:http",
             "coord:99999",
-            "https://coord",
             "grpc://coord:1",
+            "https://",
             "coord:1/path",
             "[::1",
             "[nope]:1",
@@ -297,7 +327,7 @@ mod tests {
         ] {
             let err = input.parse::<Coordinator>().unwrap_err().to_string();
             assert!(
-                err.contains("HOST, HOST:PORT or http://HOST:PORT"),
+                err.contains("HOST, HOST:PORT, http://HOST:PORT or https://HOST:PORT"),
                 "{input}: {err}"
             );
         }

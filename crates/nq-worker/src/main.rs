@@ -4,6 +4,7 @@
 //! [`nq_worker::run`]. Nothing else belongs here.
 
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
@@ -20,8 +21,10 @@ use nq_core::search::Kernel;
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// The coordinator: HOST, HOST:PORT or http://HOST:PORT (port 50051 by
-    /// default). The worker waits, retrying, until the coordinator is up.
+    /// The coordinator: HOST, HOST:PORT, http://HOST:PORT or
+    /// https://HOST:PORT (port 50051 by default; https, or any form with
+    /// --ca, speaks TLS). The worker waits, retrying, until the coordinator
+    /// is up.
     #[arg(long, value_name = "HOST[:PORT]", env = "NQ_CONNECT")]
     connect: String,
     /// CPU threads for the search, 1 to 4096 [default: every core].
@@ -53,12 +56,30 @@ struct Args {
     give_up: String,
     #[command(flatten)]
     log: nq_process::LogArgs,
+    /// The coordinator's shared secret, sent on every call as
+    /// `authorization: Bearer TOKEN`. A refused token stops the worker
+    /// (exit 1). Prefer the environment variable: a command line is visible
+    /// to every user of the machine.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Speak TLS to the coordinator, trusting this CA (PEM) for its
+    /// certificate. Without it, an https:// coordinator is checked against
+    /// the system's CA certificates.
+    #[arg(long, value_name = "PEM", env = "NQ_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a coordinator that requires one (mutual
+    /// TLS), with --tls-key.
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 impl TryFrom<Args> for nq_worker::Config {
-    type Error = nq_worker::Error;
+    type Error = anyhow::Error;
 
-    fn try_from(args: Args) -> Result<Self, Self::Error> {
+    fn try_from(args: Args) -> anyhow::Result<Self> {
         let mut config = nq_worker::Config::new(args.connect.parse()?);
         if let Some(threads) = args.threads {
             config = config.with_threads(threads);
@@ -67,6 +88,22 @@ impl TryFrom<Args> for nq_worker::Config {
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
         config.give_up = nq_worker::config::parse_give_up(&args.give_up)?;
+        config.token = args
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        let tls =
+            args.ca.is_some() || args.tls_cert.is_some() || config.coordinator.tls();
+        if tls {
+            config.tls = Some(nq_proto::tls::ClientTls::load(
+                args.ca.as_deref(),
+                args.tls_cert.as_deref(),
+                args.tls_key.as_deref(),
+            )?);
+            config.coordinator = config.coordinator.with_tls();
+        }
         Ok(config)
     }
 }
