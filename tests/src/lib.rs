@@ -13,7 +13,8 @@
 //! * [`Coord`] and [`worker`]: the two programs, started the way the tests
 //!   need them (`--listen 127.0.0.1:0`, a data directory, debug logs);
 //! * [`Report`]: a finished run's `report.json`, checked against the
-//!   published totals (`nq_core::published`, OEIS A000170 and A002562).
+//!   published totals (`nq_core::published`, OEIS A000170 and A002562);
+//! * [`Pki`]: a CA and certificates made at run time for the TLS tests.
 //!
 //! For fault tests it also has:
 //!
@@ -597,6 +598,70 @@ pub async fn within<T>(
     tokio::time::timeout(limit, fut)
         .await
         .map_err(|_| anyhow!("{what}: timed out after {limit:?}"))?
+}
+
+/// Certificates made at run time (rcgen) for the TLS tests, as PEM files: a
+/// CA, a server certificate for `localhost` and `127.0.0.1`, and a client
+/// certificate, both signed by the CA.
+#[derive(Debug)]
+pub struct Pki {
+    /// The CA certificate: what workers trust (`--ca`) and what a mutual-TLS
+    /// coordinator requires of clients (`--tls-client-ca`).
+    pub ca: PathBuf,
+    /// The coordinator's certificate (`--tls-cert`).
+    pub server_cert: PathBuf,
+    /// Its key (`--tls-key`).
+    pub server_key: PathBuf,
+    /// A worker's certificate, for mutual TLS.
+    pub client_cert: PathBuf,
+    /// Its key.
+    pub client_key: PathBuf,
+}
+
+impl Pki {
+    /// Makes the CA and both certificates and writes them into `dir`.
+    ///
+    /// # Errors
+    ///
+    /// When a certificate cannot be made or a file cannot be written.
+    pub fn create(dir: &Path) -> Result<Pki> {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType,
+            ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        };
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "nq test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| -> Result<_> {
+            let mut params = CertificateParams::new(names)?;
+            params.extended_key_usages = vec![usage];
+            let key = KeyPair::generate()?;
+            let cert = params.signed_by(&key, &ca)?;
+            Ok((cert.pem(), key.serialize_pem()))
+        };
+        let (server_cert, server_key) = leaf(
+            vec!["localhost".into(), "127.0.0.1".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        let (client_cert, client_key) =
+            leaf(vec!["worker".into()], ExtendedKeyUsagePurpose::ClientAuth)?;
+        let write = |name: &str, pem: &str| -> Result<PathBuf> {
+            let path = dir.join(name);
+            std::fs::write(&path, pem)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Ok(path)
+        };
+        Ok(Pki {
+            ca: write("ca.pem", &ca.pem())?,
+            server_cert: write("server.pem", &server_cert)?,
+            server_key: write("server.key", &server_key)?,
+            client_cert: write("client.pem", &client_cert)?,
+            client_key: write("client.key", &client_key)?,
+        })
+    }
 }
 
 /// The value of field `key` in a log line of the `tracing` text format

@@ -16,7 +16,9 @@ mod faults;
 mod inprocess;
 mod input;
 mod liar;
+mod process;
 mod reliability;
+mod security;
 mod solutions;
 mod totals;
 

@@ -50,13 +50,13 @@ async fn a_data_directory_of_another_board_is_refused() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_with_a_bad_address_names_the_accepted_forms() -> Result<()> {
     within(LIMIT, "bad --connect", async {
-        for bad in ["https://coord:50051", "coord:notaport", "coord:1/path", ""] {
+        for bad in ["grpc://coord:50051", "coord:notaport", "coord:1/path", ""] {
             let mut w = worker("bad", bad, &[])?;
             let status = w.wait().await?;
             let out = w.output();
             ensure!(status.code() == Some(1), "{bad:?}: exit {status}\n{out}");
             ensure!(
-                out.contains("HOST, HOST:PORT or http://HOST:PORT"),
+                out.contains("HOST, HOST:PORT, http://HOST:PORT or https://HOST:PORT"),
                 "{bad:?}:\n{out}"
             );
         }

@@ -18,6 +18,7 @@ use anyhow::Context;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
 use nq_core::notation::Format;
+use nq_core::pool::MAX_THREADS;
 use nq_core::search::Kernel;
 use nq_core::split::SplitSpec;
 use nq_core::{Board, MAX_N};
@@ -96,7 +97,7 @@ struct CountArgs {
     #[arg(value_parser = parse_board)]
     n: Board,
     /// Threads to count on [default: all cores].
-    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..=MAX_THREADS as i64))]
     threads: Option<u32>,
     /// Print one JSON object instead of text.
     #[arg(long)]

@@ -434,6 +434,8 @@ fn bad_input_gets_a_clear_message() {
         ),
         (&["count", "8", "--split", "x"], "expected RING:EXTRA"),
         (&["count", "8", "--threads", "0"], "--threads"),
+        // The cap every nq program shares: nq_core::pool::MAX_THREADS.
+        (&["count", "8", "--threads", "100000"], "1..=4096"),
         (&["solutions", "0"], "from 1 to 32"),
         (&["solutions", "40"], "from 1 to 32"),
         (&["one", "2"], "the 2×2 board has no solution"),

@@ -72,13 +72,20 @@ pub struct Config {
     pub verify: Fraction,
     /// Lost verification conflicts after which a worker is refused.
     pub ban_after: u32,
+    /// When set, every call of the `nqueens.v1.Coordinator` service must
+    /// carry `authorization: Bearer <token>`; others get UNAUTHENTICATED. The
+    /// health and reflection services stay open.
+    pub token: Option<nq_proto::auth::Token>,
+    /// Serve TLS (and require client certificates with a client CA) when set.
+    pub tls: Option<nq_proto::tls::ServerTls>,
 }
 
 impl Config {
     /// A configuration with defaults: the given board and directory, default
     /// split, no solutions, NO local threads (the library default only serves;
     /// the `nq-coord` binary defaults to all cores), 30 s leases, default job
-    /// count, an 11 s linger cap, 16 MiB cache, no progress output.
+    /// count, an 11 s linger cap, 16 MiB cache, no progress output, no token and
+    /// no TLS.
     ///
     /// # Errors
     ///
@@ -99,6 +106,8 @@ impl Config {
             progress_log: None,
             verify: Fraction::Auto,
             ban_after: DEFAULT_BAN_AFTER,
+            token: None,
+            tls: None,
         })
     }
 

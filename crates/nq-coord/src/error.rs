@@ -8,7 +8,7 @@
 //! or [`Error::chain`]).
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nq_store::JobId;
 
@@ -158,6 +158,21 @@ pub enum Error {
         /// The OS error.
         #[source]
         source: std::io::Error,
+    },
+    /// A write into the data directory (outside the store, e.g. the
+    /// `report.json`) found the disk full. Nothing is lost.
+    #[error(
+        "the disk holding data directory {} is full ({why}: {context}); free space \
+         there and run the same command again: the run resumes where it stopped",
+        dir.display()
+    )]
+    DiskFull {
+        /// The data directory.
+        dir: PathBuf,
+        /// What was being done.
+        context: String,
+        /// What the OS said, in words.
+        why: &'static str,
     },
     /// The gRPC server failed.
     #[error("the gRPC server failed")]
@@ -417,6 +432,24 @@ impl fmt::Display for ReportFault {
 }
 
 impl Error {
+    /// Names the data directory `dir` in the errors that tell the user to act
+    /// on it: a full disk (in the store or beside it) and damaged database
+    /// files. Other errors are returned unchanged.
+    pub fn with_data_dir(self, dir: &Path) -> Error {
+        match self {
+            Error::Store(e) => Error::Store(e.in_dir(dir)),
+            Error::Io { context, source } => match nq_store::disk_full(&source) {
+                Some(why) => Error::DiskFull {
+                    dir: dir.to_path_buf(),
+                    context,
+                    why,
+                },
+                None => Error::Io { context, source },
+            },
+            other => other,
+        }
+    }
+
     /// The message with every cause after it, joined by `: `.
     pub fn chain(&self) -> String {
         let mut out = self.to_string();
@@ -432,3 +465,74 @@ impl Error {
 
 /// `Result` with [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    const DIR: &str = "/scratch/nq-20";
+
+    /// The OS error of a full disk, as sled passes it on from its writer.
+    fn enospc() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::StorageFull,
+            "Os { code: 28, kind: StorageFull }",
+        )
+    }
+
+    #[test]
+    fn a_full_disk_in_the_store_names_the_directory_and_what_to_do() {
+        // What nq-store makes of sled's copy of the OS error (its own tests
+        // cover that mapping).
+        let store = nq_store::Error::DiskFull {
+            dir: None,
+            why: nq_store::disk_full(&enospc()).unwrap(),
+        };
+        let err = Error::from(store).with_data_dir(Path::new(DIR));
+        let msg = err.chain();
+        assert!(
+            msg.starts_with(&format!("the disk holding data directory {DIR} is full")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("free space there and run the same command again"),
+            "{msg}"
+        );
+        assert!(!msg.contains("Os {"), "{msg}");
+    }
+
+    #[test]
+    fn a_full_disk_beside_the_store_says_the_same() {
+        let err = Error::Io {
+            context: format!("cannot write {DIR}/report.json"),
+            source: enospc(),
+        }
+        .with_data_dir(Path::new(DIR));
+        assert!(matches!(err, Error::DiskFull { .. }), "{err:?}");
+        let msg = err.chain();
+        assert!(
+            msg.contains(&format!("data directory {DIR} is full")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("report.json") && msg.contains("resumes"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn other_errors_are_unchanged() {
+        let err = Error::Io {
+            context: "cannot start 2 local threads".into(),
+            source: io::Error::from(io::ErrorKind::PermissionDenied),
+        }
+        .with_data_dir(Path::new(DIR));
+        assert!(matches!(err, Error::Io { .. }), "{err:?}");
+        assert!(matches!(
+            Error::EmptyReport.with_data_dir(Path::new(DIR)),
+            Error::EmptyReport
+        ));
+    }
+}

@@ -339,43 +339,17 @@ fn decide(
         {
             // Verification overturned the recorded copy.
             batch.replace_result(job, jc.copies[l].clone(), jc.attempts);
-            batch.duplicate(
-                job,
-                &Duplicate {
-                    kind: DuplicateKind::Conflict,
-                    result: jc.copies[d].clone(),
-                },
-            );
+            keep_copy(batch, job, &jc.copies[d], false);
             jc.done = Some(l);
             if new.is_some() && l != newest {
-                let kind = if votes[newest].class == votes[l].class {
-                    DuplicateKind::Confirmation
-                } else {
-                    DuplicateKind::Conflict
-                };
-                batch.duplicate(
-                    job,
-                    &Duplicate {
-                        kind,
-                        result: jc.copies[newest].clone(),
-                    },
-                );
+                let agrees = votes[newest].class == votes[l].class;
+                keep_copy(batch, job, &jc.copies[newest], agrees);
             }
         }
         (Some(d), _) => {
             if new.is_some() {
-                let kind = if votes[newest].class == votes[d].class {
-                    DuplicateKind::Confirmation
-                } else {
-                    DuplicateKind::Conflict
-                };
-                batch.duplicate(
-                    job,
-                    &Duplicate {
-                        kind,
-                        result: jc.copies[newest].clone(),
-                    },
-                );
+                let agrees = votes[newest].class == votes[d].class;
+                keep_copy(batch, job, &jc.copies[newest], agrees);
             }
         }
     }
@@ -433,6 +407,23 @@ fn decide(
         settlement,
         outcome,
     }
+}
+
+/// Records a copy of `job` that is not the recorded one, as evidence: a
+/// confirmation when it `agrees` with the recorded copy, else a conflict.
+fn keep_copy(batch: &mut CommitBatch, job: JobId, copy: &StoredResult, agrees: bool) {
+    let kind = if agrees {
+        DuplicateKind::Confirmation
+    } else {
+        DuplicateKind::Conflict
+    };
+    batch.duplicate(
+        job,
+        &Duplicate {
+            kind,
+            result: copy.clone(),
+        },
+    );
 }
 
 /// Decides, writes, flushes, applies and acknowledges one group.

@@ -19,6 +19,8 @@
 //!   storage.
 //! * [`service`]: [`service::CoordinatorService`], the gRPC service, and the
 //!   one mapping of errors to `tonic::Status`.
+//! * `security` (private): the token check on every call and the warning
+//!   for an unprotected port.
 //! * `local` (private): the embedded worker on `nq_core::pool::Pool`.
 //! * [`progress`]: progress snapshots for displays.
 //! * [`report`]: [`RunReport`], its stdout line and `report.json`.
@@ -43,6 +45,7 @@ pub mod quorum;
 pub mod report;
 mod run;
 pub mod scheduler;
+mod security;
 pub mod service;
 mod session;
 

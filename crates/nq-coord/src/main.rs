@@ -14,8 +14,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use nq_coord::config::{parse_duration, parse_split};
 use nq_coord::export::{ExportOptions, export};
 use nq_coord::{Config, Progress};
+use nq_core::pool::MAX_THREADS;
+use nq_process::output::{stderr_line, stdout_line};
 use tokio::sync::watch;
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Counts N-Queens solutions exactly: splits the board into jobs, runs them on
@@ -25,6 +26,10 @@ use tracing_subscriber::fmt::MakeWriter;
 /// Prints `listening on ADDR` on stdout once bound, then one result line:
 /// `n=N status=complete total=Q unique=U seconds=S jobs=J conflicts=C
 /// published=match|MISMATCH|unknown` (or `status=interrupted ...`).
+///
+/// Every flag can also be set from the environment variable shown with it
+/// (`NQ_N=12 NQ_DATA=/scratch/nq-12 nq-coord` runs like `nq-coord --n 12
+/// --data /scratch/nq-12`); a flag on the command line wins.
 #[derive(Parser, Debug)]
 #[command(name = "nq-coord", version, args_conflicts_with_subcommands = true)]
 struct Args {
@@ -32,67 +37,84 @@ struct Args {
     command: Option<Command>,
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    log: nq_process::LogArgs,
 }
 
 /// Flags of a run.
 #[derive(clap::Args, Debug)]
 struct RunArgs {
     /// Board size N, 1 to 32. Required unless a subcommand is given.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", env = "NQ_N")]
     n: Option<u64>,
     /// Address to serve workers on, HOST:PORT. Port 0 picks a free port; the
     /// address actually bound is printed as `listening on ADDR` on stdout.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:50051")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "0.0.0.0:50051",
+        env = "NQ_LISTEN"
+    )]
     listen: String,
     /// Data directory, holding one run; created if missing, resumed if it
     /// holds this run, refused if it holds another. Default: `nq-N.sled` (or
     /// `nq-N-solutions.sled` with --solutions) in the working directory.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
     data: Option<PathBuf>,
-    /// Threads that run jobs inside the coordinator; 0 only serves remote
-    /// workers. Default: every core.
-    #[arg(long, value_name = "T")]
+    /// Threads that run jobs inside the coordinator, 0 to 4096; 0 only serves
+    /// remote workers. Default: every core.
+    #[arg(long, value_name = "T", env = "NQ_LOCAL_THREADS", value_parser = local_threads_parser())]
     local_threads: Option<usize>,
     /// How to split the board, RING:EXTRA: 0 for the border split or a ring
     /// depth 1 to 3 (the Q27 ring split), then 0 to 8 extra columns. Default
     /// for a new run: the border split with the fewest extra columns that give
     /// half the target jobs (0:0 at N = 16, 0:1 at N = 22). When resuming, the
     /// stored split (giving another one is refused).
-    #[arg(long, value_name = "RING:EXTRA")]
+    #[arg(long, value_name = "RING:EXTRA", env = "NQ_SPLIT")]
     split: Option<String>,
     /// Store every solution (workers stream them), for `nq-coord export`.
-    #[arg(long)]
+    #[arg(long, env = "NQ_SOLUTIONS")]
     solutions: bool,
     /// Lease lifetime: a worker silent for this long loses its jobs to others.
     /// A number with a unit: 500ms, 30s, 2m.
-    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "30s",
+        env = "NQ_LEASE_TTL"
+    )]
     lease_ttl: String,
     /// Target number of jobs for a new run (sub-problems are grouped into about
     /// this many jobs of equal estimated work; a K at least the number of
     /// sub-problems gives one sub-problem per job). Default: 256 up to N = 16,
     /// doubling with each larger N. Ignored when resuming.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", env = "NQ_JOBS")]
     jobs: Option<u64>,
     /// At most S sub-problems per job, 1 to 4096 (the default). `--job-size 1`
     /// makes one job per sub-problem (e.g. a million jobs for a load test with
     /// `--n 22 --split 0:3`). Ignored when resuming.
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", env = "NQ_JOB_SIZE")]
     job_size: Option<usize>,
     /// After the last job, how long at most to keep telling workers that the
     /// run is over. The coordinator leaves as soon as every worker heard it;
     /// the cap matters only for a worker busy on a last job [default: a third
     /// of --lease-ttl plus 1s, so a busy worker's heartbeat is not missed].
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", env = "NQ_LINGER")]
     linger: Option<String>,
     /// sled page cache, in MiB (its real memory use is a few times this).
-    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    #[arg(long, value_name = "MIB", default_value_t = 16, env = "NQ_CACHE_MIB")]
     cache_mib: u64,
     /// Progress display on stderr: a bar when stderr is a terminal and log
     /// lines otherwise (auto), or always one of them, or none.
-    #[arg(long, value_enum, default_value_t = ProgressMode::Auto)]
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto, env = "NQ_PROGRESS")]
     progress: ProgressMode,
     /// Interval between progress log lines.
-    #[arg(long, value_name = "DURATION", default_value = "10s")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        env = "NQ_PROGRESS_INTERVAL"
+    )]
     progress_interval: String,
     /// Share of jobs computed a second time by a different worker (on another
     /// kernel where it can) and compared: `auto`, or 0 to 1 (`0.05`, `5%`).
@@ -100,13 +122,68 @@ struct RunArgs {
     /// `auto` checks 2% of the jobs once any remote worker takes part, and
     /// none in a run on this machine's threads alone. `1` computes
     /// everything twice.
-    #[arg(long, value_name = "SHARE", default_value = "auto")]
+    #[arg(long, value_name = "SHARE", env = "NQ_VERIFY", default_value = "auto")]
     verify: String,
     /// Refuse a worker's calls once it lost this many verification conflicts
     /// (its results disagreed with the majority). One lost conflict already
     /// makes every result it computed alone be computed again by others.
-    #[arg(long, value_name = "K", default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER)]
+    #[arg(
+        long,
+        value_name = "K",
+        env = "NQ_BAN_AFTER",
+        default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER
+    )]
     ban_after: u32,
+    #[command(flatten)]
+    security: SecurityArgs,
+}
+
+/// Who may join the run. Without --token and TLS, anyone who reaches the
+/// port can; the coordinator says so loudly when it listens beyond loopback.
+#[derive(clap::Args, Debug, Default)]
+struct SecurityArgs {
+    /// Shared secret that every worker must send (`authorization: Bearer
+    /// TOKEN`); calls without it get UNAUTHENTICATED and are logged with the
+    /// caller's address. The gRPC health and reflection services stay open
+    /// (container probes, `grpcurl list`). Prefer the environment variable:
+    /// a command line is visible to every user of the machine.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Serve TLS with this certificate chain (PEM), with --tls-key.
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: require every client to present a certificate signed by
+    /// this CA (PEM). Needs --tls-cert and --tls-key.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "NQ_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    /// Reads and checks the token and the TLS files into `config`.
+    fn apply(&self, config: &mut Config) -> anyhow::Result<()> {
+        config.token = self
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            config.tls = Some(nq_proto::tls::ServerTls::load(
+                cert,
+                key,
+                self.tls_client_ca.as_deref(),
+            )?);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -139,37 +216,72 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct AuditArgs {
     /// The run's data directory (the coordinator must not be running on it).
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
     data: PathBuf,
     /// Write the CSV to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "NQ_AUDIT_OUTPUT")]
     output: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
 struct HealthArgs {
     /// The coordinator, HOST:PORT.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:50051",
+        env = "NQ_CONNECT"
+    )]
     connect: String,
     /// Give up after this long (connection and answer).
-    #[arg(long, value_name = "DURATION", default_value = "2s")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "2s",
+        env = "NQ_HEALTH_TIMEOUT"
+    )]
     timeout: String,
+    /// Speak TLS, trusting this CA (PEM) for the coordinator's certificate.
+    #[arg(long, value_name = "PEM", env = "NQ_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM), for a coordinator that requires one
+    /// (--tls-client-ca); with --tls-key and --ca.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "NQ_TLS_CERT",
+        requires = "tls_key",
+        requires = "ca"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Token to send; the health service does not need one, but a proxy in
+    /// front of the coordinator may.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
 struct ExportArgs {
     /// The run's data directory.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
     data: PathBuf,
     /// Only one solution per class of the 8 symmetries, in canonical form.
-    #[arg(long)]
+    #[arg(long, env = "NQ_EXPORT_UNIQUE")]
     unique: bool,
     /// Notation: vector ([1 3 0 2]), digits (2413, N ≤ 9), algebraic
     /// (a2 b4 c1 d3), json, string, board.
-    #[arg(long, value_name = "F", default_value = "vector")]
+    #[arg(
+        long,
+        value_name = "F",
+        default_value = "vector",
+        env = "NQ_EXPORT_FORMAT"
+    )]
     format: String,
     /// Write to this file instead of stdout.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "NQ_EXPORT_OUTPUT")]
     output: Option<PathBuf>,
 }
 
@@ -252,7 +364,9 @@ fn main() -> ExitCode {
         (None, ProgressMode::Auto) if std::io::stderr().is_terminal() => Some(new_bar()),
         _ => None,
     };
-    init_tracing(bar.clone());
+    // Logs go to stderr, through the progress bar when there is one (so lines
+    // do not tear it).
+    nq_process::logging::init_with_writer(args.log, BarWriter(bar.clone()));
     let result = match args.command {
         Some(Command::Export(e)) => run_export(e).map(|()| 0),
         Some(Command::Health(h)) => run_health(h).map(|()| 0),
@@ -262,10 +376,19 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("nq-coord: error: {e:#}");
+            nq_process::logging::fatal("nq-coord", format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Local thread counts from 0 to nq-core's cap, the rule `nq count` and
+/// `nq-worker --threads` follow too.
+fn local_threads_parser() -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::value_parser!(u64)
+        .range(0..=MAX_THREADS as u64)
+        .map(|t| t as usize)
 }
 
 /// `nq-coord health`: one `grpc.health.v1` check; an error unless SERVING.
@@ -275,8 +398,9 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
     use tonic_health::pb::health_client::HealthClient;
 
     let timeout = parse_duration(&args.timeout)?;
-    let endpoint =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", args.connect))
+    let scheme = if args.ca.is_some() { "https" } else { "http" };
+    let mut endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", args.connect))
             .with_context(|| {
                 format!(
                     "invalid --connect {:?}: expected HOST:PORT, such as 127.0.0.1:50051",
@@ -285,6 +409,22 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
             })?
             .connect_timeout(timeout)
             .timeout(timeout);
+    if let Some(ca) = &args.ca {
+        let tls = nq_proto::tls::ClientTls::load(
+            Some(ca),
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+        )?;
+        endpoint = endpoint.tls_config(tls.config()).with_context(|| {
+            format!("cannot use TLS towards --connect {:?}", args.connect)
+        })?;
+    }
+    let token = args
+        .token
+        .as_deref()
+        .map(nq_proto::auth::Token::new)
+        .transpose()
+        .context("invalid --token (or NQ_TOKEN)")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -297,15 +437,16 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
         let request = HealthCheckRequest {
             service: nq_proto::pb::coordinator_server::SERVICE_NAME.to_owned(),
         };
-        let status = HealthClient::new(channel)
-            .check(request)
-            .await
-            .with_context(|| format!("the health check of {} failed", args.connect))?
-            .into_inner()
-            .status();
+        let status =
+            HealthClient::with_interceptor(channel, nq_proto::auth::Bearer(token))
+                .check(request)
+                .await
+                .with_context(|| format!("the health check of {} failed", args.connect))?
+                .into_inner()
+                .status();
         match status {
             ServingStatus::Serving => {
-                println!("SERVING");
+                stdout_line("SERVING")?;
                 Ok(())
             }
             // Before the run is loaded, and while it drains.
@@ -348,18 +489,6 @@ fn tune_malloc() {
     }
 }
 
-/// Logs go to stderr, through the progress bar when there is one (so lines
-/// do not tear it). `RUST_LOG` overrides the default level, `info`.
-fn init_tracing(bar: Option<ProgressBar>) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(BarWriter(bar))
-        .init();
-}
-
 /// `nq-coord audit`: the CSV, then the re-added totals against the stored ones.
 fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
     let mut out: Box<dyn Write> = match &args.output {
@@ -376,7 +505,7 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
     let stored = |v: Option<u128>| {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())
     };
-    eprintln!(
+    stderr_line(format_args!(
         "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {})",
         report.settled,
         report.jobs,
@@ -384,7 +513,7 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
         stored(report.stored_total),
         report.unique.map_or("-".into(), |u| u.to_string()),
         stored(report.stored_unique),
-    );
+    ));
     if !report.agrees() {
         bail!(
             "the re-added totals differ from the stored ones: the data directory \
@@ -397,13 +526,17 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
 /// Runs the coordinator; returns the exit code of the run's status
 /// (`RunStatus::exit_code`: 0 only for a complete run that matches the
 /// published count where one is known).
-fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
+fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
     let listen = args.listen.clone();
+    let security = std::mem::take(&mut args.security);
     let mut config = Config::try_from(args)?;
+    security.apply(&mut config)?;
     let addr = resolve(&listen)?;
     let runtime =
         tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
+        let shutdown =
+            nq_process::shutdown_signal().context("cannot install signal handlers")?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
@@ -411,25 +544,24 @@ fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8
             .local_addr()
             .context("cannot read the bound address")?;
         // Tests and scripts wait for exactly this line.
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "listening on {bound}")?;
-        stdout.flush()?;
-        drop(stdout);
+        stdout_line(format_args!("listening on {bound}"))?;
         let display = bar.map(|bar| {
             let (tx, rx) = watch::channel(Progress::default());
             config.progress = Some(tx);
             tokio::spawn(show_progress(bar, rx))
         });
-        let report = nq_coord::run(config, listener, shutdown_signal()).await?;
+        let report = nq_coord::run(config, listener, shutdown).await?;
         if let Some(display) = display {
             let _ = display.await;
         }
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{}", report.summary_line())?;
-        stdout.flush()?;
+        stdout_line(report.summary_line())?;
         let status = report.status();
         if status != nq_coord::report::RunStatus::Complete {
-            eprintln!("nq-coord: {}: {}", status.as_str(), report.why());
+            stderr_line(format_args!(
+                "nq-coord: {}: {}",
+                status.as_str(),
+                report.why()
+            ));
         }
         Ok(status.exit_code())
     })
@@ -446,36 +578,6 @@ fn resolve(listen: &str) -> anyhow::Result<SocketAddr> {
             "invalid --listen address {listen:?}: expected HOST:PORT, such as \
              0.0.0.0:50051 or 127.0.0.1:0"
         ),
-    }
-}
-
-/// Resolves on Ctrl-C or SIGTERM. A second signal exits at once.
-async fn shutdown_signal() {
-    wait_signal().await;
-    eprintln!("nq-coord: shutting down (signal again to exit at once)");
-    tokio::spawn(async {
-        wait_signal().await;
-        std::process::exit(130);
-    });
-}
-
-async fn wait_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
@@ -547,13 +649,13 @@ fn run_export(args: ExportArgs) -> anyhow::Result<()> {
         r => r?,
     };
     if !summary.complete {
-        eprintln!(
+        stderr_line(format_args!(
             "nq-coord: warning: the run in {} is not finished ({} of {} jobs done); \
              exported the solutions of finished jobs only",
             args.data.display(),
             summary.jobs_done,
             summary.jobs
-        );
+        ));
     }
     Ok(())
 }
@@ -593,13 +695,59 @@ impl Write for BarLine {
 
 impl Drop for BarLine {
     fn drop(&mut self) {
-        let write = || {
-            // Nothing useful can be done if stderr is gone.
-            let _ = std::io::stderr().write_all(&self.buf);
-        };
+        // Never fails, even when stderr is gone.
+        let write = || nq_process::output::write_stderr(&self.buf);
         match &self.bar {
             Some(bar) if !bar.is_hidden() => bar.suspend(write),
             _ => write(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every flag of the run and of each subcommand can be set from an `NQ_*`
+    /// variable, and `--help` says which.
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        let cmd = Args::command();
+        let subcommands: Vec<_> = cmd.get_subcommands().cloned().collect();
+        for command in std::iter::once(cmd).chain(subcommands) {
+            if command.get_name() == "help" {
+                continue;
+            }
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_else(|| {
+                    panic!("{} --{id} has no env", command.get_name())
+                });
+                assert!(env.starts_with("NQ_"), "--{id}: {env}");
+            }
+        }
+        // The run's flags are named after themselves: --n is NQ_N.
+        for arg in Args::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if let Some(env) = arg.get_env() {
+                assert_eq!(env.to_str(), Some(&*format!("NQ_{}", id.to_uppercase())));
+            }
+        }
+    }
+
+    #[test]
+    fn local_thread_counts_are_capped_with_the_range_named() {
+        let err = Args::try_parse_from(["c", "--n", "8", "--local-threads", "100000"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0..=4096"), "{err}");
+        let args =
+            Args::try_parse_from(["c", "--n", "8", "--local-threads", "0"]).unwrap();
+        assert_eq!(args.run.local_threads, Some(0));
     }
 }

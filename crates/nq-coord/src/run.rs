@@ -26,6 +26,7 @@ use nq_store::{Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tracing::{error, info, warn};
@@ -39,6 +40,7 @@ use crate::progress::Progress;
 use crate::quorum::Policy;
 use crate::report::{FaultyWorker, REPORT_FILE, RunReport};
 use crate::scheduler::Scheduler;
+use crate::security::{self, TokenCheck};
 use crate::service::CoordinatorService;
 use crate::session::{Session, unix_ms};
 
@@ -92,7 +94,11 @@ pub async fn run(
             }
         })
     };
-    let result = session(config, listener, stop, started).await;
+    // A full disk or damaged files are reported with the directory to act on.
+    let data_dir = config.data_dir.clone();
+    let result = session(config, listener, stop, started)
+        .await
+        .map_err(|e| e.with_data_dir(&data_dir));
     returned.cancel();
     watcher.await?;
     result
@@ -348,6 +354,10 @@ async fn session(
         Arc::clone(&session),
         listener,
         health_service,
+        Guard {
+            token: config.token.clone(),
+            tls: config.tls.clone(),
+        },
         serve_token.clone(),
     ));
     health
@@ -529,26 +539,65 @@ async fn session(
     Ok(report)
 }
 
-/// Serves the coordinator and health services until `token` is cancelled,
-/// then lets in-flight RPCs finish.
+/// Who may call the coordinator's service: see [`Config::token`] and
+/// [`Config::tls`].
+struct Guard {
+    token: Option<nq_proto::auth::Token>,
+    tls: Option<nq_proto::tls::ServerTls>,
+}
+
+/// Serves the coordinator, health and reflection services until `token` is
+/// cancelled, then lets in-flight RPCs finish.
+///
+/// With `guard.token`, every call of the coordinator's service must carry it
+/// (health and reflection stay open, for probes and `grpcurl list`); with
+/// `guard.tls`, the port speaks TLS only.
 async fn serve(
     session: Arc<Session>,
     listener: TcpListener,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
+    guard: Guard,
     token: CancellationToken,
 ) -> Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        security::warn_if_exposed(addr, guard.token.is_some(), guard.tls.is_some());
+    }
+    if let Some(tls) = &guard.tls {
+        info!(mutual = tls.mutual(), "serving TLS");
+    }
     let service = CoordinatorServer::new(CoordinatorService::new(session))
         .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+    let service = InterceptedService::new(service, TokenCheck::new(guard.token));
+    // The descriptor set is compiled from our own proto at build time, and a
+    // test lists the services through it: decoding it cannot fail at run time.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(nq_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .expect("the built-in descriptor sets decode");
+    // grpcurl and older tools still ask the v1alpha service.
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the built-in descriptor sets decode");
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
+    let mut builder = Server::builder();
+    if let Some(tls) = &guard.tls {
+        builder = builder.tls_config(tls.config())?;
+    }
+    builder
         // Detects dead connections, so that a report stuck on a vanished
         // worker does not hold its job's claim forever.
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
         .await?;

@@ -12,8 +12,27 @@ use nq_proto::convert::RunShape;
 use nq_proto::pb;
 use nq_proto::pb::coordinator_client::CoordinatorClient;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+
+/// Starts a coordinator on 127.0.0.1; it runs until the run is complete.
+async fn start(
+    config: Config,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<nq_coord::Result<nq_coord::RunReport>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let coord = tokio::spawn(nq_coord::run(config, listener, std::future::pending()));
+    (addr, coord)
+}
+
+/// Gives a test a minute.
+async fn within(test: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(Duration::from_secs(60), test)
+        .await
+        .expect("test timed out");
+}
 
 /// A worker that lists every solution, honestly or leaving one out.
 struct Lister {
@@ -182,14 +201,7 @@ async fn a_liar_is_outvoted_banned_and_its_solutions_replaced() {
         config.verify = Fraction::Fixed(1.0);
         config.ban_after = 1;
         config.linger = Duration::from_millis(200);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let coord = tokio::spawn(nq_coord::run(
-            config,
-            listener,
-            stop.clone().cancelled_owned(),
-        ));
+        let (addr, coord) = start(config).await;
 
         let mut liar = Lister::connect(addr, "liar", true).await;
         liar.work(true).await;
@@ -240,11 +252,8 @@ async fn a_liar_is_outvoted_banned_and_its_solutions_replaced() {
             "{csv}"
         );
         assert!(csv.contains("liar@127.0.0.1:differs"), "{csv}");
-        drop(stop);
     };
-    tokio::time::timeout(Duration::from_secs(60), test)
-        .await
-        .expect("test timed out");
+    within(test).await;
 }
 
 /// Reports that are not bound to a lease of this session, to this worker, for
@@ -255,14 +264,7 @@ async fn unbound_reports_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let mut config = Config::new(8, dir.path().join("run.sled")).unwrap();
         config.linger = Duration::from_millis(200);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = CancellationToken::new();
-        let coord = tokio::spawn(nq_coord::run(
-            config,
-            listener,
-            stop.clone().cancelled_owned(),
-        ));
+        let (addr, coord) = start(config).await;
         let mut a = Lister::connect(addr, "a", false).await;
         let b = Lister::connect(addr, "b", false).await;
         let jobs = a
@@ -304,11 +306,8 @@ async fn unbound_reports_are_refused() {
         a.work(false).await;
         let report = coord.await.unwrap().unwrap();
         assert_eq!((report.total, report.unique), (92, 12));
-        drop(stop);
     };
-    tokio::time::timeout(Duration::from_secs(60), test)
-        .await
-        .expect("test timed out");
+    within(test).await;
 }
 
 /// With `--verify 1` and only its own threads, the coordinator computes every
@@ -345,7 +344,5 @@ async fn local_threads_check_themselves_on_the_other_kernel() {
             assert!(row.contains("local:scalar:agrees"), "{row}");
         }
     };
-    tokio::time::timeout(Duration::from_secs(60), test)
-        .await
-        .expect("test timed out");
+    within(test).await;
 }

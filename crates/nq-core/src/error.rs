@@ -58,6 +58,8 @@ pub enum ErrorKind {
         /// What the scalar kernel counted.
         want: u128,
     },
+    /// A thread count above [`crate::pool::MAX_THREADS`].
+    Threads(usize),
 }
 
 /// Why a prefix is invalid.
@@ -137,6 +139,11 @@ impl fmt::Display for Error {
                 write!(f, "reported counts are impossible: {reason}")
             }
             ErrorKind::Overflow => write!(f, "count exceeds 128 bits"),
+            ErrorKind::Threads(threads) => write!(
+                f,
+                "{threads} threads are too many: a thread count must be from 1 to {}",
+                crate::pool::MAX_THREADS
+            ),
             ErrorKind::KernelMismatch {
                 kernel,
                 subproblem,

@@ -25,6 +25,14 @@ use crate::split::{SubCounts, SubProblem};
 /// many, so a listing never holds more than one batch per thread in memory.
 pub const SOLUTION_BATCH: usize = 1024;
 
+/// The most threads a [`Pool`] runs, and so the most any nq program accepts
+/// (`nq count --threads`, `nq-worker --threads`, `nq-coord --local-threads`).
+///
+/// Far more than the cores of any machine nq runs on, and few enough that the
+/// OS can start them all: a count of 100 000 exhausted the process's threads,
+/// so the async runtime could no longer start its own and the program hung.
+pub const MAX_THREADS: usize = 4096;
+
 /// Receives what a job produces. Called from pool threads.
 pub trait JobSink: Send + Sync {
     /// A batch of solutions of sub-problem `sub` (index in the job): complete
@@ -135,28 +143,38 @@ impl Pool {
     ///
     /// # Errors
     ///
-    /// The OS error if a thread cannot be spawned.
+    /// An error of kind `InvalidInput` (wrapping [`ErrorKind::Threads`]) for
+    /// more than [`MAX_THREADS`] threads, and the OS error if a thread cannot
+    /// be spawned. Either way no thread is left running.
+    ///
+    /// [`ErrorKind::Threads`]: crate::ErrorKind::Threads
     pub fn new(threads: usize, name: &str) -> std::io::Result<Pool> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                tasks: VecDeque::new(),
-                shutdown: false,
-            }),
-            ready: Condvar::new(),
-        });
-        let mut handles = vec![];
-        for i in 0..threads.max(1) {
-            let shared = Arc::clone(&shared);
-            handles.push(
-                std::thread::Builder::new()
-                    .name(format!("{name}-{i}"))
-                    .spawn(move || work(&shared))?,
-            );
+        if threads > MAX_THREADS {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                crate::Error::new(crate::ErrorKind::Threads(threads)),
+            ));
         }
-        Ok(Pool {
-            shared,
-            threads: handles,
-        })
+        let mut pool = Pool {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue {
+                    tasks: VecDeque::new(),
+                    shutdown: false,
+                }),
+                ready: Condvar::new(),
+            }),
+            threads: Vec::with_capacity(threads.max(1)),
+        };
+        for i in 0..threads.max(1) {
+            let shared = Arc::clone(&pool.shared);
+            // On failure `pool` is dropped, which stops and joins the threads
+            // started so far instead of leaving them blocked forever.
+            let handle = std::thread::Builder::new()
+                .name(format!("{name}-{i}"))
+                .spawn(move || work(&shared))?;
+            pool.threads.push(handle);
+        }
+        Ok(pool)
     }
 
     /// The number of threads.
@@ -391,6 +409,17 @@ mod tests {
             .map(|s| s.solve(&AtomicBool::new(false)).unwrap().0.count)
             .sum();
         assert_eq!(total, plain);
+    }
+
+    #[test]
+    fn more_threads_than_the_cap_are_refused_with_the_cap_named() {
+        assert_eq!(
+            Pool::new(MAX_THREADS, "test").unwrap().threads(),
+            MAX_THREADS
+        );
+        let err = Pool::new(MAX_THREADS + 1, "test").unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("1 to 4096"), "{err}");
     }
 
     #[test]

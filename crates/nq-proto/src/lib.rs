@@ -13,11 +13,16 @@
 //!   where every value from the wire is validated.
 //! * [`PROTOCOL_VERSION`], [`MAX_MESSAGE_BYTES`]: limits both ends agree on.
 //! * [`duration`]: the duration syntax of both command lines.
+//! * [`auth`]: the shared token, sent as `authorization: Bearer <token>`,
+//!   and its constant-time check.
+//! * [`tls`]: certificates and keys from PEM files, checked when loaded.
 
 #![deny(missing_docs)]
 
+pub mod auth;
 pub mod convert;
 pub mod duration;
+pub mod tls;
 
 /// The generated protocol code (package `nqueens.v1`).
 #[allow(missing_docs, unreachable_pub, missing_debug_implementations)]

@@ -62,7 +62,7 @@ use std::sync::OnceLock;
 
 use nq_core::Board;
 
-pub use error::{Corruption, Error, Result};
+pub use error::{Corruption, Error, Result, disk_full};
 pub use job::{
     JOBS_PER_CHUNK, JobId, JobRecord, JobState, NewJob, RECORDS_PER_CHUNK, StoredJob,
 };
@@ -203,12 +203,7 @@ impl Store {
                     }
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                Err(source) => {
-                    return Err(Error::Open {
-                        dir: dir.to_path_buf(),
-                        source,
-                    });
-                }
+                Err(source) => return Err(Error::open(dir, source)),
             }
         };
         Store::from_db(db, Some(dir.to_path_buf()))
@@ -363,10 +358,8 @@ impl Store {
         self.meta.insert(MANIFEST, manifest.encode())?;
         self.db.flush()?;
         if let Some(dir) = &self.dir {
-            write_marker(dir, &manifest.run_id).map_err(|source| Error::Open {
-                dir: dir.clone(),
-                source: source.into(),
-            })?;
+            write_marker(dir, &manifest.run_id)
+                .map_err(|source| Error::open(dir, source.into()))?;
         }
         let _ = self.board.set(run.key.board);
         Ok(manifest)

@@ -1,10 +1,13 @@
 //! The worker's side of the gRPC protocol: typed calls, the sorting of
 //! failures, the retry backoff, and the task that reports one job.
 //!
-//! Failures sort three ways ([`Failure`]): network trouble and overload are
-//! retried with backoff, an unknown worker id means the coordinator restarted
-//! and the worker must register again, and anything else is fatal for the
-//! call. This follows ballista's split of task failures into retryable and not.
+//! Failures sort five ways ([`Failure`]): network trouble and overload are
+//! retried with backoff; an unknown worker id means the coordinator restarted
+//! and the worker must register again; PERMISSION_DENIED refuses a report (or,
+//! on Lease and Register, the worker itself); UNAUTHENTICATED and a failed
+//! TLS handshake are configuration errors that stop the worker; anything else
+//! is fatal for the call. This follows ballista's split of task failures into
+//! retryable and not.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -15,16 +18,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use nq_core::pool::JobOutcome;
+use nq_proto::auth::Bearer;
 use nq_proto::pb::coordinator_client::CoordinatorClient;
 use nq_proto::pb::report_ack::Outcome;
 use nq_proto::pb::{self, report_chunk::Body};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::Stream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tracing::{debug, warn};
 
-use crate::config::{Config, Coordinator};
+use crate::Error;
+use crate::config::Config;
 use crate::pool::{Attempt, Produced};
 
 /// The coordinator's job id.
@@ -40,7 +46,7 @@ pub(crate) struct LeaseId(pub(crate) u64);
 pub(crate) struct WorkerId(pub(crate) String);
 
 /// How to react to a failed call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Failure {
     /// The coordinator is unreachable, restarting or overloaded: retry the
     /// same call after a backoff.
@@ -48,28 +54,87 @@ pub(crate) enum Failure {
     /// The coordinator does not know this worker id (it restarted): register
     /// again, then retry.
     Register,
+    /// PERMISSION_DENIED. On a report: the coordinator refuses that report
+    /// (its lease is not valid for it); drop it and go on. On Lease or
+    /// Register: this worker is refused work (e.g. after lost verification
+    /// conflicts); stop with the coordinator's message.
+    Denied,
+    /// UNAUTHENTICATED: the coordinator refused the token. The worker stops.
+    Token,
+    /// The TLS handshake failed (a certificate refused or unverifiable): a
+    /// configuration error that retrying cannot fix. The worker stops.
+    Tls(String),
     /// Retrying cannot help.
     Fatal,
 }
 
 impl Failure {
-    /// Sorts a status from Lease, Report or Release.
+    /// Sorts a status from Register, Lease, Report or Release.
     pub(crate) fn of(status: &Status) -> Failure {
         match status.code() {
             Code::FailedPrecondition => Failure::Register,
+            Code::PermissionDenied => Failure::Denied,
+            Code::Unauthenticated => Failure::Token,
             Code::InvalidArgument
             | Code::NotFound
             | Code::AlreadyExists
-            | Code::PermissionDenied
-            | Code::Unauthenticated
             | Code::OutOfRange
             | Code::Unimplemented => Failure::Fatal,
             // Unavailable and DeadlineExceeded are the network; Unknown and
             // Cancelled are what a connection cut mid-call looks like; Internal,
             // Aborted and ResourceExhausted are the coordinator's store or load,
-            // which a restart or a pause fixes.
-            _ => Failure::Retry,
+            // which a restart or a pause fixes. A connection that failed in its
+            // TLS handshake looks the same until the rustls error behind it is
+            // found.
+            _ => match std::error::Error::source(status)
+                .and_then(nq_proto::tls::tls_failure)
+            {
+                Some(reason) => Failure::Tls(reason),
+                None => Failure::Retry,
+            },
         }
+    }
+}
+
+/// Repeats the TLS handshake with the coordinator outside tonic and reads the
+/// server's verdict, to tell a refused certificate from a coordinator that is
+/// down or busy. Returns what rustls says when the handshake was refused.
+///
+/// Needed because with TLS 1.3 the server checks the client's certificate
+/// after the client has finished its handshake: tonic then reports only "a
+/// closed connection", which looks like a coordinator restarting, and the
+/// worker would retry a certificate the coordinator never accepts. Only with
+/// a CA file (`ClientTls::rustls_config`); costs one connection and at most
+/// a second or two per call.
+pub(crate) async fn diagnose_tls(config: &Config) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    const PATIENCE: Duration = Duration::from_secs(1);
+
+    let rustls = config.tls.as_ref()?.rustls_config()?;
+    let host = config.coordinator.host();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let name =
+        tokio_rustls::rustls::pki_types::ServerName::try_from(bare.to_owned()).ok()?;
+    let tcp = tokio::time::timeout(
+        PATIENCE,
+        tokio::net::TcpStream::connect((bare, config.coordinator.port())),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let connector = tokio_rustls::TlsConnector::from(rustls);
+    let mut stream =
+        match tokio::time::timeout(PATIENCE, connector.connect(name, tcp)).await {
+            Err(_) => return None,
+            Ok(Err(e)) => return nq_proto::tls::tls_failure(&e),
+            Ok(Ok(stream)) => stream,
+        };
+    // An accepted client hears nothing until it speaks (or the server's HTTP/2
+    // settings); a refused one gets the alert.
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(PATIENCE, stream.read(&mut byte)).await {
+        Ok(Err(e)) => nq_proto::tls::tls_failure(&e),
+        _ => None,
     }
 }
 
@@ -120,15 +185,27 @@ impl Backoff {
 /// A cheap-to-clone handle on the coordinator's service.
 #[derive(Clone, Debug)]
 pub(crate) struct Client {
-    inner: CoordinatorClient<Channel>,
+    inner: CoordinatorClient<InterceptedService<Channel, Bearer>>,
     timeout: Duration,
 }
 
 impl Client {
     /// A client that connects on first use and reconnects after failures, so
-    /// it can be created before the coordinator is up.
-    pub(crate) fn new(coordinator: &Coordinator, timeout: Duration) -> Client {
-        let endpoint = Endpoint::from_shared(coordinator.to_string())
+    /// it can be created before the coordinator is up. It speaks TLS when the
+    /// address is `https://` or `config.tls` is set, and sends `config.token`
+    /// on every call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Tls`] when rustls refuses the TLS settings (for `https://`
+    /// without `config.tls`: when the system has no CA certificates).
+    pub(crate) fn new(config: &Config) -> Result<Client, Error> {
+        let timeout = config.rpc_timeout;
+        let coordinator = match config.tls {
+            Some(_) => config.coordinator.clone().with_tls(),
+            None => config.coordinator.clone(),
+        };
+        let mut endpoint = Endpoint::from_shared(coordinator.to_string())
             .expect("a parsed Coordinator is a valid URI")
             .connect_timeout(timeout)
             .tcp_nodelay(true)
@@ -136,10 +213,26 @@ impl Client {
             // connection (power loss, partition) during a long report stream.
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(20));
-        let inner = CoordinatorClient::new(endpoint.connect_lazy())
+        if coordinator.tls() {
+            let tls = match &config.tls {
+                Some(tls) => tls.clone(),
+                None => {
+                    nq_proto::tls::ClientTls::load(None, None, None).map_err(|e| {
+                        Error::Tls {
+                            reason: e.to_string(),
+                        }
+                    })?
+                }
+            };
+            endpoint = endpoint.tls_config(tls.config()).map_err(|e| Error::Tls {
+                reason: e.to_string(),
+            })?;
+        }
+        let bearer = Bearer(config.token.clone());
+        let inner = CoordinatorClient::with_interceptor(endpoint.connect_lazy(), bearer)
             .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
-        Client { inner, timeout }
+        Ok(Client { inner, timeout })
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -208,13 +301,27 @@ impl Client {
     }
 }
 
+/// One registration: the worker id the coordinator gave and the run it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub(crate) worker: WorkerId,
+    /// `RunInfo.run_id`.
+    pub(crate) run: String,
+}
+
 /// What the report task shares with the lease loop.
 #[derive(Debug)]
 pub(crate) struct ReportCtx {
     pub(crate) client: Client,
-    /// The current worker id. The lease loop sends a new one after each
-    /// registration; report tasks wait on it after an unknown-worker failure.
-    pub(crate) session: watch::Receiver<WorkerId>,
+    /// The current registration. The lease loop sends a new one after each
+    /// registration; report tasks wait on it after an unknown-worker failure,
+    /// and read it before every attempt.
+    pub(crate) session: watch::Receiver<Session>,
+    /// The run the job was leased in. A report is sent only while the
+    /// current registration is in this run, and carries its id.
+    pub(crate) run: String,
+    /// The name of the kernel that computes the job, for `JobResult.kernel`.
+    pub(crate) kernel: &'static str,
     /// Report tasks send the worker id the coordinator did not know, so that
     /// the lease loop registers again. Never closed while tasks run.
     pub(crate) stale: mpsc::UnboundedSender<WorkerId>,
@@ -222,8 +329,6 @@ pub(crate) struct ReportCtx {
     pub(crate) solutions: bool,
     /// Delays between retries of this report.
     pub(crate) backoff: Backoff,
-    /// The run the job was leased in; every chunk carries it.
-    pub(crate) run_id: Arc<str>,
 }
 
 /// How a job's report task ended.
@@ -242,6 +347,14 @@ pub(crate) enum JobEnd {
     Rerun,
     /// The coordinator rejected the result for good.
     Rejected(Status),
+    /// The coordinator refused this report with PERMISSION_DENIED (its lease
+    /// is not valid for it): the result is dropped.
+    Denied(Status),
+    /// The coordinator refused the token: the worker must stop.
+    Unauthenticated(Status),
+    /// The worker registered in another run meanwhile: the result belongs to
+    /// the old run and was not sent.
+    OtherRun,
 }
 
 /// Identifies the job a report belongs to.
@@ -286,12 +399,18 @@ pub(crate) async fn report_job(
         counts: counts.iter().map(pb::SubCounts::from).collect(),
         nodes,
         solutions_sent: 0,
-        kernel: String::new(),
+        kernel: ctx.kernel.to_owned(),
     };
     let mut registered_again = false;
     loop {
-        let worker = ctx.session.borrow_and_update().clone();
-        let chunk = chunk(&worker, &ctx.run_id, job, Body::Result(result.clone()));
+        let session = ctx.session.borrow_and_update().clone();
+        // Checked before every attempt: a result of an earlier run must never
+        // reach the coordinator of a later one.
+        if session.run != ctx.run {
+            return JobEnd::OtherRun;
+        }
+        let worker = session.worker;
+        let chunk = chunk(&worker, &ctx.run, job, Body::Result(result.clone()));
         let failure = match ctx.client.report(tokio_stream::once(chunk), true).await {
             Ok(ack) => {
                 return JobEnd::Acked {
@@ -314,6 +433,13 @@ pub(crate) async fn report_job(
                 );
                 tokio::time::sleep(delay).await;
             }
+            // The lease loop meets the same TLS failure and stops the worker;
+            // until then this report waits like any unreachable one.
+            Failure::Tls(reason) => {
+                let delay = ctx.backoff.next_delay();
+                warn!(job = job.job.0, %reason, ?delay, "report failed in TLS; retrying");
+                tokio::time::sleep(delay).await;
+            }
             // One new registration per report: if the coordinator refuses the
             // report under the fresh id too, it is the report it refuses.
             Failure::Register if !registered_again => {
@@ -322,6 +448,8 @@ pub(crate) async fn report_job(
                     return JobEnd::Cancelled;
                 }
             }
+            Failure::Denied => return JobEnd::Denied(failure),
+            Failure::Token => return JobEnd::Unauthenticated(failure),
             Failure::Register | Failure::Fatal => return JobEnd::Rejected(failure),
         }
     }
@@ -341,13 +469,19 @@ async fn stream_job(
         None | Some(Produced::Done(JobOutcome::Cancelled)) => return JobEnd::Cancelled,
         Some(first) => first,
     };
-    let worker = ctx.session.borrow_and_update().clone();
+    let session = ctx.session.borrow_and_update().clone();
+    if session.run != ctx.run {
+        stop.store(true, Ordering::Relaxed);
+        return JobEnd::OtherRun;
+    }
+    let worker = session.worker;
     let sent = Arc::new(OnceLock::new());
     let stream = ReportStream {
         first: Some(first),
         output,
         worker: worker.clone(),
-        run_id: Arc::clone(&ctx.run_id),
+        run: ctx.run.clone(),
+        kernel: ctx.kernel,
         job,
         sent: Arc::clone(&sent),
         computed,
@@ -367,12 +501,14 @@ async fn stream_job(
             stop.store(true, Ordering::Relaxed);
             match Failure::of(&status) {
                 Failure::Fatal => return JobEnd::Rejected(status),
+                Failure::Denied => return JobEnd::Denied(status),
+                Failure::Token => return JobEnd::Unauthenticated(status),
                 Failure::Register => {
                     if !wait_for_new_session(&mut ctx, worker).await {
                         return JobEnd::Cancelled;
                     }
                 }
-                Failure::Retry => {
+                Failure::Retry | Failure::Tls(_) => {
                     let delay = ctx.backoff.next_delay();
                     warn!(
                         job = job.job.0,
@@ -399,13 +535,14 @@ async fn wait_for_new_session(ctx: &mut ReportCtx, stale: WorkerId) -> bool {
     ctx.session.changed().await.is_ok()
 }
 
-fn chunk(worker: &WorkerId, run_id: &str, job: JobRef, body: Body) -> pb::ReportChunk {
+/// One chunk of a report of `job`, leased in run `run`.
+fn chunk(worker: &WorkerId, run: &str, job: JobRef, body: Body) -> pb::ReportChunk {
     pb::ReportChunk {
         worker_id: worker.0.clone(),
         job_id: job.job.0,
         lease_id: job.lease.0,
         body: Some(body),
-        run_id: run_id.to_owned(),
+        run_id: run.to_owned(),
     }
 }
 
@@ -416,7 +553,10 @@ struct ReportStream {
     /// The job's pool output.
     output: mpsc::Receiver<Produced>,
     worker: WorkerId,
-    run_id: Arc<str>,
+    /// The run the job was leased in.
+    run: String,
+    /// The kernel that computes the job.
+    kernel: &'static str,
     job: JobRef,
     /// The job's nodes and solutions, set when the result chunk is yielded;
     /// the stream ends after it.
@@ -459,7 +599,7 @@ impl Stream for ReportStream {
                     counts: counts.iter().map(pb::SubCounts::from).collect(),
                     nodes,
                     solutions_sent: solutions,
-                    kernel: String::new(),
+                    kernel: self.kernel.to_owned(),
                 })
             }
             // Ending without a result makes the coordinator discard the stream.
@@ -468,7 +608,7 @@ impl Stream for ReportStream {
                 return Poll::Ready(None);
             }
         };
-        Poll::Ready(Some(chunk(&self.worker, &self.run_id, self.job, body)))
+        Poll::Ready(Some(chunk(&self.worker, &self.run, self.job, body)))
     }
 }
 
@@ -513,5 +653,10 @@ mod tests {
             Failure::Register
         );
         assert_eq!(Failure::of(&Status::invalid_argument("x")), Failure::Fatal);
+        assert_eq!(
+            Failure::of(&Status::permission_denied("x")),
+            Failure::Denied
+        );
+        assert_eq!(Failure::of(&Status::unauthenticated("x")), Failure::Token);
     }
 }

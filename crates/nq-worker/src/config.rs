@@ -44,6 +44,17 @@ pub struct Config {
     pub backoff_max: Duration,
     /// Deadline of each unary call (Register, Lease, Release, count reports).
     pub rpc_timeout: Duration,
+    /// How long the worker keeps trying without an answer from the
+    /// coordinator (counted from its last answer, or from the start) before
+    /// [`crate::run`] fails with [`Error::GaveUp`]; `None` waits forever.
+    pub give_up: Option<Duration>,
+    /// Sent on every call as `authorization: Bearer <token>`, for a
+    /// coordinator started with a token.
+    pub token: Option<nq_proto::auth::Token>,
+    /// TLS towards the coordinator: the CA to trust and an optional client
+    /// certificate. `None` with an `https://` coordinator trusts the system's
+    /// CA certificates.
+    pub tls: Option<nq_proto::tls::ClientTls>,
 }
 
 impl Config {
@@ -61,6 +72,9 @@ impl Config {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(10),
+            give_up: Some(DEFAULT_GIVE_UP),
+            token: None,
+            tls: None,
         }
     }
 
@@ -72,30 +86,93 @@ impl Config {
     }
 }
 
+/// The default of [`Config::give_up`]: ten minutes without an answer.
+///
+/// Long enough for a coordinator that is slow to come up (a batch job whose
+/// nodes start together while the coordinator splits a large run, a pod
+/// whose volume is re-attached after a restart), and short enough that a
+/// worker that missed the end of a run (stopped while the coordinator
+/// finished and left) gives back its Slurm allocation or pod within minutes
+/// instead of holding it until it is killed.
+pub const DEFAULT_GIVE_UP: Duration = Duration::from_secs(600);
+
+/// Parses a `--give-up` value: a duration as [`parse_duration`] reads it, or
+/// `never` (or a zero duration) to wait for a coordinator forever (`None`).
+///
+/// ```
+/// use std::time::Duration;
+/// use nq_worker::config::parse_give_up;
+/// assert_eq!(parse_give_up("10m").unwrap(), Some(Duration::from_secs(600)));
+/// assert_eq!(parse_give_up("never").unwrap(), None);
+/// assert_eq!(parse_give_up("0").unwrap(), None);
+/// assert!(parse_give_up("later").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Duration`] naming the accepted forms.
+pub fn parse_give_up(input: &str) -> Result<Option<Duration>> {
+    if input.trim().eq_ignore_ascii_case("never") {
+        return Ok(None);
+    }
+    let limit = parse_duration(input)?;
+    Ok((!limit.is_zero()).then_some(limit))
+}
+
+/// A duration the way a user writes it on the command line: `10m`, `2s`,
+/// `1500ms`.
+pub(crate) fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        format!("{}ms", d.as_millis())
+    } else if secs >= 3600 && secs.is_multiple_of(3600) {
+        format!("{}h", secs / 3600)
+    } else if secs >= 60 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
 /// Two jobs per thread: one running, one queued behind it.
 fn default_max_jobs(threads: NonZeroUsize) -> usize {
     threads.get().saturating_mul(2).max(2)
 }
 
-/// A coordinator address: a host (name, IPv4, or bracketed IPv6) and a port.
+/// A coordinator address: a host (name, IPv4, or bracketed IPv6), a port,
+/// and whether to speak TLS.
 ///
-/// Parses `host`, `host:port`, `http://host` and `http://host:port`; the port
-/// defaults to [`DEFAULT_PORT`]. Displays as the URI the worker dials.
+/// Parses `host`, `host:port`, `http://host[:port]` and `https://host[:port]`;
+/// the port defaults to [`DEFAULT_PORT`]. Displays as the URI the worker
+/// dials.
 ///
 /// ```
 /// let c: nq_worker::Coordinator = "10.0.0.5".parse().unwrap();
 /// assert_eq!(c.to_string(), "http://10.0.0.5:50051");
 /// let c: nq_worker::Coordinator = "http://[::1]:7000".parse().unwrap();
 /// assert_eq!(c.to_string(), "http://[::1]:7000");
-/// assert!("https://coord:443".parse::<nq_worker::Coordinator>().is_err());
+/// let c: nq_worker::Coordinator = "https://coord:443".parse().unwrap();
+/// assert!(c.tls());
+/// assert!("grpc://coord:443".parse::<nq_worker::Coordinator>().is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Coordinator {
     host: String,
     port: u16,
+    tls: bool,
 }
 
 impl Coordinator {
+    /// Whether the worker speaks TLS to it (`https://`).
+    pub fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The same address, spoken to over TLS.
+    pub fn with_tls(self) -> Coordinator {
+        Coordinator { tls: true, ..self }
+    }
+
     /// The host part (IPv6 addresses keep their brackets).
     pub fn host(&self) -> &str {
         &self.host
@@ -116,6 +193,7 @@ impl From<std::net::SocketAddr> for Coordinator {
         Coordinator {
             host,
             port: addr.port(),
+            tls: false,
         }
     }
 }
@@ -128,10 +206,11 @@ impl FromStr for Coordinator {
             input: input.to_owned(),
             reason,
         };
-        let rest = match input.split_once("://") {
-            Some(("http", rest)) => rest,
-            Some(_) => return Err(bad("only plain http:// is supported")),
-            None => input,
+        let (rest, tls) = match input.split_once("://") {
+            Some(("http", rest)) => (rest, false),
+            Some(("https", rest)) => (rest, true),
+            Some(_) => return Err(bad("the scheme must be http:// or https://")),
+            None => (input, false),
         };
         // A trailing slash is harmless (`http://host:port/`); any other path is not.
         let rest = rest.strip_suffix('/').unwrap_or(rest);
@@ -177,13 +256,15 @@ impl FromStr for Coordinator {
         Ok(Coordinator {
             host: host.to_owned(),
             port,
+            tls,
         })
     }
 }
 
 impl fmt::Display for Coordinator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http://{}:{}", self.host, self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}:{}", self.host, self.port)
     }
 }
 
@@ -219,6 +300,8 @@ mod tests {
             ("http://127.0.0.1:7000/", "http://127.0.0.1:7000"),
             ("[::1]", "http://[::1]:50051"),
             ("http://[fe80::1]:9", "http://[fe80::1]:9"),
+            ("https://coord", "https://coord:50051"),
+            ("https://127.0.0.1:7000/", "https://127.0.0.1:7000"),
         ];
         for (input, want) in cases {
             let c: Coordinator = input.parse().unwrap_or_else(|e| panic!("{input}: {e}"));
@@ -235,8 +318,8 @@ mod tests {
             "coord:0",
             "coord:http",
             "coord:99999",
-            "https://coord",
             "grpc://coord:1",
+            "https://",
             "coord:1/path",
             "[::1",
             "[nope]:1",
@@ -244,7 +327,7 @@ mod tests {
         ] {
             let err = input.parse::<Coordinator>().unwrap_err().to_string();
             assert!(
-                err.contains("HOST, HOST:PORT or http://HOST:PORT"),
+                err.contains("HOST, HOST:PORT, http://HOST:PORT or https://HOST:PORT"),
                 "{input}: {err}"
             );
         }
@@ -264,6 +347,32 @@ mod tests {
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
         for bad in ["", "s", "-1s", "1d", "1.2.3s", "ms"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn give_up_limits() {
+        assert_eq!(parse_give_up("2s").unwrap(), Some(Duration::from_secs(2)));
+        assert_eq!(parse_give_up(" Never ").unwrap(), None);
+        assert_eq!(parse_give_up("0s").unwrap(), None);
+        let err = parse_give_up("sometime").unwrap_err().to_string();
+        assert!(err.contains("30s"), "{err}");
+        assert_eq!(
+            Config::new("h".parse().unwrap()).give_up,
+            Some(DEFAULT_GIVE_UP)
+        );
+    }
+
+    #[test]
+    fn durations_are_written_as_users_write_them() {
+        for (d, want) in [
+            (Duration::from_secs(600), "10m"),
+            (Duration::from_secs(2), "2s"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_millis(1500), "1500ms"),
+        ] {
+            assert_eq!(human(d), want);
         }
     }
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nq_core::search::Kernel;
 use nq_core::split::SubProblem;
 use nq_proto::convert::RunShape;
 use nq_proto::pb;
@@ -34,8 +35,8 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::client::{
-    Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, WorkerId,
-    outcome_name, report_job,
+    Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, Session,
+    WorkerId, outcome_name, report_job,
 };
 use crate::pool::WorkerPool;
 use crate::{Config, Error, Exit, Result, Summary};
@@ -71,8 +72,11 @@ struct Held {
     /// Attempts of this job whose solution stream broke; each waits longer
     /// before it recomputes the job.
     failures: u32,
-    /// The report task, to find the lease again if that task panics.
-    task: tokio::task::Id,
+    /// The kernel the job runs on (the coordinator may ask for one).
+    kernel: Kernel,
+    /// The report task, to find the lease again if that task panics, and to
+    /// abort it when the job's run is over.
+    task: tokio::task::AbortHandle,
 }
 
 /// The state of a worker between [`crate::run`]'s start and end.
@@ -84,9 +88,10 @@ pub(crate) struct LeaseLoop<'a> {
     run: Option<Run>,
     /// `None` while (re-)registering.
     worker: Option<WorkerId>,
-    /// Publishes each new worker id to report tasks, which wait on it after an
-    /// unknown-worker failure. Lives as long as the loop.
-    session: watch::Sender<WorkerId>,
+    /// Publishes each new registration to report tasks, which wait on it
+    /// after an unknown-worker failure and send nothing once it is in another
+    /// run than their job's. Lives as long as the loop.
+    session: watch::Sender<Session>,
     /// Report tasks send the id the coordinator did not know; the loop then
     /// registers again. The loop holds a sender too, so `recv` never ends.
     stale_tx: mpsc::UnboundedSender<WorkerId>,
@@ -98,9 +103,17 @@ pub(crate) struct LeaseLoop<'a> {
     /// When to call the coordinator next (Register or Lease).
     next_call: Instant,
     backoff: Backoff,
+    /// When the coordinator last answered (or when the loop started), for
+    /// `Config::give_up`.
+    last_answer: Instant,
+    /// Whether any coordinator ever answered.
+    answered: bool,
     /// The end of the grace period, once draining.
     draining: Option<Instant>,
     exit: Option<Exit>,
+    /// Set by a report task's end that must stop the worker (the token was
+    /// refused); the loop returns it.
+    fatal: Option<Error>,
     summary: Summary,
     last_progress: Instant,
 }
@@ -116,16 +129,23 @@ impl std::fmt::Debug for LeaseLoop<'_> {
 }
 
 impl<'a> LeaseLoop<'a> {
-    pub(crate) fn new(config: &'a Config, pool: &'a WorkerPool) -> LeaseLoop<'a> {
+    pub(crate) fn new(
+        config: &'a Config,
+        pool: &'a WorkerPool,
+        client: Client,
+    ) -> LeaseLoop<'a> {
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
         let now = Instant::now();
         LeaseLoop {
             config,
             pool,
-            client: Client::new(&config.coordinator, config.rpc_timeout),
+            client,
             run: None,
             worker: None,
-            session: watch::Sender::new(WorkerId(String::new())),
+            session: watch::Sender::new(Session {
+                worker: WorkerId(String::new()),
+                run: String::new(),
+            }),
             stale_tx,
             stale_rx,
             held: BTreeMap::new(),
@@ -133,8 +153,11 @@ impl<'a> LeaseLoop<'a> {
             ttl: DEFAULT_TTL,
             next_call: now,
             backoff: Backoff::new(config.backoff_initial, config.backoff_max),
+            last_answer: now,
+            answered: false,
             draining: None,
             exit: None,
+            fatal: None,
             summary: Summary {
                 exit: Exit::Drained,
                 jobs: 0,
@@ -165,8 +188,14 @@ impl<'a> LeaseLoop<'a> {
         }
         // Aborting drops each task's pool output, which also stops its job.
         self.tasks.shutdown().await;
+        // `summary.exit` is only meaningful when the loop ended without error
+        // (giving up, for one, is an error, not a drain).
+        let exit = match &result {
+            Ok(()) => format!("{:?}", self.summary.exit),
+            Err(_) => "Error".to_owned(),
+        };
         info!(
-            exit = ?self.summary.exit,
+            exit = %exit,
             jobs = self.summary.jobs,
             nodes = self.summary.nodes,
             released = self.summary.released,
@@ -183,6 +212,9 @@ impl<'a> LeaseLoop<'a> {
             "worker starting"
         );
         loop {
+            if let Some(fatal) = self.fatal.take() {
+                return Err(fatal);
+            }
             if let Some(exit) = self.exit {
                 self.summary.exit = exit;
                 return Ok(());
@@ -218,6 +250,13 @@ impl<'a> LeaseLoop<'a> {
             // FAILED_PRECONDITION here is a protocol version mismatch, not an
             // unknown worker: retrying cannot fix it.
             Err(status) if Failure::of(&status) == Failure::Retry => {
+                // A connection closed during the first call over TLS may be a
+                // refused client certificate: ask rustls.
+                if matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown)
+                    && let Some(reason) = crate::client::diagnose_tls(self.config).await
+                {
+                    return Err(Error::Tls { reason });
+                }
                 let delay = self.backoff.next_delay();
                 warn!(
                     coordinator = %self.config.coordinator,
@@ -226,10 +265,9 @@ impl<'a> LeaseLoop<'a> {
                     ?delay,
                     "coordinator unreachable; retrying"
                 );
-                self.next_call = Instant::now() + delay;
-                return Ok(());
+                return self.retry_after(delay);
             }
-            Err(status) => return Err(refused("Register", &status)),
+            Err(status) => return Err(fatal("Register", &status)),
         };
         if response.protocol_version != nq_proto::PROTOCOL_VERSION {
             return Err(Error::Protocol {
@@ -246,14 +284,20 @@ impl<'a> LeaseLoop<'a> {
         if let Some(old) = &self.run
             && (old.id != info.run_id || old.shape != shape)
         {
-            warn!(
+            // Its results belong to the old run: none may reach the new one,
+            // where the same job ids name other work. The report tasks check
+            // the run before every attempt too, so one racing this still
+            // sends nothing.
+            info!(
                 old = %old.id,
                 new = %info.run_id,
-                "the coordinator now runs another run; dropping every job of the old one"
+                jobs = self.held.len(),
+                "the coordinator now runs another run; dropping every job and \
+                 unsent report of the old one"
             );
-            for h in self.held.values_mut() {
-                h.dropped = true;
+            for h in std::mem::take(&mut self.held).into_values() {
                 h.stop.store(true, Ordering::Relaxed);
+                h.task.abort();
             }
         }
         self.set_ttl(response.lease_ttl_ms);
@@ -267,12 +311,16 @@ impl<'a> LeaseLoop<'a> {
             ttl = ?self.ttl,
             "registered"
         );
+        let worker = WorkerId(response.worker_id);
+        self.session.send_replace(Session {
+            worker: worker.clone(),
+            run: info.run_id.clone(),
+        });
         self.run = Some(Run {
             shape,
             id: info.run_id,
         });
-        let worker = WorkerId(response.worker_id);
-        self.session.send_replace(worker.clone());
+        self.on_answer();
         self.worker = Some(worker);
         self.backoff.reset();
         self.next_call = Instant::now();
@@ -301,9 +349,10 @@ impl<'a> LeaseLoop<'a> {
                             ?delay,
                             "lease failed; retrying"
                         );
-                        self.next_call = Instant::now() + delay;
+                        self.retry_after(delay)?;
                     }
                     Failure::Register => {
+                        self.on_answer();
                         info!(
                             worker = %worker.0,
                             message = status.message(),
@@ -312,12 +361,13 @@ impl<'a> LeaseLoop<'a> {
                         self.worker = None;
                         self.next_call = Instant::now();
                     }
-                    Failure::Fatal => return Err(refused("Lease", &status)),
+                    _ => return Err(fatal("Lease", &status)),
                 }
                 return Ok(());
             }
         };
         self.backoff.reset();
+        self.on_answer();
         self.set_ttl(response.lease_ttl_ms);
         for id in &response.revoked {
             if let Some(h) = self.held.get_mut(&LeaseId(*id))
@@ -391,15 +441,37 @@ impl<'a> LeaseLoop<'a> {
             );
             return Ok(());
         }
+        let kernel = self.job_kernel(&job);
         debug!(
             job = job.job_id,
             lease = lease.0,
             subproblems = subproblems.len(),
+            kernel = kernel.resolved_name(),
             "job leased"
         );
-        let held = self.spawn(JobId(job.job_id), lease, subproblems, 0);
+        let held = self.spawn(JobId(job.job_id), lease, subproblems, 0, kernel);
         self.held.insert(lease, held);
         Ok(())
+    }
+
+    /// The kernel a job asks for (`Job.kernel`): "" leaves the choice to the
+    /// worker (its configured kernel) and "scalar" asks for the portable one,
+    /// so that a verification copy shares no kernel code with the first
+    /// computation. Anything else is not a kernel this protocol knows.
+    fn job_kernel(&self, job: &pb::Job) -> Kernel {
+        match job.kernel.as_str() {
+            "" => self.config.kernel,
+            "scalar" => Kernel::Scalar,
+            other => {
+                warn!(
+                    job = job.job_id,
+                    requested = other,
+                    kernel = self.config.kernel.resolved_name(),
+                    "the coordinator asked for an unknown kernel; running the configured one"
+                );
+                self.config.kernel
+            }
+        }
     }
 
     /// Submits a job to the pool and starts its report task. `failures` is
@@ -410,26 +482,27 @@ impl<'a> LeaseLoop<'a> {
         lease: LeaseId,
         subproblems: Vec<SubProblem>,
         failures: u32,
+        kernel: Kernel,
     ) -> Held {
-        let shape = self
+        let run = self
             .run
             .as_ref()
-            .expect("jobs come only after registration")
-            .shape;
-        let attempt = self.pool.submit(subproblems.clone(), shape.solutions);
+            .expect("jobs come only after registration");
+        let shape = run.shape;
+        let attempt = self
+            .pool
+            .submit(subproblems.clone(), shape.solutions, kernel);
         let stop = Arc::clone(&attempt.stop);
         let computed = Arc::new(AtomicBool::new(false));
         let ctx = ReportCtx {
             client: self.client.clone(),
             session: self.session.subscribe(),
+            run: run.id.clone(),
+            kernel: kernel.resolved_name(),
             stale: self.stale_tx.clone(),
             solutions: shape.solutions,
             backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)
                 .after_failures(failures),
-            run_id: self
-                .run
-                .as_ref()
-                .map_or("".into(), |r| r.id.as_str().into()),
         };
         let job_ref = JobRef { job, lease };
         let task = report_job(ctx, job_ref, attempt, Arc::clone(&computed));
@@ -444,7 +517,8 @@ impl<'a> LeaseLoop<'a> {
             computed,
             dropped: false,
             failures,
-            task: handle.id(),
+            kernel,
+            task: handle,
         }
     }
 
@@ -452,14 +526,16 @@ impl<'a> LeaseLoop<'a> {
         &mut self,
         joined: std::result::Result<(tokio::task::Id, (LeaseId, JobEnd)), JoinError>,
     ) {
-        let (lease, end) = match joined {
-            Ok((_, ended)) => ended,
+        let (task, (lease, end)) = match joined {
+            Ok(ended) => ended,
+            // Aborted because its run is over: already dropped.
+            Err(e) if e.is_cancelled() => return,
             Err(e) => {
                 error!(error = %e, "a report task failed");
                 let lease = self
                     .held
                     .iter()
-                    .find(|(_, h)| h.task == e.id())
+                    .find(|(_, h)| h.task.id() == e.id())
                     .map(|(l, _)| *l);
                 if let Some(h) = lease.and_then(|l| self.held.remove(&l)) {
                     h.stop.store(true, Ordering::Relaxed);
@@ -467,6 +543,11 @@ impl<'a> LeaseLoop<'a> {
                 return;
             }
         };
+        // A task of an earlier run may end after a job of the new run took
+        // the same lease id: only the task that owns the entry may end it.
+        if self.held.get(&lease).is_none_or(|h| h.task.id() != task) {
+            return;
+        }
         let Some(held) = self.held.remove(&lease) else {
             return;
         };
@@ -511,11 +592,39 @@ impl<'a> LeaseLoop<'a> {
             }
             JobEnd::Rerun if !held.dropped => {
                 debug!(job = held.job.0, lease = lease.0, "computing the job again");
-                let again =
-                    self.spawn(held.job, lease, held.subproblems, held.failures + 1);
+                let again = self.spawn(
+                    held.job,
+                    lease,
+                    held.subproblems,
+                    held.failures + 1,
+                    held.kernel,
+                );
                 self.held.insert(lease, again);
             }
             JobEnd::Rerun => {}
+            JobEnd::OtherRun => {
+                debug!(
+                    job = held.job.0,
+                    lease = lease.0,
+                    "result of an earlier run dropped unsent"
+                );
+            }
+            JobEnd::Denied(status) => {
+                // The lease is not (or no longer) valid for this report: the
+                // job is someone else's now, or never was this worker's.
+                warn!(
+                    job = held.job.0,
+                    lease = lease.0,
+                    message = status.message(),
+                    "the coordinator refused this report (PERMISSION_DENIED); dropping it"
+                );
+            }
+            JobEnd::Unauthenticated(status) => {
+                self.fatal = Some(Error::Unauthenticated {
+                    rpc: "Report",
+                    message: status.message().to_owned(),
+                });
+            }
             JobEnd::Rejected(status) if held.dropped => {
                 debug!(
                     job = held.job.0,
@@ -549,6 +658,43 @@ impl<'a> LeaseLoop<'a> {
 
     /// First signal: lease nothing more, hand back the jobs that no thread has
     /// started, and keep computing and reporting the rest within the grace.
+    /// The coordinator answered: the `--give-up` clock starts again.
+    fn on_answer(&mut self) {
+        self.last_answer = Instant::now();
+        self.answered = true;
+    }
+
+    /// Schedules the next call `delay` after a failed one, or gives up when
+    /// the coordinator has been silent for `Config::give_up`. The last try
+    /// falls exactly when the limit runs out, so a worker never gives up
+    /// while a retry is still due.
+    fn retry_after(&mut self, delay: Duration) -> Result<()> {
+        let now = Instant::now();
+        let Some(limit) = self.config.give_up else {
+            self.next_call = now + delay;
+            return Ok(());
+        };
+        let deadline = self.last_answer + limit;
+        if now >= deadline {
+            error!(
+                coordinator = %self.config.coordinator,
+                ?limit,
+                "no answer from the coordinator; giving up"
+            );
+            return Err(Error::GaveUp {
+                coordinator: self.config.coordinator.clone(),
+                limit,
+                silence: if self.answered {
+                    crate::Silence::SinceLastAnswer
+                } else {
+                    crate::Silence::SinceStart
+                },
+            });
+        }
+        self.next_call = (now + delay).min(deadline);
+        Ok(())
+    }
+
     async fn start_drain(&mut self) {
         let threads = self.config.threads.get();
         self.draining = Some(Instant::now() + self.config.grace);
@@ -637,10 +783,21 @@ impl<'a> LeaseLoop<'a> {
     }
 }
 
-fn refused(rpc: &'static str, status: &tonic::Status) -> Error {
-    Error::Refused {
-        rpc,
-        code: status.code(),
-        message: status.message().to_owned(),
+/// The error that stops the worker after `rpc` failed with `status`, which
+/// retrying and registering again cannot fix.
+fn fatal(rpc: &'static str, status: &tonic::Status) -> Error {
+    match Failure::of(status) {
+        Failure::Token => Error::Unauthenticated {
+            rpc,
+            message: status.message().to_owned(),
+        },
+        Failure::Tls(reason) => Error::Tls { reason },
+        // PERMISSION_DENIED (a refused worker), a protocol mismatch, and the
+        // rest: the coordinator's message says why.
+        _ => Error::Refused {
+            rpc,
+            code: status.code(),
+            message: status.message().to_owned(),
+        },
     }
 }

@@ -47,8 +47,8 @@ pub use config::{Config, Coordinator, DEFAULT_PORT, parse_duration};
 pub enum Error {
     /// A coordinator address that cannot be parsed.
     #[error(
-        "`{input}` is not a coordinator address ({reason}); use HOST, HOST:PORT or \
-         http://HOST:PORT (the port defaults to {DEFAULT_PORT})"
+        "`{input}` is not a coordinator address ({reason}); use HOST, HOST:PORT, \
+         http://HOST:PORT or https://HOST:PORT (the port defaults to {DEFAULT_PORT})"
     )]
     Address {
         /// The text given.
@@ -83,6 +83,29 @@ pub enum Error {
         /// The coordinator's message.
         message: String,
     },
+    /// The coordinator refused the token (UNAUTHENTICATED): the worker's
+    /// token is missing or is not the coordinator's.
+    #[error(
+        "the coordinator refused the token ({rpc}: {message}); start the worker with \
+         the coordinator's token in --token or NQ_TOKEN"
+    )]
+    Unauthenticated {
+        /// The rpc that was refused.
+        rpc: &'static str,
+        /// The coordinator's message.
+        message: String,
+    },
+    /// TLS with the coordinator cannot work: settings rustls refuses, or a
+    /// handshake that failed on a certificate.
+    #[error(
+        "TLS with the coordinator failed: {reason}; check --ca (the CA that signed \
+         the coordinator's certificate) and, if the coordinator requires client \
+         certificates, --tls-cert and --tls-key"
+    )]
+    Tls {
+        /// What rustls said.
+        reason: String,
+    },
     /// The coordinator accepted the registration but speaks another protocol.
     #[error(
         "the coordinator speaks protocol version {coordinator}, this worker version \
@@ -102,6 +125,23 @@ pub enum Error {
         #[source]
         source: nq_proto::ConvertError,
     },
+    /// No coordinator answered for [`Config::give_up`]: the run is probably
+    /// over (or the address is wrong), and the worker stops rather than hold
+    /// its machine forever.
+    #[error(
+        "gave up: no coordinator answered at {coordinator} for {} {silence}; if the \
+         run is over there is nothing to do, otherwise check the address and start \
+         the worker again (--give-up never waits forever)",
+        config::human(*limit)
+    )]
+    GaveUp {
+        /// The coordinator's address.
+        coordinator: Coordinator,
+        /// The limit that ran out.
+        limit: std::time::Duration,
+        /// Since when nothing answered.
+        silence: Silence,
+    },
     /// The coordinator sent a job that is not part of its own run. Counting
     /// it could corrupt the total, so the worker stops.
     #[error("the coordinator sent job {job}, which is not a job of its run")]
@@ -112,6 +152,25 @@ pub enum Error {
         #[source]
         source: nq_proto::ConvertError,
     },
+}
+
+/// How long a worker went without an answer before it gave up, and since
+/// when; see [`Error::GaveUp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Silence {
+    /// No coordinator ever answered this worker.
+    SinceStart,
+    /// A coordinator answered once, then stopped answering.
+    SinceLastAnswer,
+}
+
+impl std::fmt::Display for Silence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Silence::SinceStart => "since the worker started",
+            Silence::SinceLastAnswer => "since it last answered",
+        })
+    }
 }
 
 /// `Result` with this crate's [`Error`].
@@ -160,8 +219,11 @@ pub struct Summary {
 /// # Errors
 ///
 /// Only for conditions that retrying cannot fix: the threads cannot start,
-/// the coordinator refuses the registration (protocol version mismatch), its
-/// run cannot be joined (unknown split version), or it sends an invalid job.
+/// the coordinator refuses the registration (protocol version mismatch) or
+/// this worker (PERMISSION_DENIED on Register or Lease, e.g. after lost
+/// verification conflicts), the coordinator refuses the token
+/// ([`Error::Unauthenticated`]), TLS fails ([`Error::Tls`]), its run cannot
+/// be joined (unknown split version), or it sends an invalid job.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -173,8 +235,13 @@ pub async fn run(
     );
     // Four milliseconds against hours of counts that nobody could recheck.
     nq_core::split::check_kernel(config.kernel).map_err(Error::Kernel)?;
-    let pool = pool::WorkerPool::new(config.threads, config.kernel)?;
-    let result = lease::LeaseLoop::new(&config, &pool).run(shutdown).await;
+    // Before any thread starts: TLS files that rustls refuses stop the worker
+    // here.
+    let client = client::Client::new(&config)?;
+    let pool = pool::WorkerPool::new(config.threads)?;
+    let result = lease::LeaseLoop::new(&config, &pool, client)
+        .run(shutdown)
+        .await;
     pool.shutdown().await;
     result
 }
@@ -478,5 +545,181 @@ mod tests {
         let err = run_against(&fake, 1).await.unwrap_err();
         assert!(matches!(err, Error::Job { job: 0, .. }), "{err:?}");
         assert!(fake.state().released >= 1, "the bad lease is handed back");
+    }
+
+    /// An honest worker moved from a killed run to a new run on the same
+    /// address sends nothing from the old run: its unsent results of run A
+    /// (reports that kept failing) are dropped when it registers into run B.
+    /// See: issue 7 ("An honest worker carries results from one run into
+    /// another").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_moved_to_another_run_sends_nothing_of_the_old_one() {
+        let fake = Fake::new(9, SplitSpec::new(1, 0).unwrap(), 2, false);
+        // Run A takes no report: every result stays pending in the worker.
+        fake.state().fail_reports = u32::MAX;
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let worker = tokio::spawn(run(config(addr, 1), token.clone().cancelled_owned()));
+        // Several results of A were computed and are being retried.
+        until(&fake, |s| s.failed >= 4).await;
+        let b = Fake::new(10, SplitSpec::new(1, 0).unwrap(), 4, false);
+        b.state().run_id = "run-b".into();
+        fake.switch_run(&b, 100, 1000);
+        let summary = tokio::time::timeout(LIMIT, worker)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.exit, Exit::RunComplete);
+        {
+            let s = fake.state();
+            assert_eq!(s.run_id, "run-b");
+            assert_eq!(s.tally.total, 724);
+            assert_eq!(s.accepted, s.jobs.len() as u64);
+            assert!(!s.reports.is_empty());
+            for seen in &s.reports {
+                assert_eq!(seen.run_id, "run-b", "a report of the old run: {seen:?}");
+                assert!(seen.lease > 1000, "a lease of the old run: {seen:?}");
+                assert!(seen.job < s.jobs.len() as u64, "{seen:?}");
+            }
+        }
+        token.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refused_reports_are_dropped_and_their_jobs_done_again() {
+        let fake = Fake::new(9, SplitSpec::new(1, 0).unwrap(), 2, false);
+        {
+            let mut s = fake.state();
+            s.deny_reports = 3;
+            // The dropped jobs' leases expire soon and are handed out again.
+            s.ttl = Duration::from_millis(300);
+        }
+        let summary = run_against(&fake, 2).await.unwrap();
+        assert_eq!(summary.exit, Exit::RunComplete);
+        let s = fake.state();
+        assert_eq!(s.denied, 3);
+        assert_eq!((s.tally.total, s.accepted), (352, s.jobs.len() as u64));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_worker_stops_with_the_coordinators_message() {
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().refuse_lease = Some(tonic::Status::permission_denied(
+            "refused: lost 3 verification conflicts",
+        ));
+        let err = run_against(&fake, 1).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Refused {
+                    rpc: "Lease",
+                    code: tonic::Code::PermissionDenied,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("lost 3 verification conflicts"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_token_stops_the_worker() {
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().refuse_lease = Some(nq_proto::auth::Refusal::Wrong.status());
+        let err = run_against(&fake, 1).await.unwrap_err();
+        assert!(matches!(&err, Error::Unauthenticated { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("the coordinator refused the token"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn jobs_run_on_the_kernel_they_ask_for() {
+        let configured = nq_core::search::Kernel::Auto.resolved_name();
+        for (asked, ran) in [
+            ("scalar", "scalar"),
+            ("", configured),
+            ("quantum", configured),
+        ] {
+            let fake = Fake::new(9, SplitSpec::new(1, 0).unwrap(), 3, false);
+            fake.state().job_kernel = asked.into();
+            run_against(&fake, 2).await.unwrap();
+            let s = fake.state();
+            assert_eq!(s.tally.total, 352, "{asked:?}");
+            assert!(!s.reports.is_empty());
+            for seen in &s.reports {
+                assert_eq!(seen.kernel, ran, "asked {asked:?}: {seen:?}");
+                assert_eq!(seen.run_id, s.run_id);
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gives_up_when_no_coordinator_ever_answers() {
+        let (listener, addr) = listener().await;
+        drop(listener);
+        let mut cfg = config(addr, 1);
+        cfg.give_up = Some(Duration::from_millis(300));
+        let err = tokio::time::timeout(LIMIT, run(cfg, std::future::pending()))
+            .await
+            .expect("the worker gives up in time")
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::GaveUp {
+                    silence: Silence::SinceStart,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!(
+                "at http://{addr} for 300ms since the worker started"
+            )),
+            "{msg}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gives_up_once_the_coordinator_is_gone() {
+        let fake = Fake::new(10, SplitSpec::new(1, 0).unwrap(), 4, false);
+        // No jobs: the worker only registers and heartbeats.
+        fake.state().hold_back = true;
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let mut cfg = config(addr, 1);
+        cfg.give_up = Some(Duration::from_millis(500));
+        let worker = tokio::spawn(run(cfg, std::future::pending()));
+        until(&fake, |s| !s.workers.is_empty()).await;
+        // The coordinator leaves without telling the worker.
+        token.cancel();
+        server.await.unwrap();
+        let err = tokio::time::timeout(LIMIT, worker)
+            .await
+            .expect("the worker gives up in time")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::GaveUp {
+                    silence: Silence::SinceLastAnswer,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 }

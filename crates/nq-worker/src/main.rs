@@ -3,47 +3,83 @@
 //! Parses the CLI, sets up logging, builds the [`nq_worker::Config`] and calls
 //! [`nq_worker::run`]. Nothing else belongs here.
 
-use std::io::IsTerminal;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
+use nq_core::pool::MAX_THREADS;
 use nq_core::search::Kernel;
-use tracing_subscriber::EnvFilter;
 
 /// Leases N-Queens jobs from an nq coordinator and solves them on all cores.
 ///
 /// Exits 0 when the run is complete, or after a graceful drain on SIGTERM or
-/// Ctrl-C (a second signal exits at once).
+/// Ctrl-C (a second signal exits at once, with status 130); exits 1 on an
+/// error, such as no coordinator answering for --give-up. Every flag can also
+/// be set from the environment variable shown with it.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
-    /// The coordinator: HOST, HOST:PORT or http://HOST:PORT (port 50051 by
-    /// default). The worker waits, retrying, until the coordinator is up.
-    #[arg(long, value_name = "HOST[:PORT]")]
+    /// The coordinator: HOST, HOST:PORT, http://HOST:PORT or
+    /// https://HOST:PORT (port 50051 by default; https, or any form with
+    /// --ca, speaks TLS). The worker waits, retrying, until the coordinator
+    /// is up.
+    #[arg(long, value_name = "HOST[:PORT]", env = "NQ_CONNECT")]
     connect: String,
-    /// CPU threads for the search [default: every core].
-    #[arg(long, value_name = "T")]
+    /// CPU threads for the search, 1 to 4096 [default: every core].
+    #[arg(long, value_name = "T", env = "NQ_THREADS", value_parser = threads_parser())]
     threads: Option<NonZeroUsize>,
     /// The count kernel: `auto` takes the fastest this CPU has (`avx512`,
     /// then `avx2`); `scalar` runs the portable one, for a second run that
     /// shares no kernel code with the first.
-    #[arg(long, default_value = "auto", value_parser = kernel_parser())]
+    #[arg(long, default_value = "auto", env = "NQ_KERNEL", value_parser = kernel_parser())]
     kernel: Kernel,
     /// Name shown in the coordinator's logs [default: the host name].
-    #[arg(long)]
+    #[arg(long, env = "NQ_NAME")]
     name: Option<String>,
     /// After SIGTERM or Ctrl-C, how long to keep computing the current jobs
     /// before handing them back (e.g. 500ms, 30s, 2m).
-    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    #[arg(long, value_name = "DURATION", default_value = "30s", env = "NQ_GRACE")]
     grace: String,
+    /// Exit with an error after this long without an answer from the
+    /// coordinator, counted from its last answer (or from the start): a worker
+    /// that missed the end of a run gives its machine back. `never` (or 0)
+    /// waits forever. The default outlasts a coordinator that is slow to come
+    /// up or restarting.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10m",
+        env = "NQ_GIVE_UP"
+    )]
+    give_up: String,
+    #[command(flatten)]
+    log: nq_process::LogArgs,
+    /// The coordinator's shared secret, sent on every call as
+    /// `authorization: Bearer TOKEN`. A refused token stops the worker
+    /// (exit 1). Prefer the environment variable: a command line is visible
+    /// to every user of the machine.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Speak TLS to the coordinator, trusting this CA (PEM) for its
+    /// certificate. Without it, an https:// coordinator is checked against
+    /// the system's CA certificates.
+    #[arg(long, value_name = "PEM", env = "NQ_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM) for a coordinator that requires one (mutual
+    /// TLS), with --tls-key.
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 impl TryFrom<Args> for nq_worker::Config {
-    type Error = nq_worker::Error;
+    type Error = anyhow::Error;
 
-    fn try_from(args: Args) -> Result<Self, Self::Error> {
+    fn try_from(args: Args) -> anyhow::Result<Self> {
         let mut config = nq_worker::Config::new(args.connect.parse()?);
         if let Some(threads) = args.threads {
             config = config.with_threads(threads);
@@ -51,8 +87,32 @@ impl TryFrom<Args> for nq_worker::Config {
         config.kernel = args.kernel;
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
+        config.give_up = nq_worker::config::parse_give_up(&args.give_up)?;
+        config.token = args
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        let tls =
+            args.ca.is_some() || args.tls_cert.is_some() || config.coordinator.tls();
+        if tls {
+            config.tls = Some(nq_proto::tls::ClientTls::load(
+                args.ca.as_deref(),
+                args.tls_cert.as_deref(),
+                args.tls_key.as_deref(),
+            )?);
+            config.coordinator = config.coordinator.with_tls();
+        }
         Ok(config)
     }
+}
+
+/// Thread counts from 1 to nq-core's cap, the rule `nq count` follows too.
+fn threads_parser() -> impl TypedValueParser<Value = NonZeroUsize> {
+    clap::value_parser!(u64)
+        .range(1..=MAX_THREADS as u64)
+        .map(|t| NonZeroUsize::new(t as usize).expect("the range starts at 1"))
 }
 
 /// Kernel names, refusing at parse time a kernel this CPU cannot run.
@@ -72,73 +132,14 @@ fn host_name() -> String {
         .unwrap_or_else(|| "nq-worker".to_owned())
 }
 
-/// Resolves on the first SIGTERM or Ctrl-C, and arms the second one to end
-/// the process at once.
-///
-/// # Errors
-///
-/// When the signal handlers cannot be installed.
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
-    // Both signal streams exist before the first signal, so a second signal
-    // arriving right after the first is never missed.
-    let mut signals = Signals::new()?;
-    Ok(async move {
-        signals.recv().await;
-        tokio::spawn(async move {
-            signals.recv().await;
-            tracing::warn!("second signal: exiting now");
-            std::process::exit(130);
-        });
-    })
-}
-
-/// SIGTERM (what Docker, Kubernetes and Slurm send) and SIGINT (Ctrl-C).
-struct Signals {
-    #[cfg(unix)]
-    term: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn new() -> std::io::Result<Signals> {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            Ok(Signals {
-                term: signal(SignalKind::terminate())?,
-                int: signal(SignalKind::interrupt())?,
-            })
-        }
-        #[cfg(not(unix))]
-        Ok(Signals {})
-    }
-
-    async fn recv(&mut self) {
-        #[cfg(unix)]
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-        #[cfg(not(unix))]
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    nq_process::logging::init(args.log);
     match try_main(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("nq-worker: error: {e:#}");
+            nq_process::logging::fatal("nq-worker", format_args!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -146,10 +147,43 @@ async fn main() -> std::process::ExitCode {
 
 async fn try_main(args: Args) -> anyhow::Result<()> {
     let config = nq_worker::Config::try_from(args).context("invalid arguments")?;
-    let shutdown = shutdown_signal().context("cannot install signal handlers")?;
+    let shutdown =
+        nq_process::shutdown_signal().context("cannot install signal handlers")?;
     let summary = nq_worker::run(config, shutdown)
         .await
         .context("worker failed")?;
     tracing::info!(?summary, "done");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every flag can be set from an `NQ_*` variable, and `--help` says which.
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        let cmd = Args::command();
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let env = arg.get_env().unwrap_or_else(|| panic!("--{id} has no env"));
+            let want = format!("NQ_{}", id.to_uppercase());
+            assert_eq!(env.to_str(), Some(want.as_str()), "--{id}");
+        }
+    }
+
+    #[test]
+    fn thread_counts_are_capped_with_the_range_named() {
+        let err = Args::try_parse_from(["w", "--connect", "h", "--threads", "100000"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1..=4096"), "{err}");
+        let ok = Args::try_parse_from(["w", "--connect", "h", "--threads", "4096"]);
+        assert_eq!(ok.unwrap().threads.map(NonZeroUsize::get), Some(4096));
+    }
 }

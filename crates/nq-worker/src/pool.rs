@@ -52,8 +52,6 @@ pub(crate) struct Attempt {
 pub(crate) struct WorkerPool {
     /// `None` only inside [`WorkerPool::shutdown`].
     pool: Option<Pool>,
-    /// The count kernel every job runs on.
-    kernel: Kernel,
 }
 
 impl WorkerPool {
@@ -62,25 +60,23 @@ impl WorkerPool {
     /// # Errors
     ///
     /// [`Error::Pool`] when the OS refuses a thread.
-    pub(crate) fn new(threads: NonZeroUsize, kernel: Kernel) -> Result<WorkerPool> {
+    pub(crate) fn new(threads: NonZeroUsize) -> Result<WorkerPool> {
         let pool =
             Pool::new(threads.get(), "nq-worker").map_err(|source| Error::Pool {
                 threads: threads.get(),
                 source,
             })?;
-        Ok(WorkerPool {
-            pool: Some(pool),
-            kernel,
-        })
+        Ok(WorkerPool { pool: Some(pool) })
     }
 
-    /// Queues `subproblems` behind the jobs already queued. With
-    /// `list_solutions` the completions are streamed as batches before the
-    /// outcome.
+    /// Queues `subproblems` behind the jobs already queued, to run on
+    /// `kernel`. With `list_solutions` the completions are streamed as
+    /// batches before the outcome.
     pub(crate) fn submit(
         &self,
         subproblems: Vec<SubProblem>,
         list_solutions: bool,
+        kernel: Kernel,
     ) -> Attempt {
         let stop = Arc::new(AtomicBool::new(false));
         let backlog = if list_solutions { SOLUTION_BACKLOG } else { 1 };
@@ -107,7 +103,7 @@ impl WorkerPool {
             .submit(Job {
                 subproblems,
                 list_solutions,
-                kernel: self.kernel,
+                kernel,
                 stop: Arc::clone(&stop),
                 sink,
             });
@@ -171,9 +167,9 @@ mod tests {
 
     #[tokio::test]
     async fn counts_and_lists_through_bounded_channels() {
-        let pool = WorkerPool::new(NonZeroUsize::new(2).unwrap(), Kernel::Auto).unwrap();
+        let pool = WorkerPool::new(NonZeroUsize::new(2).unwrap()).unwrap();
         let subs = subproblems(8);
-        let mut attempt = pool.submit(subs.clone(), true);
+        let mut attempt = pool.submit(subs.clone(), true, Kernel::Auto);
         let mut listed = 0;
         let outcome = loop {
             match attempt.output.recv().await.unwrap() {
@@ -195,13 +191,13 @@ mod tests {
 
     #[tokio::test]
     async fn empty_jobs_and_stopped_jobs_end_once() {
-        let pool = WorkerPool::new(NonZeroUsize::MIN, Kernel::Scalar).unwrap();
-        let mut empty = pool.submit(vec![], false);
+        let pool = WorkerPool::new(NonZeroUsize::MIN).unwrap();
+        let mut empty = pool.submit(vec![], false, Kernel::Scalar);
         assert!(matches!(
             empty.output.recv().await,
             Some(Produced::Done(JobOutcome::Done { .. }))
         ));
-        let mut stopped = pool.submit(subproblems(14), false);
+        let mut stopped = pool.submit(subproblems(14), false, Kernel::Scalar);
         stopped.stop.store(true, Ordering::Relaxed);
         assert!(matches!(
             stopped.output.recv().await,
@@ -212,8 +208,8 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_receiver_stops_a_listing() {
-        let pool = WorkerPool::new(NonZeroUsize::MIN, Kernel::Auto).unwrap();
-        let attempt = pool.submit(subproblems(13), true);
+        let pool = WorkerPool::new(NonZeroUsize::MIN).unwrap();
+        let attempt = pool.submit(subproblems(13), true, Kernel::Auto);
         let stop = Arc::clone(&attempt.stop);
         drop(attempt.output);
         // The pool's thread notices on its next send; shutdown joins it, so

@@ -52,6 +52,31 @@ pub(crate) struct State {
     pub(crate) last_held: usize,
     /// Stop handing out jobs (workers then only heartbeat).
     pub(crate) hold_back: bool,
+    /// Reports failed by `fail_reports` so far.
+    pub(crate) failed: u64,
+    /// Every result chunk from a known worker, as it arrived (before any
+    /// check of its run or lease).
+    pub(crate) reports: Vec<Seen>,
+    /// The next this-many results are refused with PERMISSION_DENIED, as a
+    /// coordinator refuses a report whose lease is not valid for it.
+    pub(crate) deny_reports: u32,
+    /// Results refused by `deny_reports` so far.
+    pub(crate) denied: u64,
+    /// Lease calls fail with this status when set (a refused worker, a
+    /// refused token).
+    pub(crate) refuse_lease: Option<Status>,
+    /// `Job.kernel` of every job handed out.
+    pub(crate) job_kernel: String,
+}
+
+/// One result chunk as the fake received it.
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub(crate) run_id: String,
+    pub(crate) job: u64,
+    pub(crate) lease: u64,
+    /// `JobResult.kernel`.
+    pub(crate) kernel: String,
 }
 
 impl State {
@@ -116,6 +141,12 @@ impl Fake {
             last_want: 0,
             last_held: 0,
             hold_back: false,
+            failed: 0,
+            reports: vec![],
+            deny_reports: 0,
+            denied: 0,
+            refuse_lease: None,
+            job_kernel: String::new(),
         };
         Fake {
             state: Arc::new(Mutex::new(state)),
@@ -124,6 +155,17 @@ impl Fake {
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap()
+    }
+
+    /// Makes this fake serve `next`'s run from now on, as a coordinator
+    /// replaced by another one on the same address; `next` gets the old run.
+    /// Worker ids of the new run start at `first_worker` and lease ids at
+    /// `first_lease`, so that they cannot be mistaken for the old run's.
+    pub(crate) fn switch_run(&self, next: &Fake, first_worker: u64, first_lease: u64) {
+        let mut new = next.state();
+        new.next_worker = first_worker;
+        new.next_lease = first_lease;
+        std::mem::swap(&mut *self.state(), &mut *new);
     }
 
     /// Serves on `listener` until `token` is cancelled.
@@ -177,6 +219,9 @@ impl Coordinator for Fake {
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         let mut s = self.state();
         let req = request.into_inner();
+        if let Some(status) = &s.refuse_lease {
+            return Err(status.clone());
+        }
         s.known(&req.worker_id)?;
         let now = Instant::now();
         s.expire(now);
@@ -213,7 +258,7 @@ impl Coordinator for Fake {
                         lease_id: lease,
                         subproblems: s.jobs[i].iter().map(pb::SubProblem::from).collect(),
                         estimated_work: 1,
-                        kernel: String::new(),
+                        kernel: s.job_kernel.clone(),
                     });
                 }
             }
@@ -235,6 +280,7 @@ impl Coordinator for Fake {
             let mut s = self.state();
             if s.fail_reports > 0 {
                 s.fail_reports -= 1;
+                s.failed += 1;
                 return Err(Status::unavailable("injected failure"));
             }
         }
@@ -243,18 +289,42 @@ impl Coordinator for Fake {
         let mut result = None;
         let mut header = None;
         while let Some(chunk) = stream.message().await? {
-            header = Some((chunk.worker_id.clone(), chunk.job_id));
+            header = Some((
+                chunk.worker_id.clone(),
+                chunk.job_id,
+                chunk.run_id.clone(),
+                chunk.lease_id,
+            ));
             match chunk.body {
                 Some(Body::Solutions(b)) => rows.push(b.rows),
                 Some(Body::Result(r)) => result = Some(r),
                 None => return Err(Status::invalid_argument("empty chunk")),
             }
         }
-        let (Some((worker, job)), Some(result)) = (header, result) else {
+        let (Some((worker, job, run_id, lease)), Some(result)) = (header, result) else {
             return Ok(Response::new(pb::ReportAck::default()));
         };
         let mut s = self.state();
         s.known(&worker)?;
+        s.reports.push(Seen {
+            run_id: run_id.clone(),
+            job,
+            lease,
+            kernel: result.kernel.clone(),
+        });
+        // What nq-coord answers to a report of another run, or one whose
+        // lease it does not honour.
+        if run_id != s.run_id {
+            return Err(Status::permission_denied(format!(
+                "report of run {run_id:?}; this coordinator runs {:?}",
+                s.run_id
+            )));
+        }
+        if s.deny_reports > 0 {
+            s.deny_reports -= 1;
+            s.denied += 1;
+            return Err(Status::permission_denied("lease not valid for this report"));
+        }
         let job = usize::try_from(job).unwrap();
         let subs = s
             .jobs
