@@ -100,7 +100,31 @@ fn build_binaries() -> Result<PathBuf> {
     let (target, profile) = target_and_profile()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let status = std::process::Command::new(cargo)
+    let mut command = std::process::Command::new(cargo);
+    // Cargo runs this test with variables that describe nq-e2e
+    // (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...). Build scripts watch some of
+    // them (ring's `rerun-if-env-changed=CARGO_PKG_NAME`), so a nested build
+    // that inherits them reruns those scripts, recompiles ring, rustls and
+    // tonic, and makes the next `cargo test` recompile them back: a minute
+    // or more of every test run, spent inside the first test's deadline.
+    for (key, _) in std::env::vars_os() {
+        if let Some(k) = key.to_str()
+            && (k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    k,
+                    "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                        | "OUT_DIR"
+                ))
+        {
+            command.env_remove(&key);
+        }
+    }
+    let status = command
         .args([
             "build",
             "--quiet",
