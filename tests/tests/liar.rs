@@ -71,6 +71,11 @@ async fn liar_verify_all(t: &mut Trial) -> Result<Report> {
         "1",
         "--ban-after",
         "2",
+        // A job leased to the liar when it is banned waits for its lease to
+        // expire (the coordinator does not revoke a banned worker's leases):
+        // keep that wait short.
+        "--lease-ttl",
+        "2s",
     ];
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
     t.watch(&coord.proc);
@@ -167,6 +172,9 @@ async fn liar_spot_check(t: &mut Trial) -> Result<Report> {
         "0",
         "--verify",
         "0.05",
+        // As above: a banned liar's last lease must not hold the run long.
+        "--lease-ttl",
+        "2s",
     ];
     let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
     t.watch(&coord.proc);
