@@ -5,6 +5,7 @@
 //! the library reads argv or the environment.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nq_core::Board;
@@ -72,6 +73,11 @@ pub struct Config {
     pub verify: Fraction,
     /// Lost verification conflicts after which a worker is refused.
     pub ban_after: u32,
+    /// A bound listener on which to serve the HTTP port (`--metrics`):
+    /// `/metrics`, `/status.json` and the status page (see [`crate::http`]).
+    /// Bound by the caller, so that it knows the address before the run
+    /// starts. `None` serves no HTTP.
+    pub http_listener: Option<Arc<std::net::TcpListener>>,
 }
 
 impl Config {
@@ -99,6 +105,7 @@ impl Config {
             progress_log: None,
             verify: Fraction::Auto,
             ban_after: DEFAULT_BAN_AFTER,
+            http_listener: None,
         })
     }
 

@@ -107,6 +107,13 @@ struct RunArgs {
     /// makes every result it computed alone be computed again by others.
     #[arg(long, value_name = "K", default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER)]
     ban_after: u32,
+    /// Serve an HTTP port at HOST:PORT with Prometheus metrics (`/metrics`),
+    /// the run's status as JSON (`/status.json`) and a status page (`/`).
+    /// Port 0 picks a free port; the address bound is printed as `metrics on
+    /// ADDR` on stdout. Anyone who reaches it sees the workers' names and
+    /// addresses: bind it to a private address.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -134,6 +141,24 @@ enum Command {
     /// results up again from their stored counts and compares the totals with
     /// the stored ones. Exits non-zero on any difference or damaged record.
     Audit(AuditArgs),
+    /// Asks a running coordinator where its run stands (the `Status` rpc):
+    /// N, progress by estimated work, ETA, rates, the workers with their
+    /// throughput and when each was last seen, conflicts, and the result
+    /// once known. Text for people, or --json for scripts.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// The coordinator, HOST[:PORT] (port 50051 when left out).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    connect: String,
+    /// Print the status as one JSON document (counts as decimal strings).
+    #[arg(long)]
+    json: bool,
+    /// Give up after this long (connection and answer).
+    #[arg(long, value_name = "DURATION", default_value = "5s")]
+    timeout: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -257,6 +282,7 @@ fn main() -> ExitCode {
         Some(Command::Export(e)) => run_export(e).map(|()| 0),
         Some(Command::Health(h)) => run_health(h).map(|()| 0),
         Some(Command::Audit(a)) => run_audit(a).map(|()| 0),
+        Some(Command::Status(a)) => run_status(a).map(|()| 0),
         None => run_coordinator(args.run, bar),
     };
     match result {
@@ -316,6 +342,87 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
             ),
         }
     })
+}
+
+/// The gRPC endpoint of a coordinator given as `HOST[:PORT]` (port 50051
+/// when left out), with `timeout` on connecting and on each call.
+fn coordinator_endpoint(
+    connect: &str,
+    timeout: Duration,
+) -> anyhow::Result<tonic::transport::Endpoint> {
+    let authority = with_default_port(connect, 50051);
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
+        .with_context(|| {
+            format!(
+                "invalid --connect {connect:?}: expected HOST[:PORT], such as \
+                 127.0.0.1:50051 or coord.example"
+            )
+        })?;
+    Ok(endpoint.connect_timeout(timeout).timeout(timeout))
+}
+
+/// `addr` with `:port` added when it names no port. A bare IPv6 address
+/// gets brackets.
+fn with_default_port(addr: &str, port: u16) -> String {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return addr.to_owned();
+    }
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return SocketAddr::new(ip, port).to_string();
+    }
+    match addr.rsplit_once(':') {
+        Some((_, p)) if p.parse::<u16>().is_ok() => addr.to_owned(),
+        _ => format!("{addr}:{port}"),
+    }
+}
+
+/// `nq-coord status`: one `Status` call, printed as text or JSON.
+fn run_status(args: StatusArgs) -> anyhow::Result<()> {
+    use nq_proto::pb::coordinator_client::CoordinatorClient;
+
+    let timeout = parse_duration(&args.timeout)?;
+    let endpoint = coordinator_endpoint(&args.connect, timeout)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let answer = runtime.block_on(async {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+        let answer = CoordinatorClient::new(channel)
+            .status(nq_proto::pb::StatusRequest {})
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::Unimplemented => anyhow::anyhow!(
+                    "the coordinator at {} is too old to answer status requests",
+                    args.connect
+                ),
+                _ => anyhow::anyhow!("status request to {} failed: {s}", args.connect),
+            })?;
+        anyhow::Ok(answer.into_inner())
+    })?;
+    let snapshot = nq_coord::status::Snapshot::try_from(answer).with_context(|| {
+        format!(
+            "the coordinator at {} sent a malformed status",
+            args.connect
+        )
+    })?;
+    let text = if args.json {
+        format!("{}\n", snapshot.to_json())
+    } else {
+        snapshot.to_text()
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // `| head` is a normal way to read it.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to stdout"),
+    }
 }
 
 /// Tunes glibc's malloc for a long-running coordinator whose memory must stay
@@ -399,8 +506,12 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
 /// published count where one is known).
 fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
     let listen = args.listen.clone();
+    let metrics = args.metrics.clone();
     let mut config = Config::try_from(args)?;
     let addr = resolve(&listen)?;
+    if let Some(metrics) = metrics {
+        config.http_listener = Some(bind_metrics(&metrics)?);
+    }
     let runtime =
         tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
@@ -413,6 +524,13 @@ fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8
         // Tests and scripts wait for exactly this line.
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "listening on {bound}")?;
+        // Printed after `listening on`, which scripts wait for first.
+        if let Some(http) = &config.http_listener {
+            let bound = http
+                .local_addr()
+                .context("cannot read the bound --metrics address")?;
+            writeln!(stdout, "metrics on {bound}")?;
+        }
         stdout.flush()?;
         drop(stdout);
         let display = bar.map(|bar| {
@@ -433,6 +551,24 @@ fn run_coordinator(args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8
         }
         Ok(status.exit_code())
     })
+}
+
+/// Binds the `--metrics` port (before the run starts, so that a bad address
+/// fails at once).
+fn bind_metrics(addr: &str) -> anyhow::Result<std::sync::Arc<std::net::TcpListener>> {
+    let parsed = match addr.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => match addr.to_socket_addrs().map(|mut a| a.next()) {
+            Ok(Some(a)) => a,
+            _ => bail!(
+                "invalid --metrics address {addr:?}: expected HOST:PORT, such as \
+                 127.0.0.1:9464 or 0.0.0.0:0"
+            ),
+        },
+    };
+    let listener = std::net::TcpListener::bind(parsed)
+        .with_context(|| format!("cannot listen on {parsed} (--metrics)"))?;
+    Ok(std::sync::Arc::new(listener))
 }
 
 /// Parses `HOST:PORT`, resolving a host name.
