@@ -15,6 +15,7 @@ mod faults;
 mod inprocess;
 mod input;
 mod solutions;
+mod status;
 mod totals;
 
 use std::time::Duration;

@@ -15,6 +15,7 @@
 //! [`Snapshot::to_json`]: crate::status::Snapshot::to_json
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -46,14 +47,26 @@ pub(crate) async fn serve(
         .route("/status.json", get(status_json))
         .route("/metrics", get(metrics))
         .with_state(session);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(token.cancelled_owned())
-        .await
-        .map_err(|source| Error::Io {
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(token.clone().cancelled_owned());
+    // Graceful shutdown waits for every open connection, and a client that
+    // never finishes its request would hold the coordinator's shutdown up:
+    // after DRAIN the server is dropped, whatever is still open.
+    let deadline = async {
+        token.cancelled().await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        r = server => r.map_err(|source| Error::Io {
             context: "the HTTP server (--metrics) failed".into(),
             source,
-        })
+        }),
+        () = deadline => Ok(()),
+    }
 }
+
+/// How long open HTTP requests get to finish at shutdown.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// Every answer describes this instant: no cache may keep it.
 const NO_STORE: (axum::http::HeaderName, &str) = (CACHE_CONTROL, "no-store");

@@ -155,7 +155,8 @@ pub struct Snapshot {
 #[derive(Debug)]
 struct Sample {
     at: Instant,
-    /// Jobs settled in this session.
+    /// Jobs settled (a job unsettled again by a lost conflict goes back
+    /// out: rates then read 0 rather than negative).
     jobs: u64,
     /// Their estimated work.
     work: u128,
@@ -168,8 +169,8 @@ impl Sample {
         let p = sched.progress(at);
         Sample {
             at,
-            jobs: p.jobs_done_here,
-            work: p.work_done_here,
+            jobs: p.jobs_done,
+            work: p.work_done,
             workers: sched
                 .workers()
                 .map(|(id, w)| (id.clone(), (w.jobs_reported, w.work_reported)))
@@ -248,8 +249,8 @@ impl Snapshot {
         let base = history.base(now);
         let (jobs_per_second, work_per_second, window) = match base {
             Some((b, secs)) => (
-                rate(p.jobs_done_here.into(), b.jobs.into(), secs),
-                rate(p.work_done_here, b.work, secs),
+                rate(p.jobs_done.into(), b.jobs.into(), secs),
+                rate(p.work_done, b.work, secs),
                 secs,
             ),
             None => (0.0, 0.0, 0.0),
@@ -798,5 +799,201 @@ impl Session {
         let mut history = self.history();
         let sched = self.sched();
         history.sample(&sched, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quorum::{Fraction, Policy};
+    use crate::scheduler::Settlement;
+    use nq_core::Board;
+    use nq_core::split::Tally;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn shape() -> RunShape {
+        RunShape {
+            board: Board::new(8).unwrap(),
+            spec: SplitSpec { ring: 0, extra: 0 },
+            solutions: false,
+        }
+    }
+
+    /// A scheduler of two jobs (work 30 and 10) with one worker that holds
+    /// both.
+    fn setup(t0: Instant) -> (Scheduler, WorkerId) {
+        let policy = Policy {
+            secret: [3; 16],
+            fraction: Fraction::Fixed(0.0),
+            ban_after: 2,
+        };
+        let mut s = Scheduler::new(vec![30, 10], 1, TTL, policy);
+        let w = s.register("w1", 2, Some("10.0.0.1".parse().unwrap()), t0);
+        let grant = s.lease(&w, 2, &[], t0).unwrap();
+        assert_eq!(grant.jobs.len(), 2);
+        (s, w)
+    }
+
+    /// Settles `job` as the ledger would for a single unselected copy.
+    fn settle(s: &mut Scheduler, w: &WorkerId, job: u64, total: u128, burnside: u128) {
+        let settlement = Settlement {
+            job: JobId(job),
+            lease: None,
+            counted_before: None,
+            counted: Some(Tally { total, burnside }),
+            voter: Some(s.worker(w).unwrap().identity),
+            votes: 1,
+            settled: true,
+            reporters: vec![],
+            scalar_seen: false,
+            losers: vec![],
+            disputed: false,
+        };
+        s.settle(&settlement, true).unwrap();
+        s.note_copy(w, JobId(job));
+    }
+
+    use nq_store::JobId;
+
+    #[test]
+    fn rates_eta_and_workers_come_from_the_window() {
+        let t0 = Instant::now();
+        let (mut s, w) = setup(t0);
+        let mut history = History::new(&s, t0);
+        let snap = Snapshot::build(&shape(), "r", &s, &history, t0);
+        assert_eq!(snap.state, RunState::Running);
+        assert_eq!(snap.eta_seconds, None);
+        assert_eq!((snap.jobs, snap.jobs_done, snap.jobs_leased), (2, 0, 2));
+
+        settle(&mut s, &w, 0, 50, 48);
+        let t10 = t0 + Duration::from_secs(10);
+        history.sample(&s, t10);
+        let snap = Snapshot::build(&shape(), "r", &s, &history, t10);
+        assert_eq!(snap.fraction(), 0.75);
+        assert_eq!(snap.rate_window_seconds, 10.0);
+        assert_eq!(snap.work_per_second, 3.0);
+        assert_eq!(snap.jobs_per_second, 0.1);
+        // 10 units left at 3 per second.
+        assert_eq!(snap.eta_seconds, Some(10.0 / 3.0));
+        let worker = &snap.workers[0];
+        assert_eq!(
+            (
+                worker.name.as_str(),
+                worker.address.as_str(),
+                worker.threads
+            ),
+            ("w1", "10.0.0.1", 2)
+        );
+        assert_eq!((worker.jobs_done, worker.work_done), (1, 30));
+        assert_eq!(worker.work_per_second, 3.0);
+        assert_eq!(worker.last_seen_seconds, 10.0);
+        assert_eq!(snap.result, None);
+        assert_eq!(snap.total_so_far, 50);
+
+        // Forty seconds later with nothing settled: the window has moved
+        // past the settled job, and the session's average gives the ETA.
+        for t in 11..=50 {
+            history.sample(&s, t0 + Duration::from_secs(t));
+        }
+        let t50 = t0 + Duration::from_secs(50);
+        let snap = Snapshot::build(&shape(), "r", &s, &history, t50);
+        assert!(snap.rate_window_seconds >= RATE_WINDOW.as_secs_f64());
+        assert!(snap.rate_window_seconds <= RATE_WINDOW.as_secs_f64() + 1.0);
+        assert_eq!(snap.work_per_second, 0.0);
+        assert_eq!(snap.eta_seconds, Some(10.0 * 50.0 / 30.0));
+        assert!(history.samples.len() <= RATE_WINDOW.as_secs() as usize + 2);
+    }
+
+    #[test]
+    fn a_complete_run_has_its_result_and_survives_the_wire() {
+        let t0 = Instant::now();
+        let (mut s, w) = setup(t0);
+        let history = History::new(&s, t0);
+        // Q(8) = 92, U(8) = 12: the Burnside sum is 8 × 12.
+        settle(&mut s, &w, 0, 50, 48);
+        settle(&mut s, &w, 1, 42, 48);
+        let snap =
+            Snapshot::build(&shape(), "8-run", &s, &history, t0 + Duration::from_secs(2));
+        assert_eq!(snap.state, RunState::Complete);
+        assert_eq!(snap.eta_seconds, Some(0.0));
+        assert_eq!(
+            snap.result,
+            Some(RunResult {
+                total: 92,
+                unique: 12,
+                published_match: Some(true)
+            })
+        );
+        let back = Snapshot::try_from(snap.to_pb()).unwrap();
+        assert_eq!(back, snap);
+
+        let json = snap.to_json();
+        assert_eq!(json["n"], 8);
+        assert_eq!(json["state"], "complete");
+        assert_eq!(json["result"]["total"], "92");
+        assert_eq!(json["result"]["published_match"], true);
+        assert_eq!(json["progress"]["fraction"], 1.0);
+        assert_eq!(json["progress"]["work_total"], "40");
+        assert_eq!(json["workers"][0]["address"], "10.0.0.1");
+
+        let text = snap.to_text();
+        assert!(text.contains("state      complete"), "{text}");
+        assert!(
+            text.contains("total=92 unique=12 published=match"),
+            "{text}"
+        );
+        let row = text.lines().find(|l| l.starts_with("w1")).expect(&text);
+        assert!(row.contains("10.0.0.1"), "{row}");
+    }
+
+    #[test]
+    fn a_malformed_answer_names_the_field() {
+        let t0 = Instant::now();
+        let (s, _) = setup(t0);
+        let snap = Snapshot::build(&shape(), "r", &s, &History::new(&s, t0), t0);
+        let mut pb = snap.to_pb();
+        pb.work_total = None;
+        let e = Snapshot::try_from(pb).unwrap_err();
+        assert!(e.to_string().contains("work_total"), "{e}");
+        let mut pb = snap.to_pb();
+        pb.state = 0;
+        assert!(Snapshot::try_from(pb).is_err());
+    }
+
+    #[test]
+    fn every_series_is_exposed() {
+        let t0 = Instant::now();
+        let (mut s, w) = setup(t0);
+        let mut history = History::new(&s, t0);
+        settle(&mut s, &w, 0, 50, 48);
+        history.sample(&s, t0 + Duration::from_secs(5));
+        let snap =
+            Snapshot::build(&shape(), "r", &s, &history, t0 + Duration::from_secs(5));
+        let text = crate::metrics::render(&snap);
+        for series in [
+            "nq_run_info{",
+            "nq_jobs{state=\"pending\"} 0",
+            "nq_jobs{state=\"leased\"} 1",
+            "nq_jobs{state=\"in_check\"} 0",
+            "nq_jobs{state=\"done\"} 1",
+            "nq_work_done 30",
+            "nq_work_total 40",
+            "nq_progress_ratio 0.75",
+            "nq_completion_jobs_per_second 0.2",
+            "nq_completion_work_per_second 6",
+            "nq_eta_seconds ",
+            "nq_workers_connected 1",
+            "nq_lease_expiries_total 0",
+            "nq_conflicts_total 0",
+            "nq_confirmations_total 0",
+            "nq_worker_jobs_total{worker=\"w1\",address=\"10.0.0.1\"} 1",
+            "nq_worker_work_total{worker=\"w1\",address=\"10.0.0.1\"} 30",
+            "nq_worker_work_per_second{worker=\"w1\",address=\"10.0.0.1\"} 6",
+            "nq_worker_last_seen_seconds{worker=\"w1\",address=\"10.0.0.1\"} 5",
+        ] {
+            assert!(text.contains(series), "no {series:?} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }
