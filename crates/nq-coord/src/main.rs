@@ -150,8 +150,9 @@ enum Command {
 
 #[derive(clap::Args, Debug)]
 struct StatusArgs {
-    /// The coordinator, HOST[:PORT] (port 50051 when left out).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:50051")]
+    /// The coordinator: `host`, `host:port` or `http://host:port` (port
+    /// 50051 when left out).
+    #[arg(long, value_name = "HOST[:PORT]", default_value = "127.0.0.1:50051")]
     connect: String,
     /// Print the status as one JSON document (counts as decimal strings).
     #[arg(long)]
@@ -350,12 +351,15 @@ fn coordinator_endpoint(
     connect: &str,
     timeout: Duration,
 ) -> anyhow::Result<tonic::transport::Endpoint> {
-    let authority = with_default_port(connect, 50051);
+    // The forms `nq-worker --connect` takes: `host`, `host:port`,
+    // `http://host[:port]`.
+    let bare = connect.strip_prefix("http://").unwrap_or(connect);
+    let authority = with_default_port(bare.strip_suffix('/').unwrap_or(bare), 50051);
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{authority}"))
         .with_context(|| {
             format!(
-                "invalid --connect {connect:?}: expected HOST[:PORT], such as \
-                 127.0.0.1:50051 or coord.example"
+                "invalid --connect {connect:?}: expected host, host:port or \
+                 http://host:port, such as 127.0.0.1:50051"
             )
         })?;
     Ok(endpoint.connect_timeout(timeout).timeout(timeout))

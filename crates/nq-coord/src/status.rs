@@ -3,7 +3,7 @@
 //! status page and `/metrics`.
 //!
 //! A snapshot is built from the session's scheduler under its lock (a few
-//! microseconds per worker), plus a short [`History`] of samples that the
+//! microseconds per worker), plus a short history of samples that the
 //! ticker takes once a second, from which the recent rates come: a rate over
 //! the last [`RATE_WINDOW`] follows a cluster that grows or shrinks, where the
 //! session's average would lag behind it for hours.
