@@ -743,3 +743,25 @@ impl Drop for BarLine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_connect_takes_the_workers_forms() {
+        for (given, authority) in [
+            ("coord", "coord:50051"),
+            ("coord:7000", "coord:7000"),
+            ("10.0.0.5", "10.0.0.5:50051"),
+            ("::1", "[::1]:50051"),
+            ("[::1]:7000", "[::1]:7000"),
+        ] {
+            assert_eq!(with_default_port(given, 50051), authority, "{given}");
+        }
+        let e =
+            coordinator_endpoint("http://coord:7000/", Duration::from_secs(1)).unwrap();
+        assert_eq!(e.uri().to_string(), "http://coord:7000/");
+        assert!(coordinator_endpoint("bad host", Duration::from_secs(1)).is_err());
+    }
+}
