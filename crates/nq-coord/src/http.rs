@@ -24,6 +24,7 @@ use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tracing::info;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -42,6 +43,9 @@ pub(crate) async fn serve(
     listener: TcpListener,
     token: CancellationToken,
 ) -> Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /status.json and the status page");
+    }
     let app = Router::new()
         .route("/", get(page))
         .route("/status.json", get(status_json))
