@@ -17,6 +17,7 @@ mod input;
 mod process;
 mod security;
 mod solutions;
+mod status;
 mod totals;
 
 use std::time::Duration;

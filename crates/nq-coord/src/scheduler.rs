@@ -123,6 +123,11 @@ pub struct Worker {
     pub told_complete: bool,
     /// True for the coordinator's own threads.
     pub local: bool,
+    /// Copies of jobs it reported that were stored (any outcome), for
+    /// throughput figures ([`Scheduler::note_copy`]).
+    pub jobs_reported: u64,
+    /// Their estimated work.
+    pub work_reported: u128,
 }
 
 /// One job handed out by [`Scheduler::lease`].
@@ -454,6 +459,8 @@ impl Scheduler {
                 last_seen: now,
                 told_complete: false,
                 local,
+                jobs_reported: 0,
+                work_reported: 0,
             },
         );
         id
@@ -886,6 +893,20 @@ impl Scheduler {
             }
         }
         Ok(fallout)
+    }
+
+    /// Counts a stored copy of `job` (any outcome) towards `worker`'s
+    /// throughput. Call it once per acknowledged report; an unknown worker
+    /// (pruned meanwhile) or job is ignored, as these are figures for
+    /// displays only.
+    pub fn note_copy(&mut self, worker: &WorkerId, job: JobId) {
+        let Some(work) = self.jobs.get(job.0 as usize).map(|s| s.work) else {
+            return;
+        };
+        if let Some(w) = self.workers.get_mut(worker) {
+            w.jobs_reported += 1;
+            w.work_reported += u128::from(work);
+        }
     }
 
     /// Counts an outcome of a copy (for the report).

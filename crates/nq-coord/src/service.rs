@@ -221,6 +221,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         drop(writer);
         let run_complete = {
             let mut s = self.session.sched();
+            s.note_copy(&worker, job);
             let complete = s.is_complete();
             if complete {
                 s.mark_told(&worker);
@@ -257,6 +258,16 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         Ok(Response::new(pb::ReleaseResponse {
             released: released.len() as u32,
         }))
+    }
+
+    /// Open to anyone who can reach the port (no registration): it reveals
+    /// the run's progress and the workers' names and addresses, nothing
+    /// that lets a caller change the run.
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new(self.session.snapshot().to_pb()))
     }
 }
 
