@@ -290,16 +290,19 @@ fn record_chunk() -> impl Strategy<Value = BTreeMap<u8, JobRecord>> {
 }
 
 /// Arbitrary bytes, and valid encodings with a few bytes overwritten and a
-/// random length (which reach deeper into a decoder than noise does).
+/// random length (which reach deeper into a decoder than noise does), either
+/// as they are (so a sealed value fails its checksum) or sealed again after
+/// the damage (what a faulty program could write, which reaches the fields
+/// behind the checksum).
 fn mangled(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u8>> {
+    let damage = vec((any::<prop::sample::Index>(), any::<u8>()), 0..4);
     prop_oneof![
         vec(any::<u8>(), 0..256),
-        (
-            valid,
-            vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
-            any::<prop::sample::Index>()
-        )
-            .prop_map(|(mut bytes, edits, cut)| {
+        (valid, damage, any::<prop::sample::Index>(), any::<bool>()).prop_map(
+            |(mut bytes, edits, cut, reseal)| {
+                if reseal {
+                    bytes.truncate(bytes.len().saturating_sub(4));
+                }
                 if !bytes.is_empty() {
                     for (at, b) in edits {
                         let i = at.index(bytes.len());
@@ -310,8 +313,12 @@ fn mangled(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u
                         bytes.truncate(keep);
                     }
                 }
+                if reseal {
+                    crate::codec::seal(&mut bytes);
+                }
                 bytes
-            }),
+            }
+        ),
     ]
 }
 
