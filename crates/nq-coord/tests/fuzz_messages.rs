@@ -1,9 +1,11 @@
 //! Fuzzing the coordinator's handling of incoming messages (issue 7, item 8):
 //! a real coordinator (`nq_coord::run` on 127.0.0.1) is sent proptest-made
 //! sequences of Register, Lease, Release and Report calls, from strangers,
-//! confused workers and a lying one. Every reply must be a value or a proper
-//! gRPC status, the coordinator must keep serving, and afterwards two honest
-//! workers must finish the run with the exact published count.
+//! confused workers and a lying one, interleaved with an honest worker's
+//! copies. Every reply must be a value or a proper gRPC status, the
+//! coordinator must keep serving, no report outside a lease of the run may be
+//! acknowledged, and afterwards two honest workers must finish the run with
+//! the exact published count.
 //!
 //! proptest rather than cargo-fuzz, which needs a nightly toolchain: this runs
 //! in `cargo test` on stable, in CI. Each case starts a coordinator and runs a
@@ -456,12 +458,9 @@ impl Fuzzer {
                     .await;
                 proper("lease", &reply)?;
                 if let Ok(r) = reply {
-                    let r = r.into_inner();
-                    prop_assert!(
-                        !r.run_complete,
-                        "one identity cannot complete a checked run"
-                    );
-                    for job in r.jobs {
+                    // `run_complete` may be either: the fuzz worker's true
+                    // copies and `honest-a`'s can settle every job.
+                    for job in r.into_inner().jobs {
                         prop_assert!(!job.subproblems.is_empty());
                         prop_assert!(job.lease_id != 0);
                         self.truth.entry(job.job_id).or_insert_with(|| {
