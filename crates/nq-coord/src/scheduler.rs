@@ -524,7 +524,9 @@ impl Scheduler {
         if complete {
             w.told_complete = true;
         }
-        let cap = (4 * threads).max(16) as usize;
+        // `threads` is whatever the worker registered with: saturate, never
+        // overflow (found by tests/fuzz_messages.rs).
+        let cap = threads.saturating_mul(4).max(16) as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()
@@ -1445,5 +1447,18 @@ mod tests {
             (3, 1, 5, 12)
         );
         assert_eq!(p.jobs_done_here, 0);
+    }
+
+    /// Found by tests/fuzz_messages.rs: a worker registered with 2^30
+    /// threads or more made its next Lease overflow the lease cap (a panic in
+    /// debug builds, a wrong cap in release builds).
+    #[test]
+    fn a_huge_thread_count_caps_leases_without_overflow() {
+        let (mut s, clock) = setup(&[1; 40]);
+        for threads in [1 << 30, u32::MAX] {
+            let w = s.register("greedy", threads, None, clock.now());
+            let g = s.lease(&w, 8, &[], clock.now()).unwrap();
+            assert_eq!(g.jobs.len(), 8);
+        }
     }
 }
