@@ -287,6 +287,15 @@ fn finished_report(
         policy(config, store)?,
     );
     ledger::restore(store, &shape_of(m), &mut sched)?;
+    // The stored summary is a cached sum too: it must equal the results.
+    let derived = sched.tally().total;
+    if derived != s.total {
+        return Err(Error::SummaryMismatch {
+            dir: config.data_dir.clone(),
+            stored: s.total,
+            derived,
+        });
+    }
     Ok(RunReport {
         n: m.key.board.n(),
         complete: true,

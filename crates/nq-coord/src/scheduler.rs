@@ -414,11 +414,10 @@ impl Scheduler {
         address: Option<IpAddr>,
         now: Instant,
     ) -> WorkerId {
-        let identity = match address {
-            Some(ip) => format!("{name}@{ip}"),
-            None => format!("{name}@unknown"),
-        };
-        let identity = self.identities.intern(&identity);
+        let identity = self.identities.intern(&remote_identity(name, address));
+        if let Some(ip) = address {
+            self.identities.set_label(identity, &format!("{name}@{ip}"));
+        }
         self.add_worker(name, address, identity, threads, now, false)
     }
 
@@ -1052,6 +1051,18 @@ impl Scheduler {
     }
 }
 
+/// The verification identity of a remote worker named `name` calling from
+/// `address`: the address alone, so that one machine is one voice whatever
+/// names it registers under; on loopback (one machine, as in tests) the name
+/// tells its processes apart.
+pub fn remote_identity(name: &str, address: Option<IpAddr>) -> String {
+    match address.map(|ip| ip.to_canonical()) {
+        Some(ip) if ip.is_loopback() => format!("{name}@{ip}"),
+        Some(ip) => ip.to_string(),
+        None => format!("{name}@unknown"),
+    }
+}
+
 /// The verification identity of the coordinator's threads running `kernel`.
 pub fn local_identity(kernel: &str) -> String {
     format!("local:{kernel}")
@@ -1256,6 +1267,52 @@ mod tests {
         s.settle(&two_votes, true).unwrap();
         assert!(s.is_done(job));
         assert_eq!(s.tally().total, 5, "a confirmation adds nothing");
+    }
+
+    #[test]
+    fn one_address_is_one_voice_whatever_names_it_registers() {
+        let mut s = Scheduler::new(vec![1], 1, TTL, policy(1.0));
+        let now = Instant::now();
+        let host = Some(IpAddr::from([10, 1, 2, 3]));
+        let a = s.register("liar-1", 1, host, now);
+        let b = s.register("liar-2", 1, host, now);
+        let (ia, ib) = (
+            s.worker(&a).unwrap().identity,
+            s.worker(&b).unwrap().identity,
+        );
+        assert_eq!(ia, ib, "two names from one address are one identity");
+        assert_eq!(s.identities().label(ia), "liar-1@10.1.2.3");
+        // IPv4 seen through an IPv6 socket is the same address.
+        let mapped = Some("::ffff:10.1.2.3".parse().unwrap());
+        let c = s.register("liar-3", 1, mapped, now);
+        assert_eq!(s.worker(&c).unwrap().identity, ia);
+        // On loopback (one machine, tests) names tell processes apart.
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let x = s.register("x", 1, lo, now);
+        let y = s.register("y", 1, lo, now);
+        assert_ne!(
+            s.worker(&x).unwrap().identity,
+            s.worker(&y).unwrap().identity
+        );
+        // The first copy's reporter cannot check it under another name.
+        let g = s.lease(&a, 1, &[], now).unwrap();
+        let one = Settlement {
+            job: g.jobs[0].job,
+            lease: Some(g.jobs[0].lease),
+            counted_before: None,
+            counted: Some(tally(1)),
+            voter: Some(ia),
+            votes: 1,
+            settled: false,
+            reporters: vec![ia],
+            scalar_seen: false,
+            losers: vec![],
+            disputed: false,
+            solutions_missing: false,
+        };
+        s.settle(&one, true).unwrap();
+        assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
+        assert_eq!(s.lease(&x, 1, &[], now).unwrap().jobs.len(), 1);
     }
 
     #[test]

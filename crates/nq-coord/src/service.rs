@@ -60,6 +60,7 @@ impl From<Error> for Status {
             Error::Refused(_) => Status::permission_denied(msg),
             Error::UnknownJob { .. }
             | Error::BadReport { .. }
+            | Error::WorkerName { .. }
             | Error::EmptyReport
             | Error::Convert(_) => {
                 warn!(error = %msg, "rejected a request");
@@ -83,6 +84,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let peer = request.remote_addr();
         let req = request.into_inner();
+        // Names are logged and kept for the session: bound them.
+        if req.name.len() > crate::error::MAX_NAME {
+            return Err(Error::WorkerName {
+                len: req.name.len(),
+            }
+            .into());
+        }
         if req.protocol_version != nq_proto::PROTOCOL_VERSION {
             return Err(Error::ProtocolVersion {
                 worker: req.protocol_version,
