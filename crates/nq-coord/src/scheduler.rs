@@ -885,6 +885,19 @@ impl Scheduler {
             if lost == 1 || lost == self.policy.ban_after {
                 fallout.discredited.push(loser);
             }
+            if lost == self.policy.ban_after {
+                // A banned worker's leases end now: its jobs go to others at
+                // once instead of when the leases would have expired.
+                let workers = &self.workers;
+                let revoked = self.leases.remove_held_by(|w| {
+                    workers
+                        .get(w)
+                        .is_some_and(|w| !w.local && w.identity == loser)
+                });
+                for lease in revoked.iter().rev() {
+                    self.requeue(lease.job);
+                }
+            }
         }
         for &r in &s.reporters {
             let name = self.identities.name(r).to_owned();
@@ -1340,7 +1353,13 @@ mod tests {
             s.lease(&liar, 1, &[], now).is_ok(),
             "one loss: suspect, not refused"
         );
+        let held = s.lease(&liar, 3, &[], now).unwrap().jobs.pop().unwrap();
+        assert!(held.job.0 > 1, "a job the settlements below do not touch");
         assert_eq!(s.settle(&lost(1), true).unwrap().discredited, vec![il]);
+        assert!(
+            !s.is_live(held.lease),
+            "a banned worker's leases end at once"
+        );
         assert!(matches!(
             s.lease(&liar, 1, &[], now),
             Err(Error::Refused(Refusal::Banned { lost: 2, .. }))
