@@ -20,6 +20,7 @@ mod process;
 mod reliability;
 mod security;
 mod solutions;
+mod status;
 mod totals;
 
 use std::time::Duration;

@@ -5,6 +5,7 @@
 //! the library reads argv or the environment.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nq_core::Board;
@@ -78,6 +79,11 @@ pub struct Config {
     pub token: Option<nq_proto::auth::Token>,
     /// Serve TLS (and require client certificates with a client CA) when set.
     pub tls: Option<nq_proto::tls::ServerTls>,
+    /// A bound listener on which to serve the HTTP port (`--metrics`):
+    /// `/metrics`, `/status.json` and the status page (see [`crate::http`]).
+    /// Bound by the caller, so that it knows the address before the run
+    /// starts. `None` serves no HTTP.
+    pub http_listener: Option<Arc<std::net::TcpListener>>,
 }
 
 impl Config {
@@ -108,6 +114,7 @@ impl Config {
             ban_after: DEFAULT_BAN_AFTER,
             token: None,
             tls: None,
+            http_listener: None,
         })
     }
 

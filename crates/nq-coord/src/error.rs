@@ -108,6 +108,30 @@ pub enum Error {
         /// The job.
         job: JobId,
     },
+    /// A finished run's stored summary disagrees with its stored results
+    /// added up again.
+    #[error(
+        "data directory {} holds a finished run whose stored total ({stored}) \
+         differs from its stored results added up again ({derived}): the \
+         directory is damaged or was written by a faulty coordinator; run \
+         `nq-coord audit --data {}` to see every job, and do not trust the total",
+        dir.display(),
+        dir.display()
+    )]
+    SummaryMismatch {
+        /// The directory.
+        dir: PathBuf,
+        /// The stored total.
+        stored: u128,
+        /// The total added up again.
+        derived: u128,
+    },
+    /// A worker registered with a name too long to log or store.
+    #[error("worker name of {len} bytes is too long: at most {MAX_NAME} bytes")]
+    WorkerName {
+        /// Its length.
+        len: usize,
+    },
     /// Verification replaced a result that was not counted: the ledger's
     /// and the scheduler's views of a job differ. Never expected.
     #[error("a replaced result was not counted before (internal inconsistency)")]
@@ -212,6 +236,9 @@ pub enum Error {
     #[error("cannot write the solutions")]
     Format(#[from] nq_core::notation::FormatError),
 }
+
+/// The longest worker name the coordinator accepts, in bytes.
+pub const MAX_NAME: usize = 256;
 
 /// Why a call is refused ([`Error::Refused`], `PERMISSION_DENIED` on the
 /// wire). Every refusal is logged with the caller's address.

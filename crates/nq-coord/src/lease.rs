@@ -124,6 +124,20 @@ impl LeaseTable {
         out
     }
 
+    /// Removes and returns every live lease held by a worker for which
+    /// `held_by` is true.
+    pub fn remove_held_by(&mut self, held_by: impl Fn(&WorkerId) -> bool) -> Vec<Lease> {
+        let ids: Vec<LeaseId> = self
+            .live
+            .values()
+            .filter(|l| held_by(&l.worker))
+            .map(|l| l.id)
+            .collect();
+        let mut out: Vec<Lease> = ids.iter().filter_map(|&id| self.remove(id)).collect();
+        out.sort_by_key(|l| (l.deadline, l.job));
+        out
+    }
+
     /// Number of live leases.
     pub fn len(&self) -> usize {
         self.live.len()

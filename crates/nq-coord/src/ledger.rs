@@ -528,7 +528,7 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
         {
             let s = session.sched();
             for &id in &fallout.discredited {
-                let (name, lost) = (s.identities().name(id), s.identities().lost(id));
+                let (name, lost) = (s.identities().label(id), s.identities().lost(id));
                 if s.identities().is_banned(id, s.policy().ban_after) {
                     error!(
                         worker = name,

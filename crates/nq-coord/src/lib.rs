@@ -24,6 +24,10 @@
 //! * `local` (private): the embedded worker on `nq_core::pool::Pool`.
 //! * [`progress`]: progress snapshots for displays.
 //! * [`report`]: [`RunReport`], its stdout line and `report.json`.
+//! * [`http`]: the HTTP port (`--metrics`): [`metrics`] (Prometheus), the
+//!   snapshot as JSON, and the status page (`src/status_page.html`).
+//! * [`status`]: [`status::Snapshot`], where a run stands, for the `Status`
+//!   rpc, `nq-coord status`, the status page and `/metrics`.
 //! * [`export`]: streaming the stored solutions of a solutions run.
 //! * `run` (private): [`run`] itself: setup, tasks, shutdown order.
 //!
@@ -36,9 +40,11 @@ pub mod audit;
 pub mod config;
 pub mod error;
 pub mod export;
+pub mod http;
 pub mod lease;
 mod ledger;
 mod local;
+pub mod metrics;
 mod plan;
 pub mod progress;
 pub mod quorum;
@@ -48,6 +54,7 @@ pub mod scheduler;
 mod security;
 pub mod service;
 mod session;
+pub mod status;
 
 pub use config::Config;
 pub use error::{Error, Refusal, ReportFault, Result};

@@ -330,7 +330,7 @@ fn finish(
                 let report = Report {
                     job: r.job,
                     lease,
-                    worker,
+                    worker: worker.clone(),
                     counts,
                     nodes,
                     solutions_sent: solutions,
@@ -347,6 +347,9 @@ fn finish(
             Ok(v) => session.commit(v).await,
             Err(e) => Err(e),
         };
+        if result.is_ok() {
+            session.sched().note_copy(&WorkerId(worker), r.job);
+        }
         // The claim on the job's solutions ends once the result is durable.
         drop(f.writer);
         match result {

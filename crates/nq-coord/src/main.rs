@@ -134,6 +134,13 @@ struct RunArgs {
         default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER
     )]
     ban_after: u32,
+    /// Serve an HTTP port at HOST:PORT with Prometheus metrics (`/metrics`),
+    /// the run's status as JSON (`/status.json`) and a status page (`/`).
+    /// Port 0 picks a free port; the address bound is printed as `metrics on
+    /// ADDR` on stdout. Anyone who reaches it sees the workers' names and
+    /// addresses: bind it to a private address.
+    #[arg(long, value_name = "ADDR", env = "NQ_METRICS")]
+    metrics: Option<String>,
     #[command(flatten)]
     security: SecurityArgs,
 }
@@ -211,6 +218,93 @@ enum Command {
     /// results up again from their stored counts and compares the totals with
     /// the stored ones. Exits non-zero on any difference or damaged record.
     Audit(AuditArgs),
+    /// Asks a running coordinator where its run stands (the `Status` rpc):
+    /// N, progress by estimated work, ETA, rates, the workers with their
+    /// throughput and when each was last seen, conflicts, and the result
+    /// once known. Text for people, or --json for scripts.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// The coordinator: `host`, `host:port`, `http://host:port` or
+    /// `https://host:port` (port 50051 when left out).
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]",
+        default_value = "127.0.0.1:50051",
+        env = "NQ_CONNECT"
+    )]
+    connect: String,
+    /// Print the status as one JSON document (counts as decimal strings).
+    #[arg(long, env = "NQ_STATUS_JSON")]
+    json: bool,
+    /// Give up after this long (connection and answer).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "5s",
+        env = "NQ_STATUS_TIMEOUT"
+    )]
+    timeout: String,
+    #[command(flatten)]
+    dial: Dial,
+}
+
+/// How a subcommand reaches a running coordinator that requires TLS or a
+/// token (the Status rpc needs the token like any worker call; health does
+/// not).
+#[derive(clap::Args, Debug)]
+struct Dial {
+    /// Speak TLS, trusting this CA (PEM) for the coordinator's certificate.
+    #[arg(long, value_name = "PEM", env = "NQ_CA")]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM), for a coordinator that requires one
+    /// (--tls-client-ca); with --tls-key and --ca.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "NQ_TLS_CERT",
+        requires = "tls_key",
+        requires = "ca"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The coordinator's token (`--token` / `NQ_TOKEN` of the run).
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl Dial {
+    /// The endpoint of `connect` (TLS with `--ca` or an `https://` address)
+    /// and the interceptor that sends the token.
+    fn endpoint(
+        &self,
+        connect: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<(tonic::transport::Endpoint, nq_proto::auth::Bearer)> {
+        let tls = self.ca.is_some() || connect.starts_with("https://");
+        let mut endpoint = coordinator_endpoint(connect, timeout, tls)?;
+        if let Some(ca) = &self.ca {
+            let config = nq_proto::tls::ClientTls::load(
+                Some(ca),
+                self.tls_cert.as_deref(),
+                self.tls_key.as_deref(),
+            )?;
+            endpoint = endpoint.tls_config(config.config()).with_context(|| {
+                format!("cannot use TLS towards --connect {connect:?}")
+            })?;
+        }
+        let token = self
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        Ok((endpoint, nq_proto::auth::Bearer(token)))
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -241,26 +335,10 @@ struct HealthArgs {
         env = "NQ_HEALTH_TIMEOUT"
     )]
     timeout: String,
-    /// Speak TLS, trusting this CA (PEM) for the coordinator's certificate.
-    #[arg(long, value_name = "PEM", env = "NQ_CA")]
-    ca: Option<PathBuf>,
-    /// Client certificate (PEM), for a coordinator that requires one
-    /// (--tls-client-ca); with --tls-key and --ca.
-    #[arg(
-        long,
-        value_name = "PEM",
-        env = "NQ_TLS_CERT",
-        requires = "tls_key",
-        requires = "ca"
-    )]
-    tls_cert: Option<PathBuf>,
-    /// The private key of --tls-cert (PEM).
-    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Token to send; the health service does not need one, but a proxy in
+    /// TLS and token; the health service needs no token, but a proxy in
     /// front of the coordinator may.
-    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
-    token: Option<String>,
+    #[command(flatten)]
+    dial: Dial,
 }
 
 #[derive(clap::Args, Debug)]
@@ -371,6 +449,7 @@ fn main() -> ExitCode {
         Some(Command::Export(e)) => run_export(e).map(|()| 0),
         Some(Command::Health(h)) => run_health(h).map(|()| 0),
         Some(Command::Audit(a)) => run_audit(a).map(|()| 0),
+        Some(Command::Status(a)) => run_status(a).map(|()| 0),
         None => run_coordinator(args.run, bar),
     };
     match result {
@@ -398,33 +477,7 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
     use tonic_health::pb::health_client::HealthClient;
 
     let timeout = parse_duration(&args.timeout)?;
-    let scheme = if args.ca.is_some() { "https" } else { "http" };
-    let mut endpoint =
-        tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", args.connect))
-            .with_context(|| {
-                format!(
-                    "invalid --connect {:?}: expected HOST:PORT, such as 127.0.0.1:50051",
-                    args.connect
-                )
-            })?
-            .connect_timeout(timeout)
-            .timeout(timeout);
-    if let Some(ca) = &args.ca {
-        let tls = nq_proto::tls::ClientTls::load(
-            Some(ca),
-            args.tls_cert.as_deref(),
-            args.tls_key.as_deref(),
-        )?;
-        endpoint = endpoint.tls_config(tls.config()).with_context(|| {
-            format!("cannot use TLS towards --connect {:?}", args.connect)
-        })?;
-    }
-    let token = args
-        .token
-        .as_deref()
-        .map(nq_proto::auth::Token::new)
-        .transpose()
-        .context("invalid --token (or NQ_TOKEN)")?;
+    let (endpoint, bearer) = args.dial.endpoint(&args.connect, timeout)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -437,13 +490,12 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
         let request = HealthCheckRequest {
             service: nq_proto::pb::coordinator_server::SERVICE_NAME.to_owned(),
         };
-        let status =
-            HealthClient::with_interceptor(channel, nq_proto::auth::Bearer(token))
-                .check(request)
-                .await
-                .with_context(|| format!("the health check of {} failed", args.connect))?
-                .into_inner()
-                .status();
+        let status = HealthClient::with_interceptor(channel, bearer)
+            .check(request)
+            .await
+            .with_context(|| format!("the health check of {} failed", args.connect))?
+            .into_inner()
+            .status();
         match status {
             ServingStatus::Serving => {
                 stdout_line("SERVING")?;
@@ -457,6 +509,96 @@ fn run_health(args: HealthArgs) -> anyhow::Result<()> {
             ),
         }
     })
+}
+
+/// The gRPC endpoint of a coordinator given as `HOST[:PORT]` (port 50051
+/// when left out), with `timeout` on connecting and on each call.
+fn coordinator_endpoint(
+    connect: &str,
+    timeout: Duration,
+    tls: bool,
+) -> anyhow::Result<tonic::transport::Endpoint> {
+    // The forms `nq-worker --connect` takes: `host`, `host:port`,
+    // `http://host[:port]`, `https://host[:port]`.
+    let bare = connect
+        .strip_prefix("https://")
+        .or_else(|| connect.strip_prefix("http://"))
+        .unwrap_or(connect);
+    let authority = with_default_port(bare.strip_suffix('/').unwrap_or(bare), 50051);
+    let scheme = if tls { "https" } else { "http" };
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("{scheme}://{authority}"))
+            .with_context(|| {
+                format!(
+                    "invalid --connect {connect:?}: expected host, host:port, \
+                 http://host:port or https://host:port, such as 127.0.0.1:50051"
+                )
+            })?;
+    Ok(endpoint.connect_timeout(timeout).timeout(timeout))
+}
+
+/// `addr` with `:port` added when it names no port. A bare IPv6 address
+/// gets brackets.
+fn with_default_port(addr: &str, port: u16) -> String {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return addr.to_owned();
+    }
+    if let Ok(ip) = addr.parse::<std::net::IpAddr>() {
+        return SocketAddr::new(ip, port).to_string();
+    }
+    match addr.rsplit_once(':') {
+        Some((_, p)) if p.parse::<u16>().is_ok() => addr.to_owned(),
+        _ => format!("{addr}:{port}"),
+    }
+}
+
+/// `nq-coord status`: one `Status` call, printed as text or JSON.
+fn run_status(args: StatusArgs) -> anyhow::Result<()> {
+    use nq_proto::pb::coordinator_client::CoordinatorClient;
+
+    let timeout = parse_duration(&args.timeout)?;
+    let (endpoint, bearer) = args.dial.endpoint(&args.connect, timeout)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let answer = runtime.block_on(async {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+        let answer = CoordinatorClient::with_interceptor(channel, bearer)
+            .status(nq_proto::pb::StatusRequest {})
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::Unimplemented => anyhow::anyhow!(
+                    "the coordinator at {} is too old to answer status requests",
+                    args.connect
+                ),
+                _ => anyhow::anyhow!("status request to {} failed: {s}", args.connect),
+            })?;
+        anyhow::Ok(answer.into_inner())
+    })?;
+    let snapshot = nq_coord::status::Snapshot::try_from(answer).with_context(|| {
+        format!(
+            "the coordinator at {} sent a malformed status",
+            args.connect
+        )
+    })?;
+    let text = if args.json {
+        format!("{}\n", snapshot.to_json())
+    } else {
+        snapshot.to_text()
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // `| head` is a normal way to read it.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to stdout"),
+    }
 }
 
 /// Tunes glibc's malloc for a long-running coordinator whose memory must stay
@@ -529,9 +671,13 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
 fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
     let listen = args.listen.clone();
     let security = std::mem::take(&mut args.security);
+    let metrics = args.metrics.clone();
     let mut config = Config::try_from(args)?;
     security.apply(&mut config)?;
     let addr = resolve(&listen)?;
+    if let Some(metrics) = metrics {
+        config.http_listener = Some(bind_metrics(&metrics)?);
+    }
     let runtime =
         tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
@@ -545,6 +691,13 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
             .context("cannot read the bound address")?;
         // Tests and scripts wait for exactly this line.
         stdout_line(format_args!("listening on {bound}"))?;
+        // Printed after `listening on`, which scripts wait for first.
+        if let Some(http) = &config.http_listener {
+            let bound = http
+                .local_addr()
+                .context("cannot read the bound --metrics address")?;
+            stdout_line(format_args!("metrics on {bound}"))?;
+        }
         let display = bar.map(|bar| {
             let (tx, rx) = watch::channel(Progress::default());
             config.progress = Some(tx);
@@ -565,6 +718,24 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
         }
         Ok(status.exit_code())
     })
+}
+
+/// Binds the `--metrics` port (before the run starts, so that a bad address
+/// fails at once).
+fn bind_metrics(addr: &str) -> anyhow::Result<std::sync::Arc<std::net::TcpListener>> {
+    let parsed = match addr.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => match addr.to_socket_addrs().map(|mut a| a.next()) {
+            Ok(Some(a)) => a,
+            _ => bail!(
+                "invalid --metrics address {addr:?}: expected HOST:PORT, such as \
+                 127.0.0.1:9464 or 0.0.0.0:0"
+            ),
+        },
+    };
+    let listener = std::net::TcpListener::bind(parsed)
+        .with_context(|| format!("cannot listen on {parsed} (--metrics)"))?;
+    Ok(std::sync::Arc::new(listener))
 }
 
 /// Parses `HOST:PORT`, resolving a host name.
@@ -749,5 +920,25 @@ mod tests {
         let args =
             Args::try_parse_from(["c", "--n", "8", "--local-threads", "0"]).unwrap();
         assert_eq!(args.run.local_threads, Some(0));
+    }
+
+    #[test]
+    fn status_connect_takes_the_workers_forms() {
+        for (given, authority) in [
+            ("coord", "coord:50051"),
+            ("coord:7000", "coord:7000"),
+            ("10.0.0.5", "10.0.0.5:50051"),
+            ("::1", "[::1]:50051"),
+            ("[::1]:7000", "[::1]:7000"),
+        ] {
+            assert_eq!(with_default_port(given, 50051), authority, "{given}");
+        }
+        let e = coordinator_endpoint("http://coord:7000/", Duration::from_secs(1), false)
+            .unwrap();
+        assert_eq!(e.uri().to_string(), "http://coord:7000/");
+        assert!(coordinator_endpoint("bad host", Duration::from_secs(1), false).is_err());
+        let e =
+            coordinator_endpoint("https://coord", Duration::from_secs(1), true).unwrap();
+        assert_eq!(e.uri().to_string(), "https://coord:50051/");
     }
 }

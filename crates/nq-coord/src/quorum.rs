@@ -11,9 +11,14 @@
 //! # The rules
 //!
 //! * **Identities.** Verification tells computations apart by who made them:
-//!   a remote worker is `name@address` (its registration name and the IP
-//!   address it called from), the coordinator's threads are `local:KERNEL`.
-//!   Two copies from one identity are one vote; a worker never checks itself.
+//!   a remote worker is the IP address it called from, so that one machine
+//!   cannot outvote the others by registering under several names; only on
+//!   loopback (one machine, as in tests) does the registration name tell
+//!   processes apart (`name@127.0.0.1`). The coordinator's threads are
+//!   `local:KERNEL`. Two copies from one identity are one vote; a worker
+//!   never checks itself. Workers behind one NAT address are one identity:
+//!   they cannot check each other (other machines and the coordinator's
+//!   threads can).
 //!   The local threads may check their own results only with another kernel:
 //!   a different computation on the same machine, which catches a faulty
 //!   vector unit or a miscompiled kernel, though not a faulty machine.
@@ -133,6 +138,8 @@ pub struct Identities {
     names: Vec<String>,
     lost: Vec<u32>,
     by_name: HashMap<String, IdentityId>,
+    /// Labels for people, where they differ from the name.
+    labels: HashMap<IdentityId, String>,
 }
 
 impl Identities {
@@ -156,6 +163,21 @@ impl Identities {
     /// The name of `id`.
     pub fn name(&self, id: IdentityId) -> &str {
         self.names.get(id.0 as usize).map_or("?", String::as_str)
+    }
+
+    /// The name of `id` for people: `name@address` as first registered,
+    /// where the identity is an address alone.
+    pub fn label(&self, id: IdentityId) -> &str {
+        self.labels
+            .get(&id)
+            .map_or_else(|| self.name(id), String::as_str)
+    }
+
+    /// Gives `id` a label for people, unless it has one.
+    pub fn set_label(&mut self, id: IdentityId, label: &str) {
+        if self.name(id) != label {
+            self.labels.entry(id).or_insert_with(|| label.to_owned());
+        }
     }
 
     /// Conflicts `id` lost.
@@ -185,14 +207,16 @@ impl Identities {
         self.lost(id) >= ban_after.max(1)
     }
 
-    /// Every identity that lost a conflict, with its losses.
+    /// Every identity that lost a conflict, with its label and losses.
     pub fn faulty(&self) -> impl Iterator<Item = (IdentityId, &str, u32)> {
-        self.names
+        self.lost
             .iter()
-            .zip(&self.lost)
             .enumerate()
-            .filter(|(_, (_, l))| **l > 0)
-            .map(|(i, (n, &l))| (IdentityId(i as u32), n.as_str(), l))
+            .filter(|(_, l)| **l > 0)
+            .map(|(i, &l)| {
+                let id = IdentityId(i as u32);
+                (id, self.label(id), l)
+            })
     }
 }
 

@@ -64,8 +64,17 @@ pub struct FaultyWorker {
 }
 
 impl FaultyWorker {
-    /// Splits a verification identity (`name@address`, `local:KERNEL`).
+    /// Splits a verification identity or its label (`name@address`, an
+    /// address alone, `local:KERNEL`).
     pub fn from_identity(identity: &str, lost: u32, banned: bool) -> FaultyWorker {
+        if identity.parse::<std::net::IpAddr>().is_ok() {
+            return FaultyWorker {
+                name: String::new(),
+                address: identity.to_owned(),
+                lost,
+                banned,
+            };
+        }
         let (name, address) = identity
             .rsplit_once('@')
             .or_else(|| identity.split_once(':'))

@@ -258,7 +258,7 @@ fn create(config: &Config, store: &Store, key: RunKey) -> Result<Manifest> {
 }
 
 /// The workers that lost verification conflicts, for the report.
-fn faulty_workers(s: &Scheduler) -> Vec<FaultyWorker> {
+pub(crate) fn faulty_workers(s: &Scheduler) -> Vec<FaultyWorker> {
     let ban_after = s.policy().ban_after;
     s.identities()
         .faulty()
@@ -287,6 +287,15 @@ fn finished_report(
         policy(config, store)?,
     );
     ledger::restore(store, &shape_of(m), &mut sched)?;
+    // The stored summary is a cached sum too: it must equal the results.
+    let derived = sched.tally().total;
+    if derived != s.total {
+        return Err(Error::SummaryMismatch {
+            dir: config.data_dir.clone(),
+            stored: s.total,
+            derived,
+        });
+    }
     Ok(RunReport {
         n: m.key.board.n(),
         complete: true,
@@ -375,6 +384,16 @@ async fn session(
         ))
     });
     let tick_token = CancellationToken::new();
+    if let Some(http) = config.http_listener.take() {
+        // Stops with the ticker: it shows the run until the report is due.
+        let listener = http_listener(&http)?;
+        let (session, token) = (Arc::clone(&session), tick_token.clone());
+        tracker.spawn(async move {
+            if let Err(e) = crate::http::serve(session, listener, token).await {
+                error!(error = %e.chain(), "the HTTP port stopped");
+            }
+        });
+    }
     let progress = config.progress.take();
     tracker.spawn(ticker(
         Arc::clone(&session),
@@ -539,6 +558,18 @@ async fn session(
     Ok(report)
 }
 
+/// The tokio form of the caller's bound HTTP listener (a duplicate of its
+/// socket, so that the caller's copy may stay in the config).
+fn http_listener(l: &std::net::TcpListener) -> Result<TcpListener> {
+    let io = |source| Error::Io {
+        context: "cannot use the --metrics listener".into(),
+        source,
+    };
+    let l = l.try_clone().map_err(io)?;
+    l.set_nonblocking(true).map_err(io)?;
+    TcpListener::from_std(l).map_err(io)
+}
+
 /// Who may call the coordinator's service: see [`Config::token`] and
 /// [`Config::tls`].
 struct Guard {
@@ -659,6 +690,7 @@ async fn ticker(
             }
             (expired, s.progress(now), s.jobs_in_check())
         };
+        session.sample_status(now);
         for lease in &expired {
             warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
         }

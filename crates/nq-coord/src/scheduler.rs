@@ -123,6 +123,11 @@ pub struct Worker {
     pub told_complete: bool,
     /// True for the coordinator's own threads.
     pub local: bool,
+    /// Copies of jobs it reported that were stored (any outcome), for
+    /// throughput figures ([`Scheduler::note_copy`]).
+    pub jobs_reported: u64,
+    /// Their estimated work.
+    pub work_reported: u128,
 }
 
 /// One job handed out by [`Scheduler::lease`].
@@ -409,11 +414,10 @@ impl Scheduler {
         address: Option<IpAddr>,
         now: Instant,
     ) -> WorkerId {
-        let identity = match address {
-            Some(ip) => format!("{name}@{ip}"),
-            None => format!("{name}@unknown"),
-        };
-        let identity = self.identities.intern(&identity);
+        let identity = self.identities.intern(&remote_identity(name, address));
+        if let Some(ip) = address {
+            self.identities.set_label(identity, &format!("{name}@{ip}"));
+        }
         self.add_worker(name, address, identity, threads, now, false)
     }
 
@@ -454,6 +458,8 @@ impl Scheduler {
                 last_seen: now,
                 told_complete: false,
                 local,
+                jobs_reported: 0,
+                work_reported: 0,
             },
         );
         id
@@ -517,7 +523,9 @@ impl Scheduler {
         if complete {
             w.told_complete = true;
         }
-        let cap = (4 * threads).max(16) as usize;
+        // `threads` is whatever the worker registered with: saturate, never
+        // overflow (found by tests/fuzz_messages.rs).
+        let cap = threads.saturating_mul(4).max(16) as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()
@@ -877,6 +885,19 @@ impl Scheduler {
             if lost == 1 || lost == self.policy.ban_after {
                 fallout.discredited.push(loser);
             }
+            if lost == self.policy.ban_after {
+                // A banned worker's leases end now: its jobs go to others at
+                // once instead of when the leases would have expired.
+                let workers = &self.workers;
+                let revoked = self.leases.remove_held_by(|w| {
+                    workers
+                        .get(w)
+                        .is_some_and(|w| !w.local && w.identity == loser)
+                });
+                for lease in revoked.iter().rev() {
+                    self.requeue(lease.job);
+                }
+            }
         }
         for &r in &s.reporters {
             let name = self.identities.name(r).to_owned();
@@ -886,6 +907,20 @@ impl Scheduler {
             }
         }
         Ok(fallout)
+    }
+
+    /// Counts a stored copy of `job` (any outcome) towards `worker`'s
+    /// throughput. Call it once per acknowledged report; an unknown worker
+    /// (pruned meanwhile) or job is ignored, as these are figures for
+    /// displays only.
+    pub fn note_copy(&mut self, worker: &WorkerId, job: JobId) {
+        let Some(work) = self.jobs.get(job.0 as usize).map(|s| s.work) else {
+            return;
+        };
+        if let Some(w) = self.workers.get_mut(worker) {
+            w.jobs_reported += 1;
+            w.work_reported += u128::from(work);
+        }
     }
 
     /// Counts an outcome of a copy (for the report).
@@ -1026,6 +1061,18 @@ impl Scheduler {
             jobs_done_here: self.done_here,
             work_done_here: self.work_here,
         }
+    }
+}
+
+/// The verification identity of a remote worker named `name` calling from
+/// `address`: the address alone, so that one machine is one voice whatever
+/// names it registers under; on loopback (one machine, as in tests) the name
+/// tells its processes apart.
+pub fn remote_identity(name: &str, address: Option<IpAddr>) -> String {
+    match address.map(|ip| ip.to_canonical()) {
+        Some(ip) if ip.is_loopback() => format!("{name}@{ip}"),
+        Some(ip) => ip.to_string(),
+        None => format!("{name}@unknown"),
     }
 }
 
@@ -1236,6 +1283,52 @@ mod tests {
     }
 
     #[test]
+    fn one_address_is_one_voice_whatever_names_it_registers() {
+        let mut s = Scheduler::new(vec![1], 1, TTL, policy(1.0));
+        let now = Instant::now();
+        let host = Some(IpAddr::from([10, 1, 2, 3]));
+        let a = s.register("liar-1", 1, host, now);
+        let b = s.register("liar-2", 1, host, now);
+        let (ia, ib) = (
+            s.worker(&a).unwrap().identity,
+            s.worker(&b).unwrap().identity,
+        );
+        assert_eq!(ia, ib, "two names from one address are one identity");
+        assert_eq!(s.identities().label(ia), "liar-1@10.1.2.3");
+        // IPv4 seen through an IPv6 socket is the same address.
+        let mapped = Some("::ffff:10.1.2.3".parse().unwrap());
+        let c = s.register("liar-3", 1, mapped, now);
+        assert_eq!(s.worker(&c).unwrap().identity, ia);
+        // On loopback (one machine, tests) names tell processes apart.
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let x = s.register("x", 1, lo, now);
+        let y = s.register("y", 1, lo, now);
+        assert_ne!(
+            s.worker(&x).unwrap().identity,
+            s.worker(&y).unwrap().identity
+        );
+        // The first copy's reporter cannot check it under another name.
+        let g = s.lease(&a, 1, &[], now).unwrap();
+        let one = Settlement {
+            job: g.jobs[0].job,
+            lease: Some(g.jobs[0].lease),
+            counted_before: None,
+            counted: Some(tally(1)),
+            voter: Some(ia),
+            votes: 1,
+            settled: false,
+            reporters: vec![ia],
+            scalar_seen: false,
+            losers: vec![],
+            disputed: false,
+            solutions_missing: false,
+        };
+        s.settle(&one, true).unwrap();
+        assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
+        assert_eq!(s.lease(&x, 1, &[], now).unwrap().jobs.len(), 1);
+    }
+
+    #[test]
     fn losers_are_discredited_then_refused() {
         let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(1.0));
         let now = Instant::now();
@@ -1260,7 +1353,13 @@ mod tests {
             s.lease(&liar, 1, &[], now).is_ok(),
             "one loss: suspect, not refused"
         );
+        let held = s.lease(&liar, 3, &[], now).unwrap().jobs.pop().unwrap();
+        assert!(held.job.0 > 1, "a job the settlements below do not touch");
         assert_eq!(s.settle(&lost(1), true).unwrap().discredited, vec![il]);
+        assert!(
+            !s.is_live(held.lease),
+            "a banned worker's leases end at once"
+        );
         assert!(matches!(
             s.lease(&liar, 1, &[], now),
             Err(Error::Refused(Refusal::Banned { lost: 2, .. }))
@@ -1424,5 +1523,18 @@ mod tests {
             (3, 1, 5, 12)
         );
         assert_eq!(p.jobs_done_here, 0);
+    }
+
+    /// Found by tests/fuzz_messages.rs: a worker registered with 2^30
+    /// threads or more made its next Lease overflow the lease cap (a panic in
+    /// debug builds, a wrong cap in release builds).
+    #[test]
+    fn a_huge_thread_count_caps_leases_without_overflow() {
+        let (mut s, clock) = setup(&[1; 40]);
+        for threads in [1 << 30, u32::MAX] {
+            let w = s.register("greedy", threads, None, clock.now());
+            let g = s.lease(&w, 8, &[], clock.now()).unwrap();
+            assert_eq!(g.jobs.len(), 8);
+        }
     }
 }

@@ -60,6 +60,7 @@ impl From<Error> for Status {
             Error::Refused(_) => Status::permission_denied(msg),
             Error::UnknownJob { .. }
             | Error::BadReport { .. }
+            | Error::WorkerName { .. }
             | Error::EmptyReport
             | Error::Convert(_) => {
                 warn!(error = %msg, "rejected a request");
@@ -83,6 +84,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let peer = request.remote_addr();
         let req = request.into_inner();
+        // Names are logged and kept for the session: bound them.
+        if req.name.len() > crate::error::MAX_NAME {
+            return Err(Error::WorkerName {
+                len: req.name.len(),
+            }
+            .into());
+        }
         if req.protocol_version != nq_proto::PROTOCOL_VERSION {
             return Err(Error::ProtocolVersion {
                 worker: req.protocol_version,
@@ -221,6 +229,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         drop(writer);
         let run_complete = {
             let mut s = self.session.sched();
+            s.note_copy(&worker, job);
             let complete = s.is_complete();
             if complete {
                 s.mark_told(&worker);
@@ -257,6 +266,16 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         Ok(Response::new(pb::ReleaseResponse {
             released: released.len() as u32,
         }))
+    }
+
+    /// Open to anyone who can reach the port (no registration): it reveals
+    /// the run's progress and the workers' names and addresses, nothing
+    /// that lets a caller change the run.
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new(self.session.snapshot().to_pb()))
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nq_core::board::Prefix;
 use nq_core::split::SubProblem;
@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::lease::{Lease, LeaseId, WorkerId};
 use crate::ledger::{CommitRequest, Verified};
 use crate::scheduler::{Granted, Outcome, Scheduler};
+use crate::status::History;
 
 /// Checked results waiting for the committer, at most. A full queue makes
 /// reporters wait (back-pressure) instead of growing memory.
@@ -53,6 +54,10 @@ pub(crate) struct Session {
     /// Cancelled by the committer once the last job is done; `run` then
     /// lingers and shuts down.
     pub(crate) complete: CancellationToken,
+    /// Recent samples of the counters, for the rates of
+    /// [`crate::status::Snapshot`]. Sampled by the ticker; locked before
+    /// `sched` when both are held.
+    history: Mutex<History>,
 }
 
 impl Session {
@@ -68,7 +73,9 @@ impl Session {
         if sched.is_complete() {
             complete.cancel();
         }
+        let history = Mutex::new(History::new(&sched, Instant::now()));
         let session = Session {
+            history,
             store,
             ttl: sched.ttl(),
             sched: Mutex::new(sched),
@@ -87,6 +94,11 @@ impl Session {
     /// statements that can panic, so its state is still usable.
     pub(crate) fn sched(&self) -> MutexGuard<'_, Scheduler> {
         self.sched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Locks the status history (see [`Session::sched`] on poisoning).
+    pub(crate) fn history(&self) -> MutexGuard<'_, History> {
+        self.history.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The sub-problems of a stored job, rebuilt from their prefixes and checked

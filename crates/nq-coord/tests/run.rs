@@ -1,18 +1,17 @@
 //! In-process tests of `nq_coord::run`: a real coordinator on 127.0.0.1:0,
 //! with its local threads or with a minimal gRPC worker written here.
 
+mod common;
+
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use common::Worker;
 use nq_coord::{Config, RunReport};
-use nq_core::split::SubCounts;
-use nq_proto::convert::RunShape;
 use nq_proto::pb;
 use nq_proto::pb::coordinator_client::CoordinatorClient;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 /// Every test gets this long.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -106,73 +105,6 @@ async fn an_interrupted_run_resumes() {
         assert_eq!((report.total, report.unique), (2680, 341));
     })
     .await;
-}
-
-/// A minimal worker: registers, leases, solves with nq-core, reports.
-struct Worker {
-    client: CoordinatorClient<Channel>,
-    id: String,
-    run_id: String,
-    shape: RunShape,
-}
-
-impl Worker {
-    async fn connect(addr: std::net::SocketAddr) -> Worker {
-        let mut client = CoordinatorClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let reg = client
-            .register(pb::RegisterRequest {
-                protocol_version: nq_proto::PROTOCOL_VERSION,
-                name: "test".into(),
-                threads: 1,
-                program_version: "test".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let run = reg.run.unwrap();
-        let shape = RunShape::try_from(&run).unwrap();
-        Worker {
-            client,
-            id: reg.worker_id,
-            run_id: run.run_id,
-            shape,
-        }
-    }
-
-    fn solve(&self, job: &pb::Job) -> Vec<SubCounts> {
-        job.subproblems
-            .iter()
-            .map(|s| {
-                let sub = self.shape.subproblem(s).unwrap();
-                sub.solve(&AtomicBool::new(false)).unwrap().0
-            })
-            .collect()
-    }
-
-    async fn report(
-        &mut self,
-        job: &pb::Job,
-        counts: &[SubCounts],
-    ) -> Result<pb::ReportAck, tonic::Status> {
-        let chunk = pb::ReportChunk {
-            worker_id: self.id.clone(),
-            job_id: job.job_id,
-            lease_id: job.lease_id,
-            body: Some(pb::report_chunk::Body::Result(pb::JobResult {
-                counts: counts.iter().map(pb::SubCounts::from).collect(),
-                nodes: 0,
-                solutions_sent: 0,
-                kernel: String::new(),
-            })),
-            run_id: self.run_id.clone(),
-        };
-        self.client
-            .report(tokio_stream::iter(vec![chunk]))
-            .await
-            .map(tonic::Response::into_inner)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,6 +101,13 @@ impl<'a> Reader<'a> {
         String::from_utf8(b.to_vec()).map_err(|_| self.corrupt(Corruption::Utf8))
     }
 
+    /// How many bytes are not read yet. A decoder bounds what it reserves
+    /// by this, never by a length field alone: a damaged length must not
+    /// make a few bytes reserve megabytes.
+    pub(crate) fn remaining(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// The bytes not read yet.
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.bytes)
@@ -112,16 +119,6 @@ impl<'a> Reader<'a> {
             Ok(())
         } else {
             Err(self.corrupt(Corruption::TrailingBytes))
-        }
-    }
-
-    /// Reads the format version byte and fails unless it is `expected`.
-    pub(crate) fn version(&mut self, expected: u8) -> Result<()> {
-        let v = self.u8()?;
-        if v == expected {
-            Ok(())
-        } else {
-            Err(self.corrupt(Corruption::Version { found: v, expected }))
         }
     }
 }
@@ -148,6 +145,40 @@ pub(crate) fn unseal<'a>(tree: &'static str, bytes: &'a [u8]) -> Result<&'a [u8]
     } else {
         Err(corrupt(Corruption::Checksum))
     }
+}
+
+/// Opens a value whose first byte is its format version, for formats sealed
+/// (a CRC-32 after the value, see [`seal`]) from version `sealed_from` on:
+/// checks the checksum of a sealed value, then that the version is one this
+/// build reads (1 to `current`). Returns the version and a reader over the
+/// fields after it, without the checksum.
+///
+/// The checksum is checked first, so a damaged version byte reads as damage,
+/// not as a value from a newer program.
+pub(crate) fn open<'a>(
+    tree: &'static str,
+    bytes: &'a [u8],
+    sealed_from: u8,
+    current: u8,
+) -> Result<(u8, Reader<'a>)> {
+    let version = *bytes.first().ok_or(Error::Corrupt {
+        tree,
+        what: Corruption::Truncated,
+    })?;
+    let body = if version >= sealed_from {
+        unseal(tree, bytes)?
+    } else {
+        bytes
+    };
+    let mut r = Reader::new(tree, body);
+    r.u8()?;
+    if version == 0 || version > current {
+        return Err(r.corrupt(Corruption::Version {
+            found: version,
+            expected: current,
+        }));
+    }
+    Ok((version, r))
 }
 
 /// Reads a big-endian `u64` key.

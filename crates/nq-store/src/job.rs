@@ -59,7 +59,11 @@ pub struct StoredJob {
 /// read for one job.
 pub const JOBS_PER_CHUNK: u64 = 64;
 
-const CHUNK_VERSION: u8 = 1;
+/// Format of job chunks. Version 2 seals each chunk with a CRC-32: a flipped
+/// bit in a prefix can turn one valid sub-problem into another, which no
+/// check of the prefix would notice, so the jobs of a run would silently
+/// change. Version 1 is still read.
+const CHUNK_VERSION: u8 = 2;
 
 impl StoredJob {
     /// The board of the run.
@@ -97,10 +101,10 @@ pub(crate) fn chunk_of(job: JobId) -> (u64, usize) {
 
 /// Encodes up to [`JOBS_PER_CHUNK`] consecutive jobs as one value:
 /// version, job count (2), end offsets (4 each), then per job its work (8) and
-/// prefixes.
+/// prefixes, then the CRC-32 of all that.
 pub(crate) fn encode_chunk(jobs: &[NewJob]) -> Vec<u8> {
     let body: usize = jobs.iter().map(|j| 8 + j.rows.len()).sum();
-    let mut out = Vec::with_capacity(3 + 4 * jobs.len() + body);
+    let mut out = Vec::with_capacity(7 + 4 * jobs.len() + body);
     out.push(CHUNK_VERSION);
     out.extend_from_slice(&(jobs.len() as u16).to_be_bytes());
     let mut end = 0u32;
@@ -112,6 +116,7 @@ pub(crate) fn encode_chunk(jobs: &[NewJob]) -> Vec<u8> {
         out.extend_from_slice(&j.work.to_be_bytes());
         out.extend_from_slice(&j.rows);
     }
+    crate::codec::seal(&mut out);
     out
 }
 
@@ -123,8 +128,7 @@ pub(crate) struct Chunk<'a> {
 
 impl<'a> Chunk<'a> {
     pub(crate) fn decode(bytes: &'a [u8]) -> Result<Chunk<'a>> {
-        let mut r = Reader::new("jobs", bytes);
-        r.version(CHUNK_VERSION)?;
+        let (_, mut r) = crate::codec::open("jobs", bytes, 2, CHUNK_VERSION)?;
         let count = u16::from_be_bytes(r.take(2)?.try_into().expect("took 2 bytes"));
         let ends = r.take(4 * usize::from(count))?;
         let body = r.rest();
@@ -246,7 +250,12 @@ const RECORD_VERSION: u8 = 2;
 /// so rewriting one for each update costs little.
 pub const RECORDS_PER_CHUNK: u64 = 16;
 
-const RECORD_CHUNK_VERSION: u8 = 1;
+/// Format of record chunks. Version 2 seals each chunk with a CRC-32 and
+/// refuses indexes out of order or beyond the chunk: each record is sealed
+/// on its own, but its index is not part of it, so in version 1 a flipped bit
+/// in an index moved a result to another job (found by the property tests in
+/// `fuzz`). Version 1 is still read.
+const RECORD_CHUNK_VERSION: u8 = 2;
 
 /// The chunk (key of the `records` tree) holding `job`'s record, and the
 /// job's index in it.
@@ -257,12 +266,20 @@ pub(crate) fn record_chunk_of(job: JobId) -> (u64, u8) {
 /// The records of one chunk that are stored: `(index, encoded record)`,
 /// in index order.
 pub(crate) fn decode_record_chunk(bytes: &[u8]) -> Result<Vec<(u8, &[u8])>> {
-    let mut r = Reader::new("records", bytes);
-    r.version(RECORD_CHUNK_VERSION)?;
+    let (_, mut r) = crate::codec::open("records", bytes, 2, RECORD_CHUNK_VERSION)?;
     let count = r.u8()?;
-    let mut out = Vec::with_capacity(usize::from(count));
+    let mut out: Vec<(u8, &[u8])> = Vec::with_capacity(usize::from(count));
     for _ in 0..count {
         let index = r.u8()?;
+        // Indexes are distinct, ascending, and name jobs of this chunk: an
+        // index of 16 or more would be read as a job of the next chunk.
+        if u64::from(index) >= RECORDS_PER_CHUNK
+            || out.last().is_some_and(|l| l.0 >= index)
+        {
+            return Err(r.corrupt(Corruption::Field {
+                field: "record index",
+            }));
+        }
         let len =
             usize::try_from(r.varint()?).map_err(|_| r.corrupt(Corruption::Truncated))?;
         out.push((index, r.take(len)?));
@@ -271,9 +288,12 @@ pub(crate) fn decode_record_chunk(bytes: &[u8]) -> Result<Vec<(u8, &[u8])>> {
     Ok(out)
 }
 
+/// Encodes the records of one chunk, `(index, encoded record)` in index
+/// order: version, count, then per record its index, length and bytes, then
+/// the CRC-32 of all that.
 pub(crate) fn encode_record_chunk(records: &[(u8, &[u8])]) -> Vec<u8> {
     let body: usize = records.iter().map(|(_, b)| b.len() + 3).sum();
-    let mut out = Vec::with_capacity(2 + body);
+    let mut out = Vec::with_capacity(6 + body);
     out.push(RECORD_CHUNK_VERSION);
     out.push(records.len() as u8);
     for (index, bytes) in records {
@@ -281,6 +301,7 @@ pub(crate) fn encode_record_chunk(records: &[(u8, &[u8])]) -> Vec<u8> {
         crate::codec::put_varint(&mut out, bytes.len() as u128);
         out.extend_from_slice(bytes);
     }
+    crate::codec::seal(&mut out);
     out
 }
 

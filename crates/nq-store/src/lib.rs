@@ -33,6 +33,11 @@
 //! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |
 //! | `solutions` | job id (8), sub-problem (4), batch (4) | completions, N bytes each |
 //!
+//! Every value that a count depends on (job chunks, record chunks and the
+//! records in them, duplicates, the manifest and the summary) ends with a
+//! CRC-32 of its bytes, checked when it is read: a value damaged at rest is
+//! refused as [`Error::Corrupt`], never read as another value.
+//!
 //! sled spends about a hundred bytes of memory per entry whatever the cache
 //! size (measured: a million small entries cost 100 to 200 MB), so the layout
 //! keeps entries few: jobs and job records are chunked, and a job's state and
@@ -52,6 +57,8 @@
 
 mod codec;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 pub mod job;
 pub mod manifest;
 pub mod result;

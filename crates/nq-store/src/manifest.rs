@@ -5,7 +5,7 @@ use std::fmt;
 use nq_core::Board;
 use nq_core::split::SplitSpec;
 
-use crate::codec::{Reader, put_str, put_varint};
+use crate::codec::{open, put_str, put_varint, seal};
 use crate::error::{Corruption, Result};
 
 /// The parameters that define a run: two runs with equal keys compute the same
@@ -57,7 +57,10 @@ pub struct Manifest {
     pub created_unix_ms: u64,
 }
 
-const VERSION: u8 = 1;
+/// Format of the manifest. Version 2 seals it with a CRC-32, so that a
+/// damaged manifest is refused as damaged rather than read as another run.
+/// Version 1 is still read.
+const VERSION: u8 = 2;
 
 impl Manifest {
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -73,12 +76,12 @@ impl Manifest {
         out.extend_from_slice(&self.created_unix_ms.to_be_bytes());
         put_str(&mut out, &self.program_version);
         put_str(&mut out, &self.run_id);
+        seal(&mut out);
         out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest> {
-        let mut r = Reader::new("meta", bytes);
-        r.version(VERSION)?;
+        let (_, mut r) = open("meta", bytes, 2, VERSION)?;
         let n = r.u8()?;
         let board = Board::new(n.into()).map_err(|e| r.corrupt(Corruption::Core(e)))?;
         let split_version = r.u32()?;
@@ -132,8 +135,21 @@ mod tests {
             created_unix_ms: 1_700_000_000_000,
         };
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+        // A board the program cannot build is refused, even under a valid
+        // checksum.
         let mut bad = m.encode();
+        bad.truncate(bad.len() - 4);
         bad[1] = 40;
-        assert!(Manifest::decode(&bad).is_err(), "board 40 is refused");
+        seal(&mut bad);
+        assert!(
+            matches!(
+                Manifest::decode(&bad),
+                Err(crate::Error::Corrupt {
+                    what: Corruption::Core(_),
+                    ..
+                })
+            ),
+            "board 40 is refused"
+        );
     }
 }

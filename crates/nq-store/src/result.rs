@@ -2,7 +2,7 @@
 
 use nq_core::split::{SubCounts, Tally};
 
-use crate::codec::{Reader, put_str, put_varint, seal, unseal};
+use crate::codec::{Reader, open, put_str, put_varint, seal, unseal};
 use crate::error::{Corruption, Result};
 use crate::job::{JobId, JobRecord, JobState};
 
@@ -42,7 +42,7 @@ impl StoredResult {
     }
 
     #[cfg(test)]
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(24 + 3 * self.counts.len());
         out.push(RESULT_VERSION);
         self.encode_into(&mut out);
@@ -69,10 +69,10 @@ impl StoredResult {
     }
 
     #[cfg(test)]
-    fn decode(bytes: &[u8]) -> Result<StoredResult> {
-        let mut r = Reader::new("results", unseal("results", bytes)?);
-        r.version(RESULT_VERSION)?;
-        let res = StoredResult::decode_from(&mut r, RESULT_VERSION)?;
+    pub(crate) fn decode(bytes: &[u8]) -> Result<StoredResult> {
+        // A result on its own exists in tests only, always sealed.
+        let (version, mut r) = open("results", bytes, 1, RESULT_VERSION)?;
+        let res = StoredResult::decode_from(&mut r, version)?;
         r.end()?;
         Ok(res)
     }
@@ -81,10 +81,11 @@ impl StoredResult {
     /// checksums; its identity reads as its worker id).
     pub(crate) fn decode_from(r: &mut Reader<'_>, version: u8) -> Result<StoredResult> {
         let len = r.varint_u64()?;
-        // Each entry takes at least 3 bytes; refuse lengths the value cannot hold
-        // before allocating for them.
         let len = usize::try_from(len).map_err(|_| r.corrupt(Corruption::Truncated))?;
-        let mut counts = Vec::with_capacity(len.min(1 << 16));
+        // Each entry takes at least 3 bytes: reserve no more entries than the
+        // rest of the value can hold, so a damaged length cannot make a few
+        // bytes reserve megabytes (found by the property tests in `fuzz`).
+        let mut counts = Vec::with_capacity(len.min(r.remaining() / 3));
         for _ in 0..len {
             counts.push(SubCounts {
                 count: r.varint()?,
@@ -272,7 +273,10 @@ pub struct RunSummary {
     pub finished_unix_ms: u64,
 }
 
-const SUMMARY_VERSION: u8 = 1;
+/// Format of the summary. Version 2 seals it with a CRC-32: a finished run
+/// answers from it alone, so a damaged total must be refused, not printed.
+/// Version 1 is still read.
+const SUMMARY_VERSION: u8 = 2;
 
 impl RunSummary {
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -288,12 +292,12 @@ impl RunSummary {
         ] {
             put_varint(&mut out, v.into());
         }
+        seal(&mut out);
         out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<RunSummary> {
-        let mut r = Reader::new("meta", bytes);
-        r.version(SUMMARY_VERSION)?;
+        let (_, mut r) = open("meta", bytes, 2, SUMMARY_VERSION)?;
         let s = RunSummary {
             total: r.varint()?,
             unique: r.varint()?,

@@ -329,6 +329,23 @@ pub(crate) struct ReportCtx {
     pub(crate) solutions: bool,
     /// Delays between retries of this report.
     pub(crate) backoff: Backoff,
+    /// Bumped by the lease loop at each successful answer of the
+    /// coordinator; see [`wait_for_an_answer`].
+    pub(crate) heard: watch::Receiver<u64>,
+}
+
+/// After a report failed on the network, waits until the lease loop has
+/// heard from the coordinator again. The coordinator may have been replaced
+/// by one serving another run: only a fresh answer (a Lease, or the Register
+/// it asks for) says which run it serves now, and the report must not reach
+/// another run's coordinator. Returns false when the lease loop has ended.
+async fn wait_for_an_answer(ctx: &mut ReportCtx, seen: u64) -> bool {
+    while *ctx.heard.borrow_and_update() == seen {
+        if ctx.heard.changed().await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// How a job's report task ended.
@@ -403,6 +420,7 @@ pub(crate) async fn report_job(
     };
     let mut registered_again = false;
     loop {
+        let heard = *ctx.heard.borrow_and_update();
         let session = ctx.session.borrow_and_update().clone();
         // Checked before every attempt: a result of an earlier run must never
         // reach the coordinator of a later one.
@@ -429,9 +447,12 @@ pub(crate) async fn report_job(
                     code = ?failure.code(),
                     message = failure.message(),
                     ?delay,
-                    "report failed; retrying"
+                    "report failed; retrying once the coordinator answers again"
                 );
                 tokio::time::sleep(delay).await;
+                if !wait_for_an_answer(&mut ctx, heard).await {
+                    return JobEnd::Cancelled;
+                }
             }
             // The lease loop meets the same TLS failure and stops the worker;
             // until then this report waits like any unreachable one.
@@ -469,6 +490,7 @@ async fn stream_job(
         None | Some(Produced::Done(JobOutcome::Cancelled)) => return JobEnd::Cancelled,
         Some(first) => first,
     };
+    let heard = *ctx.heard.borrow_and_update();
     let session = ctx.session.borrow_and_update().clone();
     if session.run != ctx.run {
         stop.store(true, Ordering::Relaxed);
@@ -515,9 +537,12 @@ async fn stream_job(
                         code = ?status.code(),
                         message = status.message(),
                         ?delay,
-                        "solution stream failed; recomputing the job"
+                        "solution stream failed; recomputing the job once the coordinator answers again"
                     );
                     tokio::time::sleep(delay).await;
+                    if !wait_for_an_answer(&mut ctx, heard).await {
+                        return JobEnd::Cancelled;
+                    }
                 }
             }
             JobEnd::Rerun

@@ -92,6 +92,11 @@ pub(crate) struct LeaseLoop<'a> {
     /// after an unknown-worker failure and send nothing once it is in another
     /// run than their job's. Lives as long as the loop.
     session: watch::Sender<Session>,
+    /// Counts the coordinator's successful answers (Register and Lease). A
+    /// report that failed on the network waits for the next one before it is
+    /// tried again, so that it learns first whether the coordinator now
+    /// serves another run (and then drops itself instead of sending it there).
+    heard: watch::Sender<u64>,
     /// Report tasks send the id the coordinator did not know; the loop then
     /// registers again. The loop holds a sender too, so `recv` never ends.
     stale_tx: mpsc::UnboundedSender<WorkerId>,
@@ -146,6 +151,7 @@ impl<'a> LeaseLoop<'a> {
                 worker: WorkerId(String::new()),
                 run: String::new(),
             }),
+            heard: watch::Sender::new(0),
             stale_tx,
             stale_rx,
             held: BTreeMap::new(),
@@ -321,6 +327,7 @@ impl<'a> LeaseLoop<'a> {
             id: info.run_id,
         });
         self.on_answer();
+        self.heard.send_modify(|n| *n += 1);
         self.worker = Some(worker);
         self.backoff.reset();
         self.next_call = Instant::now();
@@ -368,6 +375,7 @@ impl<'a> LeaseLoop<'a> {
         };
         self.backoff.reset();
         self.on_answer();
+        self.heard.send_modify(|n| *n += 1);
         self.set_ttl(response.lease_ttl_ms);
         for id in &response.revoked {
             if let Some(h) = self.held.get_mut(&LeaseId(*id))
@@ -497,6 +505,7 @@ impl<'a> LeaseLoop<'a> {
         let ctx = ReportCtx {
             client: self.client.clone(),
             session: self.session.subscribe(),
+            heard: self.heard.subscribe(),
             run: run.id.clone(),
             kernel: kernel.resolved_name(),
             stale: self.stale_tx.clone(),

@@ -379,4 +379,12 @@ impl Coordinator for Fake {
         s.released += u64::from(released);
         Ok(Response::new(pb::ReleaseResponse { released }))
     }
+
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        // Workers never ask for the run's status.
+        Err(Status::unimplemented("the fake coordinator has no status"))
+    }
 }

@@ -1,0 +1,93 @@
+//! The coordinator's HTTP port (`--metrics ADDR`), for people and monitoring:
+//!
+//! * `GET /metrics`: Prometheus metrics ([`crate::metrics`]);
+//! * `GET /status.json`: the run's [`Snapshot`] as JSON
+//!   ([`Snapshot::to_json`], the same picture as the `Status` rpc);
+//! * `GET /`: the status page, one self-contained HTML file (inline CSS and
+//!   JS, nothing fetched from elsewhere) that polls `/status.json`.
+//!
+//! Every answer is built from one snapshot under the scheduler's lock, held
+//! for microseconds; nothing here can change the run. The port serves plain
+//! HTTP/1.1: put it behind a proxy, or bind it to a private address, where
+//! the workers' names and addresses must not be public.
+//!
+//! [`Snapshot`]: crate::status::Snapshot
+//! [`Snapshot::to_json`]: crate::status::Snapshot::to_json
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::error::{Error, Result};
+use crate::session::Session;
+
+/// The status page, built into the binary.
+const STATUS_PAGE: &str = include_str!("status_page.html");
+
+/// Serves the HTTP port on `listener` until `token` is cancelled, then lets
+/// open requests finish.
+///
+/// # Errors
+///
+/// [`Error::Io`] when accepting connections fails.
+pub(crate) async fn serve(
+    session: Arc<Session>,
+    listener: TcpListener,
+    token: CancellationToken,
+) -> Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, "serving /metrics, /status.json and the status page");
+    }
+    let app = Router::new()
+        .route("/", get(page))
+        .route("/status.json", get(status_json))
+        .route("/metrics", get(metrics))
+        .with_state(session);
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(token.clone().cancelled_owned());
+    // Graceful shutdown waits for every open connection, and a client that
+    // never finishes its request would hold the coordinator's shutdown up:
+    // after DRAIN the server is dropped, whatever is still open.
+    let deadline = async {
+        token.cancelled().await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        r = server => r.map_err(|source| Error::Io {
+            context: "the HTTP server (--metrics) failed".into(),
+            source,
+        }),
+        () = deadline => Ok(()),
+    }
+}
+
+/// How long open HTTP requests get to finish at shutdown.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Every answer describes this instant: no cache may keep it.
+const NO_STORE: (axum::http::HeaderName, &str) = (CACHE_CONTROL, "no-store");
+
+async fn page() -> impl IntoResponse {
+    ([NO_STORE], Html(STATUS_PAGE))
+}
+
+async fn status_json(State(session): State<Arc<Session>>) -> impl IntoResponse {
+    let body = session.snapshot().to_json().to_string();
+    ([(CONTENT_TYPE, "application/json"), NO_STORE], body)
+}
+
+async fn metrics(State(session): State<Arc<Session>>) -> impl IntoResponse {
+    let body = crate::metrics::render(&session.snapshot());
+    (
+        [(CONTENT_TYPE, crate::metrics::CONTENT_TYPE), NO_STORE],
+        body,
+    )
+}
