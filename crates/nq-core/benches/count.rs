@@ -106,7 +106,7 @@ fn main() {
     let reps = env_list("NQ_BENCH_REPS", "3")[0] as usize;
     let stop = AtomicBool::new(false);
     // Every kernel this CPU runs, slowest first; `Auto` is one of them.
-    let kernels: Vec<Kernel> = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
+    let kernels: Vec<Kernel> = [Kernel::Scalar, Kernel::Neon, Kernel::Avx2, Kernel::Avx512]
         .into_iter()
         .filter(|k| k.is_available())
         .collect();

@@ -31,14 +31,15 @@
 //!   walked by nested loops, and the stack keeps only ancestors with rows
 //!   left to try.
 //!
-//! # Three kernels, one result
+//! # Four kernels, one result
 //!
-//! On x86-64 CPUs with AVX-512 (F and VPOPCNTDQ) or AVX2, counts run on a SIMD
-//! kernel in `crate::wide`, which expands sixteen or eight nodes of one level
-//! at once and has none of the scalar kernel's unpredictable branches; it is
-//! several times faster per core (BENCHMARKS.md). Other CPUs, and searches
-//! with fewer than `WIDE_MIN_FREE` (6) free columns, use the scalar kernel here,
-//! compiled twice (plain x86-64 and with `popcnt`/BMI) and chosen at run time.
+//! On x86-64 CPUs with AVX-512 (F and VPOPCNTDQ) or AVX2, and on every aarch64
+//! CPU (NEON), counts run on a SIMD kernel in `crate::wide`, which expands
+//! sixteen or eight nodes of one level at once and has none of the scalar
+//! kernel's unpredictable branches; it is several times faster per core
+//! (BENCHMARKS.md). Other CPUs, and searches with fewer than `WIDE_MIN_FREE`
+//! (6) free columns, use the scalar kernel here, compiled twice on x86-64
+//! (plain and with `popcnt`/BMI) and chosen at run time.
 //! [`Kernel`] picks one explicitly. All walk the same tree and count the same
 //! completions; a test compares them on thousands of plans. Listing always
 //! uses the scalar walk, which visits solutions in lexicographic order.
@@ -139,14 +140,22 @@ pub enum Kernel {
     Avx512,
     /// Eight nodes per step; needs AVX2.
     Avx2,
+    /// Eight nodes per step in pairs of 128-bit registers; needs an aarch64
+    /// CPU, all of which have NEON.
+    Neon,
     /// The portable scalar kernel, whatever the CPU.
     Scalar,
 }
 
 impl Kernel {
     /// Every choice, in the order help texts list them.
-    pub const ALL: [Kernel; 4] =
-        [Kernel::Auto, Kernel::Avx512, Kernel::Avx2, Kernel::Scalar];
+    pub const ALL: [Kernel; 5] = [
+        Kernel::Auto,
+        Kernel::Avx512,
+        Kernel::Avx2,
+        Kernel::Neon,
+        Kernel::Scalar,
+    ];
 
     /// The name that [`Kernel::from_str`] accepts and [`fmt::Display`] prints.
     pub fn name(self) -> &'static str {
@@ -154,6 +163,7 @@ impl Kernel {
             Kernel::Auto => "auto",
             Kernel::Avx512 => "avx512",
             Kernel::Avx2 => "avx2",
+            Kernel::Neon => "neon",
             Kernel::Scalar => "scalar",
         }
     }
@@ -164,6 +174,7 @@ impl Kernel {
             Kernel::Auto | Kernel::Scalar => "nothing",
             Kernel::Avx512 => "an x86-64 CPU with AVX-512 F and VPOPCNTDQ",
             Kernel::Avx2 => "an x86-64 CPU with AVX2 and popcnt",
+            Kernel::Neon => "an aarch64 (ARM 64-bit) CPU",
         }
     }
 
@@ -177,6 +188,10 @@ impl Kernel {
             Kernel::Avx2 => crate::wide::Isa::Avx2.available(),
             #[cfg(not(target_arch = "x86_64"))]
             Kernel::Avx512 | Kernel::Avx2 => false,
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => crate::wide::Isa::Neon.available(),
+            #[cfg(not(target_arch = "aarch64"))]
+            Kernel::Neon => false,
         }
     }
 
@@ -199,7 +214,7 @@ impl Kernel {
     /// refuse instead).
     pub fn resolved(self) -> Kernel {
         match self {
-            Kernel::Auto => [Kernel::Avx512, Kernel::Avx2]
+            Kernel::Auto => [Kernel::Avx512, Kernel::Avx2, Kernel::Neon]
                 .into_iter()
                 .find(|k| k.is_available())
                 .unwrap_or(Kernel::Scalar),
@@ -214,14 +229,18 @@ impl Kernel {
     }
 
     /// The SIMD kernel that runs a search with `free` free columns, if any.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn isa(self, free: usize) -> Option<crate::wide::Isa> {
         if free < WIDE_MIN_FREE {
             return None;
         }
         match self.resolved() {
+            #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => Some(crate::wide::Isa::Avx512),
+            #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => Some(crate::wide::Isa::Avx2),
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => Some(crate::wide::Isa::Neon),
             _ => None,
         }
     }
@@ -270,7 +289,7 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
 
 /// The fewest free columns for which a SIMD kernel is used: below this a
 /// search is too small to fill its vectors.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const WIDE_MIN_FREE: usize = 6;
 
 impl fmt::Display for Kernel {
@@ -306,7 +325,7 @@ impl fmt::Display for UnknownKernel {
         write!(
             f,
             "`{}` is not a count kernel: use `auto` (the fastest this CPU has), \
-             `avx512`, `avx2` or `scalar` (the portable one)",
+             `avx512`, `avx2`, `neon` or `scalar` (the portable one)",
             self.name
         )
     }
@@ -402,21 +421,21 @@ impl Plan {
     /// Counts on `kernel` as [`Kernel::resolved`] gives it, or on the scalar
     /// kernel when the search is too small to fill SIMD vectors.
     fn count_with(&self, kernel: Kernel, stop: &AtomicBool) -> Option<CountStats> {
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         {
             if let Some(isa) = kernel.isa(self.free) {
                 let (count, nodes) = crate::wide::count(isa, &self.wide(), stop)?;
                 return Some(CountStats { count, nodes });
             }
         }
-        // Off x86-64 there is no SIMD kernel: every choice runs the scalar one.
-        #[cfg(not(target_arch = "x86_64"))]
+        // Elsewhere there is no SIMD kernel: every choice runs the scalar one.
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let _ = kernel;
         self.count_scalar(stop)
     }
 
     /// The plan as the SIMD kernels take it.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn wide(&self) -> crate::wide::Problem<'_> {
         crate::wide::Problem {
             full: self.full,
@@ -816,15 +835,12 @@ mod tests {
     /// scattered columns and with random forbidden squares: every shape of
     /// plan (gaps between free columns, blocked rows, 4 to 13 free columns).
     #[test]
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn simd_kernels_agree_with_scalar() {
         use crate::wide::Isa;
-        let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
-            .into_iter()
-            .filter(|i| i.available())
-            .collect();
+        let isas: Vec<Isa> = Isa::ALL.iter().copied().filter(|i| i.available()).collect();
         if isas.is_empty() {
-            eprintln!("no AVX2 or AVX-512 on this CPU: no SIMD kernel to compare");
+            eprintln!("no SIMD kernel on this CPU to compare");
             return;
         }
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;

@@ -1,5 +1,5 @@
-//! The SIMD count kernels: sixteen (AVX-512) or eight (AVX2) search nodes per
-//! instruction.
+//! The SIMD count kernels: sixteen (AVX-512) or eight (AVX2, NEON) search
+//! nodes per step.
 //!
 //! The scalar kernel in [`crate::search`] spends most of its time on branches
 //! it cannot predict: whether a column still has a free row, whether a
@@ -39,7 +39,11 @@
 //! kernel's module, whose functions (all compiled for that instruction set)
 //! provide the vector operations. AVX2 has no compress-store and no vector
 //! popcount: its module builds them from a permutation table and a nibble
-//! lookup.
+//! lookup. NEON (aarch64) has a byte popcount (`cnt`) but neither
+//! compress-stores, masked loads nor lane masks as bits: its module works on
+//! pairs of 128-bit registers, compresses each half through a `tbl` byte
+//! permutation from a 16-entry table, and reads lane masks with an add across
+//! the vector.
 //!
 //! # Exactness
 //!
@@ -47,6 +51,13 @@
 //! pairs of rows) and is moved into a `u128` every [`FLUSH`] steps, so lanes
 //! stay below `2¹² · 2¹⁰`, far from `u32` overflow. Lanes outside a step's
 //! vector are kept out of every sum and every store by the same masks.
+//!
+//! # Nodes
+//!
+//! Every step places one queen in each of its `take` lanes, so the walk counts
+//! `take` nodes per step: the queens placed in the searched columns, that is
+//! every column but the last two. The scalar kernel counts the same placements
+//! (`search::CountStats::nodes`), so node rates compare across kernels.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,24 +83,42 @@ const FLUSH: u64 = 1 << 12;
 pub(crate) enum Isa {
     /// Sixteen lanes: AVX-512 F and VPOPCNTDQ (and popcnt, which every such
     /// CPU has).
+    #[cfg(target_arch = "x86_64")]
     Avx512,
     /// Eight lanes: AVX2 and popcnt.
+    #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// Eight lanes in two 128-bit registers: NEON, which every aarch64 CPU
+    /// has (it is part of the architecture's baseline).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 impl Isa {
+    /// Every SIMD kernel this architecture has, fastest first.
+    #[cfg(all(test, target_arch = "x86_64"))]
+    pub(crate) const ALL: &'static [Isa] = &[Isa::Avx512, Isa::Avx2];
+    /// Every SIMD kernel this architecture has, fastest first.
+    #[cfg(all(test, target_arch = "aarch64"))]
+    pub(crate) const ALL: &'static [Isa] = &[Isa::Neon];
+
     /// True when this CPU can run the kernel.
     pub(crate) fn available(self) -> bool {
         match self {
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vpopcntdq")
                     && std::arch::is_x86_feature_detected!("popcnt")
             }
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("popcnt")
             }
+            // The aarch64 targets Rust supports all enable NEON.
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => true,
         }
     }
 }
@@ -123,19 +152,23 @@ pub(crate) struct Problem<'a> {
 /// four free columns.
 pub(crate) fn count(isa: Isa, p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
     assert!(isa.available(), "this CPU cannot run the {isa:?} kernel");
-    // SAFETY: the instruction sets each kernel is compiled for were just
-    // checked on the running CPU.
-    unsafe {
-        match isa {
-            Isa::Avx512 => avx512::count(p, stop),
-            Isa::Avx2 => avx2::count(p, stop),
-        }
+    match isa {
+        // SAFETY: the instruction sets each kernel is compiled for were just
+        // checked on the running CPU.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::count(p, stop) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::count(p, stop) },
+        // SAFETY: as above (every aarch64 CPU has NEON).
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => unsafe { neon::count(p, stop) },
     }
 }
 
 /// The walk of the module docs, expanded inside a kernel's module: `LANES`,
-/// the vector functions (`splat`, `valid`, `load`, `nonzero`, `compress`, …)
-/// and `lane_sum` come from there.
+/// the vector functions (`splat`, `valid`, `load`, `nonzero`, `compress`, …),
+/// `lane_sum` and `prepare` come from there.
 macro_rules! walk {
     ($p:ident, $stop:ident) => {{
         let p: &Problem<'_> = $p;
@@ -172,6 +205,10 @@ macro_rules! walk {
                 ]
             }
         };
+        for j in 0..free {
+            // SAFETY: `arrays` gives the addresses of level `j`'s arrays.
+            unsafe { prepare(arrays(j)) };
+        }
         let mut len = [0usize; MAX_N as usize];
         let root = p.full & !p.blocked[0];
         // SAFETY: index 0 of level 0's arrays.
@@ -283,6 +320,7 @@ macro_rules! walk {
 
 /// The AVX-512 kernel: sixteen lanes, native masks, compress-stores and
 /// popcounts.
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::{
         __m128i, __m512i, _mm_cvtsi32_si128, _mm512_add_epi32, _mm512_and_si512,
@@ -296,6 +334,9 @@ mod avx512 {
     use super::*;
 
     const LANES: usize = 16;
+
+    /// Nothing to prepare: masked loads read no lane past a level's length.
+    unsafe fn prepare(_: [*mut i32; 4]) {}
 
     /// Counts on this kernel; see [`super::count`].
     #[target_feature(enable = "avx512f,avx512vpopcntdq,popcnt")]
@@ -421,6 +462,7 @@ mod avx512 {
 
 /// The AVX2 kernel: eight lanes; masks are vectors, compress-stores are
 /// permutations from a table, popcounts are nibble lookups.
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::{
         __m128i, __m256i, _mm_cvtsi32_si128, _mm256_add_epi8, _mm256_add_epi32,
@@ -436,6 +478,9 @@ mod avx2 {
     use super::*;
 
     const LANES: usize = 8;
+
+    /// Nothing to prepare: masked loads read no lane past a level's length.
+    unsafe fn prepare(_: [*mut i32; 4]) {}
 
     /// `COMPRESS[m]`: the lanes set in `m`, in order, then zeros: the
     /// permutation that packs those lanes at the front of a vector.
@@ -597,5 +642,264 @@ mod avx2 {
         // SAFETY: `lanes` is 32 bytes long; the store is unaligned.
         unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v) };
         lanes.iter().map(|&x| u128::from(x)).sum()
+    }
+}
+
+/// The NEON kernel (aarch64): eight lanes in a pair of 128-bit registers, so
+/// that each step issues two independent instructions per operation (ARM
+/// cores have two to four 128-bit vector pipes). Masks are vectors;
+/// compress-stores are `tbl` byte permutations from a 16-entry table, one per
+/// half; popcounts are byte counts (`cnt`) widened by pairwise adds.
+///
+/// NEON has no masked load: the walk's loads read whole vectors, and the first
+/// vector of every level is zeroed by `prepare`, so that the lanes past a
+/// short level's length hold written values (zeros or old nodes). The masks
+/// keep those lanes out of every sum and store, as on AVX2.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::{
+        int32x4_t, uint32x4_t, vaddlvq_u32, vaddq_u32, vaddvq_u32, vandq_u32, vbicq_u32,
+        vcltq_u32, vcntq_u8, vdupq_n_s32, vdupq_n_u32, veorq_u32, vld1q_u8, vld1q_u32,
+        vmulq_u32, vorrq_u32, vpaddlq_u8, vpaddlq_u16, vqtbl1q_u8, vreinterpretq_u8_u32,
+        vreinterpretq_u32_u8, vshlq_u32, vst1q_u32, vsubq_u32, vtstq_u32,
+    };
+
+    use super::*;
+
+    const LANES: usize = 8;
+
+    /// Eight 32-bit lanes: lanes 0–3 in the first register, 4–7 in the second.
+    #[derive(Clone, Copy)]
+    struct V(uint32x4_t, uint32x4_t);
+
+    /// A shift distance as `vshlq_u32` takes it: `s` to shift left, `-s` to
+    /// shift right.
+    #[derive(Clone, Copy)]
+    struct Shift {
+        left: int32x4_t,
+        right: int32x4_t,
+    }
+
+    /// `COMPRESS[m]`: the bytes of the 32-bit lanes set in `m` (four bits), in
+    /// order, then zeros: the `tbl` permutation that packs those lanes at the
+    /// front of a register.
+    static COMPRESS: [[u8; 16]; 16] = {
+        let mut table = [[0u8; 16]; 16];
+        let mut m = 0;
+        while m < 16 {
+            let (mut lane, mut out) = (0usize, 0usize);
+            while lane < 4 {
+                if m & (1 << lane) != 0 {
+                    let mut byte = 0;
+                    while byte < 4 {
+                        table[m][4 * out + byte] = (4 * lane + byte) as u8;
+                        byte += 1;
+                    }
+                    out += 1;
+                }
+                lane += 1;
+            }
+            m += 1;
+        }
+        table
+    };
+
+    /// `ONES[m]`: bits set in `m`. A load is cheaper than `count_ones`, which
+    /// aarch64 before v8.9 computes through the vector unit.
+    static ONES: [u8; 256] = {
+        let mut table = [0u8; 256];
+        let mut m = 0;
+        while m < 256 {
+            table[m] = (m as u32).count_ones() as u8;
+            m += 1;
+        }
+        table
+    };
+
+    /// Lane numbers, and the bit of each lane in a mask vector.
+    static IOTA: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+    static BITS: [u32; 4] = [1, 2, 4, 8];
+
+    /// Counts on this kernel; see [`super::count`].
+    #[target_feature(enable = "neon")]
+    pub(super) fn count(p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
+        walk!(p, stop)
+    }
+
+    /// Zeroes the first vector of a level's four arrays (see the module docs).
+    ///
+    /// # Safety
+    ///
+    /// Each pointer must be valid for writing `LANES` values.
+    #[target_feature(enable = "neon")]
+    unsafe fn prepare(arrays: [*mut i32; 4]) {
+        for a in arrays {
+            // SAFETY: the caller's.
+            unsafe { a.cast::<[i32; LANES]>().write([0; LANES]) };
+        }
+    }
+
+    /// `f` on both halves.
+    #[target_feature(enable = "neon")]
+    fn map2(a: V, b: V, f: impl Fn(uint32x4_t, uint32x4_t) -> uint32x4_t) -> V {
+        V(f(a.0, b.0), f(a.1, b.1))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn splat(x: u32) -> V {
+        let v = vdupq_n_u32(x);
+        V(v, v)
+    }
+
+    /// The first `take` lanes, as a vector mask (all ones in those lanes).
+    #[target_feature(enable = "neon")]
+    fn valid(take: usize) -> V {
+        let t = vdupq_n_u32(take as u32);
+        // SAFETY: `IOTA` holds eight values.
+        let (lo, hi) =
+            unsafe { (vld1q_u32(IOTA.as_ptr()), vld1q_u32(IOTA.as_ptr().add(4))) };
+        V(vcltq_u32(lo, t), vcltq_u32(hi, t))
+    }
+
+    /// Eight values from `p`; the lanes outside `lanes` are read but ignored.
+    ///
+    /// # Safety
+    ///
+    /// `p` must be valid for reading eight initialised values.
+    #[target_feature(enable = "neon")]
+    unsafe fn load(p: *const i32, _lanes: V) -> V {
+        // SAFETY: the caller's; the walk's reads stay below `CAP` and every
+        // value read was written (by `prepare` or by a store).
+        unsafe { V(vld1q_u32(p.cast()), vld1q_u32(p.add(4).cast())) }
+    }
+
+    /// A four-lane mask vector as bits.
+    #[target_feature(enable = "neon")]
+    fn bits(m: uint32x4_t) -> u32 {
+        // SAFETY: `BITS` holds four values.
+        vaddvq_u32(vandq_u32(m, unsafe { vld1q_u32(BITS.as_ptr()) }))
+    }
+
+    /// The lanes of `lanes` where `v` is not zero, as bits.
+    #[target_feature(enable = "neon")]
+    fn nonzero(v: V, lanes: V) -> u32 {
+        let m = map2(v, lanes, |v, l| vandq_u32(vtstq_u32(v, v), l));
+        bits(m.0) | bits(m.1) << 4
+    }
+
+    /// How many lanes `sel` keeps.
+    #[target_feature(enable = "neon")]
+    fn kept(sel: u32) -> usize {
+        usize::from(ONES[(sel & 0xff) as usize])
+    }
+
+    /// One half, its lanes of `sel` packed at the front.
+    #[target_feature(enable = "neon")]
+    fn packed(v: uint32x4_t, sel: u32) -> uint32x4_t {
+        // SAFETY: each row of `COMPRESS` holds sixteen bytes.
+        let idx = unsafe { vld1q_u8(COMPRESS[(sel & 0xf) as usize].as_ptr()) };
+        vreinterpretq_u32_u8(vqtbl1q_u8(vreinterpretq_u8_u32(v), idx))
+    }
+
+    /// Stores the lanes of `sel`, contiguously, from `p`, followed by junk up
+    /// to a whole vector (the values written end at most eight past `p`).
+    ///
+    /// # Safety
+    ///
+    /// `p` must be valid for writing eight values.
+    #[target_feature(enable = "neon")]
+    unsafe fn compress(p: *mut i32, sel: u32, v: V) {
+        let low = usize::from(ONES[(sel & 0xf) as usize]);
+        // SAFETY: the caller's; the second store ends at `p + low + 4`, and
+        // `low ≤ 4`.
+        unsafe {
+            vst1q_u32(p.cast(), packed(v.0, sel));
+            vst1q_u32(p.add(low).cast(), packed(v.1, sel >> 4));
+        }
+    }
+
+    /// `acc + x` in the lanes of `lanes`, `acc` elsewhere.
+    #[target_feature(enable = "neon")]
+    fn add_in(acc: V, lanes: V, x: V) -> V {
+        add(acc, and(x, lanes))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn and(a: V, b: V) -> V {
+        map2(a, b, |a, b| vandq_u32(a, b))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn or(a: V, b: V) -> V {
+        map2(a, b, |a, b| vorrq_u32(a, b))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn xor(a: V, b: V) -> V {
+        map2(a, b, |a, b| veorq_u32(a, b))
+    }
+
+    /// `!a & b`.
+    #[target_feature(enable = "neon")]
+    fn andnot(a: V, b: V) -> V {
+        map2(a, b, |a, b| vbicq_u32(b, a))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn neg(a: V) -> V {
+        sub(splat(0), a)
+    }
+
+    #[target_feature(enable = "neon")]
+    fn add(a: V, b: V) -> V {
+        map2(a, b, |a, b| vaddq_u32(a, b))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn sub(a: V, b: V) -> V {
+        map2(a, b, |a, b| vsubq_u32(a, b))
+    }
+
+    #[target_feature(enable = "neon")]
+    fn mul(a: V, b: V) -> V {
+        map2(a, b, |a, b| vmulq_u32(a, b))
+    }
+
+    /// A shift distance as the shift instructions take it.
+    #[target_feature(enable = "neon")]
+    fn count_of(s: u32) -> Shift {
+        // Distances are below 64, so they fit the signed byte that `ushl`
+        // reads.
+        let s = s as i32;
+        Shift {
+            left: vdupq_n_s32(s),
+            right: vdupq_n_s32(-s),
+        }
+    }
+
+    /// Shift left by `s` bits (0 for `s ≥ 32`, as `ushl` gives).
+    #[target_feature(enable = "neon")]
+    fn shl(a: V, s: Shift) -> V {
+        V(vshlq_u32(a.0, s.left), vshlq_u32(a.1, s.left))
+    }
+
+    /// Shift right by `s` bits (0 for `s ≥ 32`): `ushl` by a negative amount.
+    #[target_feature(enable = "neon")]
+    fn shr(a: V, s: Shift) -> V {
+        V(vshlq_u32(a.0, s.right), vshlq_u32(a.1, s.right))
+    }
+
+    /// Bits set in each lane: byte counts, widened by two pairwise adds.
+    #[target_feature(enable = "neon")]
+    fn popcnt(a: V) -> V {
+        let half =
+            |x: uint32x4_t| vpaddlq_u16(vpaddlq_u8(vcntq_u8(vreinterpretq_u8_u32(x))));
+        V(half(a.0), half(a.1))
+    }
+
+    /// The sum of the lanes, each an unsigned count.
+    #[target_feature(enable = "neon")]
+    fn lane_sum(v: V) -> u128 {
+        u128::from(vaddlvq_u32(v.0)) + u128::from(vaddlvq_u32(v.1))
     }
 }
