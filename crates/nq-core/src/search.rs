@@ -97,9 +97,12 @@ pub enum Outcome {
 pub struct CountStats {
     /// Completions of the prefix.
     pub count: u128,
-    /// A measure of the search's work, for throughput figures only: nodes
-    /// taken back off the stack (scalar kernel) or nodes expanded (SIMD
-    /// kernels), so figures from different CPUs are not comparable.
+    /// The search's work, for throughput figures (nodes per second): the
+    /// queens the search placed, that is the nodes of the search tree below
+    /// the prefix, in every free column but the last two (which every kernel
+    /// counts in closed form, without placing queens there). A property of the
+    /// problem alone: every kernel reports the same number for the same
+    /// search, so node rates compare across kernels and machines.
     pub nodes: u64,
 }
 
@@ -111,7 +114,7 @@ pub fn count(prefix: &Prefix, stop: &AtomicBool) -> Option<u128> {
     count_stats(prefix, stop).map(|s| s.count)
 }
 
-/// [`count`], also reporting the number of nodes expanded.
+/// [`count`], also reporting the search's nodes ([`CountStats::nodes`]).
 pub fn count_stats(prefix: &Prefix, stop: &AtomicBool) -> Option<CountStats> {
     Plan::new(prefix).count(stop)
 }
@@ -479,11 +482,13 @@ impl Plan {
         match self.free {
             // A complete prefix is its own single completion.
             0 => return Some(CountStats { count: 1, nodes: 0 }),
+            // The last two columns are counted in closed form and are not
+            // nodes (see `CountStats::nodes`).
             1 => {
                 let count = (full & !self.blocked[0]).count_ones();
                 return Some(CountStats {
                     count: count.into(),
-                    nodes: 1,
+                    nodes: 0,
                 });
             }
             2 => {
@@ -492,7 +497,7 @@ impl Plan {
                 let count = pairs(f1, f2, self.shift[1]);
                 return Some(CountStats {
                     count: count.into(),
-                    nodes: 1,
+                    nodes: 0,
                 });
             }
             _ => {}
@@ -502,50 +507,26 @@ impl Plan {
         // (`tail4`, `tail`), and the two columns after them in closed form by
         // `pairs`, so the deepest four columns never touch the stack.
         let last = self.free - 3;
-        let s1 = self.shift[self.free - 2];
-        let s2 = self.shift[self.free - 1];
-        let b1 = self.blocked[self.free - 2];
-        let b2 = self.blocked[self.free - 1];
-        // The completions of the last three columns, given the free rows
-        // `rem` of column `last` and the masks as seen from it.
-        let tail = |mut rem: u32, used: u32, up: u32, down: u32| -> u64 {
-            let mut sum = 0u64;
-            while rem != 0 {
-                let bit = rem & rem.wrapping_neg();
-                rem ^= bit;
-                let (u, a, b) = (used | bit, up | bit, down | bit);
-                // Free rows of the last two columns with this queen placed
-                // but before either of them holds one.
-                let f1 = full & !(u | a << s1 | b >> s1 | b1);
-                let f2 = full & !(u | a << (s1 + s2) | b >> (s1 + s2) | b2);
-                sum += u64::from(pairs(f1, f2, s2));
-            }
-            sum
-        };
-        // The same for the last four columns, given the free rows of column
-        // `last - 1`.
-        let (s0, b0) = (self.shift[last], self.blocked[last]);
-        let tail4 = |mut rem: u32, used: u32, up: u32, down: u32| -> u64 {
-            let mut sum = 0u64;
-            while rem != 0 {
-                let bit = rem & rem.wrapping_neg();
-                rem ^= bit;
-                let u = used | bit;
-                let (a, b) = ((up | bit) << s0, (down | bit) >> s0);
-                sum += tail(full & !(u | a | b | b0), u, a, b);
-            }
-            sum
+        let tail = Tail {
+            full,
+            s0: self.shift[last],
+            b0: self.blocked[last],
+            s1: self.shift[self.free - 2],
+            b1: self.blocked[self.free - 2],
+            s2: self.shift[self.free - 1],
+            b2: self.blocked[self.free - 1],
         };
         let first = full & !self.blocked[0];
         if last <= 1 {
-            let count = if last == 0 {
-                tail(first, 0, 0, 0)
+            let (count, nodes) = if last == 0 {
+                let packed = tail.three(first, 0, 0, 0);
+                (packed & (NODE - 1), packed >> 32)
             } else {
-                tail4(first, 0, 0, 0)
+                tail.four(first, 0, 0, 0)
             };
             return Some(CountStats {
                 count: count.into(),
-                nodes: 1,
+                nodes,
             });
         }
         // The current level lives in registers (`level`, `rem`, `used`, `up`,
@@ -565,6 +546,8 @@ impl Plan {
         // Counts since the last checkpoint; bounded as the module docs explain.
         let mut partial: u64 = 0;
         let mut pops: u64 = 0;
+        // Queens placed (see `CountStats::nodes`).
+        let mut nodes = u64::from(first.count_ones());
         loop {
             if rem == 0 {
                 if sp == 0 {
@@ -592,10 +575,13 @@ impl Plan {
             let (a, b) = ((up | bit) << s, (down | bit) >> s);
             let free = full & !(u | a | b | self.blocked[next]);
             if next + 1 == last {
-                partial += tail4(free, u, a, b);
+                let (sum, placed) = tail.four(free, u, a, b);
+                partial += sum;
+                nodes += placed;
                 continue;
             }
             if free != 0 {
+                nodes += u64::from(free.count_ones());
                 stack[sp & 31] = [rem, used, up, down, level as u32];
                 sp += usize::from(rem != 0);
                 level = next;
@@ -605,7 +591,6 @@ impl Plan {
                 down = b;
             }
         }
-        let nodes = pops;
         total += u128::from(partial);
         Some(CountStats {
             count: total,
@@ -613,6 +598,78 @@ impl Plan {
         })
     }
 }
+
+/// The deepest four free columns of a count (`last - 1` to `last + 2` in
+/// [`Plan::count_impl`]), searched by nested loops instead of the stack.
+///
+/// Methods rather than closures so that `#[inline(always)]` holds: an
+/// outlined closure would lose the caller's `popcnt`/BMI target features.
+#[derive(Clone, Copy)]
+struct Tail {
+    full: u32,
+    /// Shift and blocked rows of column `last`.
+    s0: u32,
+    b0: u32,
+    /// Of column `last + 1`.
+    s1: u32,
+    b1: u32,
+    /// Of column `last + 2`, the final one.
+    s2: u32,
+    b2: u32,
+}
+
+impl Tail {
+    /// The completions of the last three columns, given the free rows `rem`
+    /// of column `last` and the masks as seen from it, plus `2³²` per queen
+    /// placed in column `last` (its nodes, packed where adding them costs no
+    /// instruction of its own; the count is below `32³`).
+    #[inline(always)]
+    fn three(&self, mut rem: u32, used: u32, up: u32, down: u32) -> u64 {
+        let Tail {
+            full,
+            s1,
+            b1,
+            s2,
+            b2,
+            ..
+        } = *self;
+        let mut sum = 0u64;
+        while rem != 0 {
+            let bit = rem & rem.wrapping_neg();
+            rem ^= bit;
+            let (u, a, b) = (used | bit, up | bit, down | bit);
+            // Free rows of the last two columns with this queen placed but
+            // before either of them holds one.
+            let f1 = full & !(u | a << s1 | b >> s1 | b1);
+            let f2 = full & !(u | a << (s1 + s2) | b >> (s1 + s2) | b2);
+            sum += u64::from(pairs(f1, f2, s2)) + NODE;
+        }
+        sum
+    }
+
+    /// The same for the last four columns, given the free rows of column
+    /// `last - 1`: the completions, and the nodes of columns `last - 1` and
+    /// `last` (one per queen placed in either, as the SIMD kernels count
+    /// them).
+    #[inline(always)]
+    fn four(&self, mut rem: u32, used: u32, up: u32, down: u32) -> (u64, u64) {
+        let (full, s0, b0) = (self.full, self.s0, self.b0);
+        // Packed as in `three`: at most `32⁴ < 2³²` completions and `32 + 32²`
+        // nodes.
+        let mut sum = 0u64;
+        while rem != 0 {
+            let bit = rem & rem.wrapping_neg();
+            rem ^= bit;
+            let u = used | bit;
+            let (a, b) = ((up | bit) << s0, (down | bit) >> s0);
+            sum += self.three(full & !(u | a | b | b0), u, a, b) + NODE;
+        }
+        (sum & (NODE - 1), sum >> 32)
+    }
+}
+
+/// One node, in the packed sums of [`Tail`].
+const NODE: u64 = 1 << 32;
 
 /// The number of ways to finish the last two free columns, whose free rows
 /// (before either holds a queen) are `f1` and `f2`, `s` columns apart.
@@ -870,12 +927,13 @@ mod tests {
                         if plan.free < 4 {
                             continue;
                         }
-                        let scalar = plan.count_impl(&never()).unwrap().count;
+                        let scalar = plan.count_impl(&never()).unwrap();
                         for &isa in &isas {
-                            let (wide, _) =
+                            let (count, nodes) =
                                 crate::wide::count(isa, &plan.wide(), &never()).unwrap();
                             assert_eq!(
-                                wide, scalar,
+                                CountStats { count, nodes },
+                                scalar,
                                 "{isa:?} n={n} prefix={p:?} forbidden={forbidden:?}"
                             );
                             compared += 1;
@@ -885,6 +943,42 @@ mod tests {
             }
         }
         assert!(compared > 1000, "only {compared} plans compared");
+    }
+
+    /// `CountStats::nodes` means the same on every kernel: the placements in
+    /// all free columns but the last two, counted here by plain recursion
+    /// (`Plan::leaves`) on plans of every size from 0 to 13 free columns.
+    #[test]
+    fn every_kernel_counts_the_same_nodes() {
+        let kernels: Vec<Kernel> = Kernel::ALL
+            .into_iter()
+            .filter(|k| *k != Kernel::Auto && k.is_available())
+            .collect();
+        let mut checked = 0;
+        for n in 1..=13u8 {
+            let b = Board::new(n.into()).unwrap();
+            let mut prefixes = vec![Prefix::empty(b)];
+            for r in 0..n {
+                let mut p = Prefix::empty(b);
+                p.place(n / 2, r).unwrap();
+                prefixes.push(p);
+                if n >= 3 && p.place(0, (r + 2) % n).is_ok() {
+                    prefixes.push(p);
+                }
+            }
+            for p in prefixes {
+                let plan = Plan::new(&p);
+                let want: u64 = (1..plan.free.saturating_sub(1))
+                    .map(|depth| plan.leaves(0, depth, 0, 0, 0))
+                    .sum();
+                for &k in &kernels {
+                    let got = plan.count_with(k, &never()).unwrap();
+                    assert_eq!(got.nodes, want, "{k} n={n} prefix={p:?}");
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 300, "only {checked} searches checked");
     }
 
     #[test]
