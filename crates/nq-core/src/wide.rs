@@ -70,9 +70,10 @@ const MAX_LANES: usize = 16;
 /// Larger values fill more vectors completely near the turns of the walk;
 /// beyond a few vectors nothing more is gained (BENCHMARKS.md).
 const DESCEND: usize = 128;
-/// Capacity of a level's buffer: see the module docs for the bound. The AVX2
-/// compress-store writes a whole vector, of which the lanes past the kept ones
-/// are junk beyond the buffer's length; this capacity leaves room for it too.
+/// Capacity of a level's buffer: see the module docs for the bound. Every
+/// kernel's compress-store writes a whole vector, of which the lanes past the
+/// kept ones are junk beyond the buffer's length; this capacity leaves room
+/// for it too.
 const CAP: usize = DESCEND + MAX_LANES;
 /// Steps between moves of the lane sums into the `u128` total, and checks of
 /// the stop flag.
@@ -324,8 +325,8 @@ macro_rules! walk {
 mod avx512 {
     use std::arch::x86_64::{
         __m128i, __m512i, _mm_cvtsi32_si128, _mm512_add_epi32, _mm512_and_si512,
-        _mm512_andnot_si512, _mm512_mask_add_epi32, _mm512_mask_compressstoreu_epi32,
-        _mm512_mask_test_epi32_mask, _mm512_maskz_loadu_epi32, _mm512_mullo_epi32,
+        _mm512_andnot_si512, _mm512_mask_add_epi32, _mm512_mask_test_epi32_mask,
+        _mm512_maskz_compress_epi32, _mm512_maskz_loadu_epi32, _mm512_mullo_epi32,
         _mm512_or_si512, _mm512_popcnt_epi32, _mm512_set1_epi32, _mm512_setzero_si512,
         _mm512_sll_epi32, _mm512_srl_epi32, _mm512_storeu_si512, _mm512_sub_epi32,
         _mm512_xor_si512,
@@ -373,11 +374,16 @@ mod avx512 {
         sel.count_ones() as usize
     }
 
-    /// Stores the lanes of `sel`, contiguously, from `p`.
+    /// Stores the lanes of `sel`, contiguously, from `p`, followed by zeros
+    /// up to a whole vector (sixteen values are always written).
+    ///
+    /// A compress into a register and a plain store, not the compress-store
+    /// instruction: AMD Zen 4 runs `vpcompressd` to memory as microcode, some
+    /// ten times slower than the register form (BENCHMARKS.md).
     #[target_feature(enable = "avx512f")]
     unsafe fn compress(p: *mut i32, sel: u16, v: __m512i) {
-        // SAFETY: the caller's; at most 16 values are written.
-        unsafe { _mm512_mask_compressstoreu_epi32(p, sel, v) }
+        // SAFETY: the caller's; sixteen values are written.
+        unsafe { _mm512_storeu_si512(p.cast(), _mm512_maskz_compress_epi32(sel, v)) }
     }
 
     /// `acc + x` in the lanes of `lanes`, `acc` elsewhere.
