@@ -168,7 +168,8 @@ pub(crate) fn count(isa: Isa, p: &Problem<'_>, stop: &AtomicBool) -> Option<(u12
 }
 
 /// The walk of the module docs, expanded inside a kernel's module: `LANES`,
-/// the vector functions (`splat`, `valid`, `load`, `nonzero`, `compress`, …),
+/// the vector functions (`splat`, `valid`, `load`, `nonzero`, `compress`,
+/// `popcnt3`, …),
 /// `lane_sum` and `prepare` come from there.
 macro_rules! walk {
     ($p:ident, $stop:ident) => {{
@@ -274,10 +275,10 @@ macro_rules! walk {
                 let f1 = andnot(or(or(u, b1), or(shl(a, c1), shr(b, c1))), full);
                 let f2 = andnot(or(or(u, b2), or(shl(a, c12), shr(b, c12))), full);
                 let both = mul(popcnt(f1), popcnt(f2));
-                let same = popcnt(and(f1, f2));
-                let lower = popcnt(and(f1, shr(f2, c2)));
-                let upper = popcnt(and(f1, shl(f2, c2)));
-                let pairs = sub(both, add(add(same, lower), upper));
+                // The pairs that collide on a row or a diagonal.
+                let clash =
+                    popcnt3(and(f1, f2), and(f1, shr(f2, c2)), and(f1, shl(f2, c2)));
+                let pairs = sub(both, clash);
                 sums = add_in(sums, lanes, pairs);
             } else {
                 let next = j + 1;
@@ -456,6 +457,12 @@ mod avx512 {
         _mm512_popcnt_epi32(a)
     }
 
+    /// `popcnt(a) + popcnt(b) + popcnt(c)`.
+    #[target_feature(enable = "avx512f,avx512vpopcntdq")]
+    fn popcnt3(a: __m512i, b: __m512i, c: __m512i) -> __m512i {
+        add(add(popcnt(a), popcnt(b)), popcnt(c))
+    }
+
     /// The sum of the lanes, each an unsigned count.
     #[target_feature(enable = "avx512f")]
     fn lane_sum(v: __m512i) -> u128 {
@@ -592,11 +599,6 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2")]
-    fn add(a: __m256i, b: __m256i) -> __m256i {
-        _mm256_add_epi32(a, b)
-    }
-
-    #[target_feature(enable = "avx2")]
     fn sub(a: __m256i, b: __m256i) -> __m256i {
         _mm256_sub_epi32(a, b)
     }
@@ -624,10 +626,9 @@ mod avx2 {
         _mm256_srl_epi32(a, s)
     }
 
-    /// Bits set in each lane: a 4-bit lookup per nibble, then the four byte
-    /// counts of each lane added by two multiply-adds.
+    /// Bits set in each byte: a 4-bit lookup per nibble.
     #[target_feature(enable = "avx2")]
-    fn popcnt(a: __m256i) -> __m256i {
+    fn byte_counts(a: __m256i) -> __m256i {
         let table = _mm256_setr_epi8(
             0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, //
             0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
@@ -636,9 +637,32 @@ mod avx2 {
         let low = _mm256_shuffle_epi8(table, _mm256_and_si256(a, nibble));
         let high =
             _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(a, 4), nibble));
-        let bytes = _mm256_add_epi8(low, high);
+        _mm256_add_epi8(low, high)
+    }
+
+    /// The four bytes of each lane added (each at most 127), by two
+    /// multiply-adds.
+    #[target_feature(enable = "avx2")]
+    fn widen(bytes: __m256i) -> __m256i {
         let pairs = _mm256_maddubs_epi16(bytes, _mm256_set1_epi8(1));
         _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+    }
+
+    /// Bits set in each lane.
+    #[target_feature(enable = "avx2")]
+    fn popcnt(a: __m256i) -> __m256i {
+        widen(byte_counts(a))
+    }
+
+    /// `popcnt(a) + popcnt(b) + popcnt(c)`, added as bytes (at most 24 each)
+    /// and widened once.
+    #[target_feature(enable = "avx2")]
+    fn popcnt3(a: __m256i, b: __m256i, c: __m256i) -> __m256i {
+        let bytes = _mm256_add_epi8(
+            _mm256_add_epi8(byte_counts(a), byte_counts(b)),
+            byte_counts(c),
+        );
+        widen(bytes)
     }
 
     /// The sum of the lanes, each an unsigned count.
@@ -664,10 +688,11 @@ mod avx2 {
 #[cfg(target_arch = "aarch64")]
 mod neon {
     use std::arch::aarch64::{
-        int32x4_t, uint32x4_t, vaddlvq_u32, vaddq_u32, vaddvq_u32, vandq_u32, vbicq_u32,
-        vcltq_u32, vcntq_u8, vdupq_n_s32, vdupq_n_u32, veorq_u32, vld1q_u8, vld1q_u32,
-        vmulq_u32, vorrq_u32, vpaddlq_u8, vpaddlq_u16, vqtbl1q_u8, vreinterpretq_u8_u32,
-        vreinterpretq_u32_u8, vshlq_u32, vst1q_u32, vsubq_u32, vtstq_u32,
+        int32x4_t, uint32x4_t, vaddlvq_u32, vaddq_u8, vaddq_u32, vaddvq_u32, vandq_u32,
+        vbicq_u32, vcltq_u32, vcntq_u8, vdupq_n_s32, vdupq_n_u32, veorq_u32, vld1q_u8,
+        vld1q_u32, vmulq_u32, vorrq_u32, vpaddlq_u8, vpaddlq_u16, vqtbl1q_u8,
+        vreinterpretq_u8_u32, vreinterpretq_u32_u8, vshlq_u32, vst1q_u32, vsubq_u32,
+        vtstq_u32,
     };
 
     use super::*;
@@ -901,6 +926,18 @@ mod neon {
         let half =
             |x: uint32x4_t| vpaddlq_u16(vpaddlq_u8(vcntq_u8(vreinterpretq_u8_u32(x))));
         V(half(a.0), half(a.1))
+    }
+
+    /// `popcnt(a) + popcnt(b) + popcnt(c)`, added as bytes (at most 24 each)
+    /// and widened once.
+    #[target_feature(enable = "neon")]
+    fn popcnt3(a: V, b: V, c: V) -> V {
+        let half = |a: uint32x4_t, b: uint32x4_t, c: uint32x4_t| {
+            let count = |x: uint32x4_t| vcntq_u8(vreinterpretq_u8_u32(x));
+            let bytes = vaddq_u8(vaddq_u8(count(a), count(b)), count(c));
+            vpaddlq_u16(vpaddlq_u8(bytes))
+        };
+        V(half(a.0, b.0, c.0), half(a.1, b.1, c.1))
     }
 
     /// The sum of the lanes, each an unsigned count.
