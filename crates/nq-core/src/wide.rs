@@ -228,6 +228,10 @@ macro_rules! walk {
         let mut steps = 0u64;
         let mut nodes = 0u64;
         let mut j = 0usize;
+        // The walk's steps come in runs at one level, in two inner loops
+        // (one for `last`, one for the levels above it) that keep the
+        // level's length, its arrays and its next level's constants in
+        // registers; the order of the steps is the module docs' walk.
         loop {
             if len[j] == 0 {
                 // Everything below `j` is done (see the module docs): go up.
@@ -237,82 +241,111 @@ macro_rules! walk {
                 j -= 1;
                 continue;
             }
-            let take = len[j].min(LANES);
-            let start = len[j] - take;
-            nodes += take as u64;
-            let lanes = valid(take);
             let [h_rem, h_used, h_up, h_down] = arrays(j);
-            // SAFETY: `start + take <= len[j] <= CAP`, so the loads read
-            // written values inside the arrays; the compress-stores write at
-            // most one vector from `start`, and `start + LANES <= CAP` (either
-            // `take == LANES` and `start + LANES == len[j]`, or `start == 0`).
-            let (rem, used, up, down) = unsafe {
-                (
-                    load(h_rem.add(start), lanes),
-                    load(h_used.add(start), lanes),
-                    load(h_up.add(start), lanes),
-                    load(h_down.add(start), lanes),
-                )
-            };
-            let bit = and(rem, neg(rem));
-            let rest = xor(rem, bit);
-            // Nodes with rows left go back where they were taken from.
-            let back = nonzero(rest, lanes);
-            // SAFETY: see the loads above; the values just loaded are in
-            // registers, so overwriting their slots is fine.
-            unsafe {
-                compress(h_rem.add(start), back, rest);
-                compress(h_used.add(start), back, used);
-                compress(h_up.add(start), back, up);
-                compress(h_down.add(start), back, down);
+            let mut lj = len[j];
+            // Takes one step's nodes off level `j` and puts back those with
+            // rows left; gives the lanes taken and their masks with the new
+            // queen placed.
+            macro_rules! pop {
+                () => {{
+                    let take = lj.min(LANES);
+                    let start = lj - take;
+                    nodes += take as u64;
+                    let lanes = valid(take);
+                    // SAFETY: `start + take <= lj <= CAP`, so the loads read
+                    // written values inside the arrays; the compress-stores
+                    // write at most one vector from `start`, and
+                    // `start + LANES <= CAP` (either `take == LANES` and
+                    // `start + LANES == lj`, or `start == 0`).
+                    let (rem, used, up, down) = unsafe {
+                        (
+                            load(h_rem.add(start), lanes),
+                            load(h_used.add(start), lanes),
+                            load(h_up.add(start), lanes),
+                            load(h_down.add(start), lanes),
+                        )
+                    };
+                    let bit = and(rem, neg(rem));
+                    let rest = xor(rem, bit);
+                    // Nodes with rows left go back where they were taken from.
+                    let back = nonzero(rest, lanes);
+                    // SAFETY: see the loads above; the values just loaded are
+                    // in registers, so overwriting their slots is fine.
+                    unsafe {
+                        compress(h_rem.add(start), back, rest);
+                        compress(h_used.add(start), back, used);
+                        compress(h_up.add(start), back, up);
+                        compress(h_down.add(start), back, down);
+                    }
+                    lj = start + kept(back);
+                    (lanes, or(used, bit), or(up, bit), or(down, bit))
+                }};
             }
-            len[j] = start + kept(back);
-
-            let u = or(used, bit);
-            let a = or(up, bit);
-            let b = or(down, bit);
+            // Counts a step and, every `FLUSH` steps, moves the lane sums into
+            // the total and reads the stop flag.
+            macro_rules! stepped {
+                () => {
+                    steps += 1;
+                    if steps.is_multiple_of(FLUSH) {
+                        total += lane_sum(sums);
+                        sums = splat(0);
+                        if $stop.load(Ordering::Relaxed) {
+                            return None;
+                        }
+                    }
+                };
+            }
             if j == last {
-                let f1 = andnot(or(or(u, b1), or(shl(a, c1), shr(b, c1))), full);
-                let f2 = andnot(or(or(u, b2), or(shl(a, c12), shr(b, c12))), full);
-                let both = mul(popcnt(f1), popcnt(f2));
-                // The pairs that collide on a row or a diagonal.
-                let clash =
-                    popcnt3(and(f1, f2), and(f1, shr(f2, c2)), and(f1, shl(f2, c2)));
-                let pairs = sub(both, clash);
-                sums = add_in(sums, lanes, pairs);
+                // Children are counted, not stored: drain the level.
+                while lj > 0 {
+                    let (lanes, u, a, b) = pop!();
+                    let f1 = andnot(or(or(u, b1), or(shl(a, c1), shr(b, c1))), full);
+                    let f2 = andnot(or(or(u, b2), or(shl(a, c12), shr(b, c12))), full);
+                    let both = mul(popcnt(f1), popcnt(f2));
+                    // The pairs that collide on a row or a diagonal.
+                    let clash =
+                        popcnt3(and(f1, f2), and(f1, shr(f2, c2)), and(f1, shl(f2, c2)));
+                    let pairs = sub(both, clash);
+                    sums = add_in(sums, lanes, pairs);
+                    stepped!();
+                }
+                len[j] = 0;
             } else {
                 let next = j + 1;
                 let s = count_of(p.shift[next]);
-                let a = shl(a, s);
-                let b = shr(b, s);
-                let f = andnot(or(or(u, splat(p.blocked[next])), or(a, b)), full);
-                let live = nonzero(f, lanes);
-                let at = len[next];
-                // The walk is at `j` only while `len[next] < DESCEND` (module
-                // docs), so the vector written from `at` stays below `CAP`.
-                // Checked anyway: memory safety rests on it, and the branch
-                // is never taken.
-                assert!(at < DESCEND, "the walk's level invariant broke");
+                let blocked = splat(p.blocked[next]);
                 let [c_rem, c_used, c_up, c_down] = arrays(next);
-                // SAFETY: as the line above explains, the stores stay inside.
-                unsafe {
-                    compress(c_rem.add(at), live, f);
-                    compress(c_used.add(at), live, u);
-                    compress(c_up.add(at), live, a);
-                    compress(c_down.add(at), live, b);
+                let mut ln = len[next];
+                // Steps until the next level holds `DESCEND` nodes or this
+                // one is empty; then the walk moves down.
+                loop {
+                    let (lanes, u, a, b) = pop!();
+                    let a = shl(a, s);
+                    let b = shr(b, s);
+                    let f = andnot(or(or(u, blocked), or(a, b)), full);
+                    let live = nonzero(f, lanes);
+                    // The walk is at `j` only while `ln < DESCEND` (module
+                    // docs), so the vector written from `ln` stays below
+                    // `CAP`. Checked anyway: memory safety rests on it, and
+                    // the branch is never taken.
+                    assert!(ln < DESCEND, "the walk's level invariant broke");
+                    // SAFETY: as the line above explains, the stores stay
+                    // inside.
+                    unsafe {
+                        compress(c_rem.add(ln), live, f);
+                        compress(c_used.add(ln), live, u);
+                        compress(c_up.add(ln), live, a);
+                        compress(c_down.add(ln), live, b);
+                    }
+                    ln += kept(live);
+                    stepped!();
+                    if ln >= DESCEND || lj == 0 {
+                        break;
+                    }
                 }
-                len[next] = at + kept(live);
-                if len[next] >= DESCEND || len[j] == 0 {
-                    j = next;
-                }
-            }
-            steps += 1;
-            if steps.is_multiple_of(FLUSH) {
-                total += lane_sum(sums);
-                sums = splat(0);
-                if $stop.load(Ordering::Relaxed) {
-                    return None;
-                }
+                len[j] = lj;
+                len[next] = ln;
+                j = next;
             }
         }
         total += lane_sum(sums);
