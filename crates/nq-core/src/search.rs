@@ -27,7 +27,7 @@
 //!   placed, and a placement that leaves the next column empty is never pushed.
 //! * *Closed-form leaves.* The last two free columns are counted by [`pairs`]
 //!   (a few popcounts) instead of placing queens in them.
-//! * *No stack for the deepest levels.* The two columns before those are
+//! * *No stack for the deepest levels.* The three columns before those are
 //!   walked by nested loops, and the stack keeps only ancestors with rows
 //!   left to try.
 //!
@@ -46,9 +46,9 @@
 //!
 //! # Exactness
 //!
-//! The scalar loop adds at most `32⁴` per step (the completions of four
+//! The scalar loop adds at most `32⁵` per step (the completions of five
 //! columns) into a `u64`, takes at most `32 · 32` steps between two pops, and
-//! moves that `u64` into a `u128` total every 4096 pops: at most `2⁴²` between
+//! moves that `u64` into a `u128` total every 4096 pops: at most `2⁴⁷` between
 //! moves, far below `2⁶⁴`. The same checkpoint reads the stop flag, so a count
 //! of any size can be cancelled within microseconds. The wide kernel's bound
 //! is in its own docs.
@@ -502,13 +502,16 @@ impl Plan {
             }
             _ => {}
         }
-        // The main loop iterates levels 0..last - 1. Levels `last - 1` and
+        // The main loop iterates levels 0..last - 2. Levels `last - 2` to
         // `last` are counted by tight inner loops over their free rows
-        // (`tail4`, `tail`), and the two columns after them in closed form by
-        // `pairs`, so the deepest four columns never touch the stack.
+        // (`Tail::five`, `four`, `three`), and the two columns after them in
+        // closed form by `pairs`, so the deepest five columns never touch the
+        // stack.
         let last = self.free - 3;
         let tail = Tail {
             full,
+            sm: self.shift[last.saturating_sub(1)],
+            bm: self.blocked[last.saturating_sub(1)],
             s0: self.shift[last],
             b0: self.blocked[last],
             s1: self.shift[self.free - 2],
@@ -517,16 +520,15 @@ impl Plan {
             b2: self.blocked[self.free - 1],
         };
         let first = full & !self.blocked[0];
-        if last <= 1 {
-            let (count, nodes) = if last == 0 {
-                let packed = tail.three(first, 0, 0, 0);
-                (packed & (NODE - 1), packed >> 32)
-            } else {
-                tail.four(first, 0, 0, 0)
+        if last <= 2 {
+            let packed = match last {
+                0 => tail.three(first, 0, 0, 0),
+                1 => tail.four(first, 0, 0, 0),
+                _ => tail.five(first, 0, 0, 0),
             };
             return Some(CountStats {
-                count: count.into(),
-                nodes,
+                count: (packed & (NODE - 1)).into(),
+                nodes: packed >> 32,
             });
         }
         // The current level lives in registers (`level`, `rem`, `used`, `up`,
@@ -574,8 +576,9 @@ impl Plan {
             let s = self.shift[next];
             let (a, b) = ((up | bit) << s, (down | bit) >> s);
             let free = full & !(u | a | b | self.blocked[next]);
-            if next + 1 == last {
-                let (sum, placed) = tail.four(free, u, a, b);
+            if next + 2 == last {
+                let packed = tail.five(free, u, a, b);
+                let (sum, placed) = (packed & (NODE - 1), packed >> 32);
                 partial += sum;
                 nodes += placed;
                 continue;
@@ -599,7 +602,7 @@ impl Plan {
     }
 }
 
-/// The deepest four free columns of a count (`last - 1` to `last + 2` in
+/// The deepest five free columns of a count (`last - 2` to `last + 2` in
 /// [`Plan::count_impl`]), searched by nested loops instead of the stack.
 ///
 /// Methods rather than closures so that `#[inline(always)]` holds: an
@@ -607,6 +610,9 @@ impl Plan {
 #[derive(Clone, Copy)]
 struct Tail {
     full: u32,
+    /// Shift and blocked rows of column `last - 1`.
+    sm: u32,
+    bm: u32,
     /// Shift and blocked rows of column `last`.
     s0: u32,
     b0: u32,
@@ -648,11 +654,11 @@ impl Tail {
     }
 
     /// The same for the last four columns, given the free rows of column
-    /// `last - 1`: the completions, and the nodes of columns `last - 1` and
-    /// `last` (one per queen placed in either, as the SIMD kernels count
+    /// `last - 1`: the completions, plus `2³²` per node of columns `last - 1`
+    /// and `last` (one per queen placed in either, as the SIMD kernels count
     /// them).
     #[inline(always)]
-    fn four(&self, mut rem: u32, used: u32, up: u32, down: u32) -> (u64, u64) {
+    fn four(&self, mut rem: u32, used: u32, up: u32, down: u32) -> u64 {
         let (full, s0, b0) = (self.full, self.s0, self.b0);
         // Packed as in `three`: at most `32⁴ < 2³²` completions and `32 + 32²`
         // nodes.
@@ -664,11 +670,28 @@ impl Tail {
             let (a, b) = ((up | bit) << s0, (down | bit) >> s0);
             sum += self.three(full & !(u | a | b | b0), u, a, b) + NODE;
         }
-        (sum & (NODE - 1), sum >> 32)
+        sum
+    }
+
+    /// The same for the last five columns, given the free rows of column
+    /// `last - 2`; packed as in `four` (at most `32⁵ < 2³²` completions).
+    #[inline(always)]
+    fn five(&self, mut rem: u32, used: u32, up: u32, down: u32) -> u64 {
+        let (full, sm, bm) = (self.full, self.sm, self.bm);
+        let mut sum = 0u64;
+        while rem != 0 {
+            let bit = rem & rem.wrapping_neg();
+            rem ^= bit;
+            let u = used | bit;
+            let (a, b) = ((up | bit) << sm, (down | bit) >> sm);
+            sum += self.four(full & !(u | a | b | bm), u, a, b) + NODE;
+        }
+        sum
     }
 }
 
-/// One node, in the packed sums of [`Tail`].
+/// One node, in the packed sums of [`Tail`]: their completions (below
+/// `32⁵ < 2³²` in one call) in the low half, their nodes in the high half.
 const NODE: u64 = 1 << 32;
 
 /// The number of ways to finish the last two free columns, whose free rows
