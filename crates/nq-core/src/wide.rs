@@ -32,8 +32,8 @@
 //! `j`, the levels deeper than `j + 1` are empty and level `j + 1` holds fewer
 //! than `DESCEND` nodes (it moved down as soon as it reached that, and
 //! returns only once the deeper level is empty). So each buffer holds fewer
-//! than `DESCEND` plus one vector of nodes, and memory stays a few tens of
-//! kilobytes, in L1/L2 cache.
+//! than `DESCEND` plus one vector of nodes, and memory stays around a hundred
+//! kilobytes for the levels in use, in L2 cache.
 //!
 //! The walk is written once, in the `walk!` macro, and expanded inside each
 //! kernel's module, whose functions (all compiled for that instruction set)
@@ -67,9 +67,11 @@ use crate::board::MAX_N;
 /// The widest vector, in lanes.
 const MAX_LANES: usize = 16;
 /// The walk moves down a level once the next level holds this many nodes.
-/// Larger values fill more vectors completely near the turns of the walk;
-/// beyond a few vectors nothing more is gained (BENCHMARKS.md).
-const DESCEND: usize = 128;
+/// Larger values fill more vectors completely near the turns of the walk and
+/// make the runs of steps at one level longer; 256 (16 AVX-512 vectors) beat
+/// 128 on AVX-512 and tied on AVX2 (BENCHMARKS.md). The buffers of a search
+/// then take about 140 KB of stack.
+const DESCEND: usize = 256;
 /// Capacity of a level's buffer: see the module docs for the bound. Every
 /// kernel's compress-store writes a whole vector, of which the lanes past the
 /// kept ones are junk beyond the buffer's length; this capacity leaves room
