@@ -121,6 +121,8 @@ pub(crate) struct LeaseLoop<'a> {
     fatal: Option<Error>,
     summary: Summary,
     last_progress: Instant,
+    /// When the loop started: the clock of the logged node rate.
+    started: Instant,
 }
 
 impl std::fmt::Debug for LeaseLoop<'_> {
@@ -174,6 +176,19 @@ impl<'a> LeaseLoop<'a> {
                 released: 0,
             },
             last_progress: now,
+            started: now,
+        }
+    }
+
+    /// Search nodes per second since the loop started, all threads together:
+    /// the same measure on every kernel (`nq_core::search::CountStats`), so
+    /// rates compare across workers and machines.
+    fn nodes_per_second(&self) -> u64 {
+        let seconds = self.started.elapsed().as_secs_f64();
+        if seconds > 0.0 {
+            (self.summary.nodes as f64 / seconds) as u64
+        } else {
+            0
         }
     }
 
@@ -204,6 +219,7 @@ impl<'a> LeaseLoop<'a> {
             exit = %exit,
             jobs = self.summary.jobs,
             nodes = self.summary.nodes,
+            nodes_per_second = self.nodes_per_second(),
             released = self.summary.released,
             "worker stopped"
         );
@@ -410,6 +426,7 @@ impl<'a> LeaseLoop<'a> {
             info!(
                 jobs = self.summary.jobs,
                 nodes = self.summary.nodes,
+                nodes_per_second = self.nodes_per_second(),
                 held = self.held.len(),
                 "progress"
             );
