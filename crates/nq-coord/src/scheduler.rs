@@ -446,7 +446,17 @@ impl Scheduler {
         now: Instant,
         local: bool,
     ) -> WorkerId {
-        let id = WorkerId(format!("w{}.{}", self.session, self.next_worker));
+        // The session and a sequence number for people, and a random part so
+        // that an id can neither be guessed (and used to renew or report
+        // under another worker's leases) nor repeat in another run on the
+        // same address, where a worker of the old run would pass for a
+        // worker of the new one.
+        let id = WorkerId(format!(
+            "w{}.{}-{:08x}",
+            self.session,
+            self.next_worker,
+            self.rng.random::<u32>()
+        ));
         self.next_worker += 1;
         self.workers.insert(
             id.clone(),
