@@ -480,17 +480,29 @@ impl<'a> LeaseLoop<'a> {
     }
 
     /// The kernel a job asks for (`Job.kernel`): "" leaves the choice to the
-    /// worker (its configured kernel) and "scalar" asks for the portable one,
-    /// so that a verification copy shares no kernel code with the first
-    /// computation. Anything else is not a kernel this protocol knows.
+    /// worker (its configured kernel); a kernel name asks for that kernel, so
+    /// that a job's verification copy runs other kernel code than its first
+    /// computation. A kernel this CPU lacks, or a name this build does not
+    /// know, runs the configured kernel (and `JobResult.kernel` says so).
     fn job_kernel(&self, job: &pb::Job) -> Kernel {
-        match job.kernel.as_str() {
-            "" => self.config.kernel,
-            "scalar" => Kernel::Scalar,
-            other => {
+        if job.kernel.is_empty() {
+            return self.config.kernel;
+        }
+        match job.kernel.parse::<Kernel>() {
+            Ok(k) if k != Kernel::Auto && k.is_available() => k,
+            Ok(_) => {
+                debug!(
+                    job = job.job_id,
+                    requested = %job.kernel,
+                    kernel = self.config.kernel.resolved_name(),
+                    "this CPU lacks the kernel the coordinator asked for; running the configured one"
+                );
+                self.config.kernel
+            }
+            Err(_) => {
                 warn!(
                     job = job.job_id,
-                    requested = other,
+                    requested = %job.kernel,
                     kernel = self.config.kernel.resolved_name(),
                     "the coordinator asked for an unknown kernel; running the configured one"
                 );
