@@ -71,6 +71,9 @@ struct Counted {
     total: u128,
     unique: u128,
     subproblems: usize,
+    /// Search nodes over every sub-problem (`nq_core::search::CountStats`):
+    /// the same number on every kernel, so their rates compare.
+    nodes: u64,
 }
 
 /// A finished count and how it ran, for printing.
@@ -98,6 +101,13 @@ impl Report {
         } = self;
         let published = published::published(*n);
         let matches = published.map(|p| p == (c.total, c.unique));
+        // All threads together, over the whole run (split and start-up check
+        // included), so that it is what a user of the machine gets.
+        let rate = if *seconds > 0.0 {
+            c.nodes as f64 / seconds
+        } else {
+            0.0
+        };
         if json {
             // Written by hand: the counts are u128, which serde_json's `Value`
             // cannot hold exactly without arbitrary precision; `Display` of a
@@ -107,8 +117,8 @@ impl Report {
                 out,
                 "{{\"n\":{n},\"total\":{},\"unique\":{},\"seconds\":{seconds:.6},\
                  \"threads\":{threads},\"subproblems\":{},\"kernel\":\"{kernel}\",\
-                 \"published_match\":{matched}}}",
-                c.total, c.unique, c.subproblems
+                 \"published_match\":{matched},\"nodes\":{},\"nodes_per_second\":{rate:.0}}}",
+                c.total, c.unique, c.subproblems, c.nodes
             )?;
             return Ok(matches);
         }
@@ -122,6 +132,7 @@ impl Report {
              (split {}:{}, {kernel} kernel)",
             c.subproblems, spec.ring, spec.extra
         )?;
+        writeln!(out, "nodes:     {} ({} per second)", c.nodes, compact(rate))?;
         match published {
             None => writeln!(
                 out,
@@ -142,8 +153,13 @@ impl Report {
 
 /// What the pool's threads tell the counting thread.
 enum Event {
-    /// One sub-problem is solved: its index in the job, and its counts.
-    Solved { sub: usize, counts: SubCounts },
+    /// One sub-problem is solved: its index in the job, its counts and its
+    /// search nodes.
+    Solved {
+        sub: usize,
+        counts: SubCounts,
+        nodes: u64,
+    },
     /// The job is over.
     Done(JobOutcome),
 }
@@ -152,12 +168,13 @@ enum Event {
 struct ToChannel(mpsc::Sender<Event>);
 
 impl JobSink for ToChannel {
-    fn solved(&self, sub: usize, counts: &SubCounts, _: &CountStats) {
+    fn solved(&self, sub: usize, counts: &SubCounts, stats: &CountStats) {
         // A send fails only when the counting thread has given up (after an
         // error); the result is then unwanted.
         let _ = self.0.send(Event::Solved {
             sub,
             counts: *counts,
+            nodes: stats.nodes,
         });
     }
 
@@ -202,11 +219,13 @@ fn count(
     let mut progress = Progress::new(work, start);
     let mut tally = Tally::default();
     let mut solved = 0usize;
+    let mut total_nodes = 0u64;
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             // Folded as they come, for the running total on the bar; each is
             // checked first, so an impossible count stops the run.
-            Ok(Event::Solved { sub, counts }) => {
+            Ok(Event::Solved { sub, counts, nodes }) => {
+                total_nodes += nodes;
                 let sub_problem = &subs[sub];
                 sub_problem.check(spec, &counts)?;
                 tally.add(sub_problem, &counts)?;
@@ -239,6 +258,7 @@ fn count(
         total: tally.total,
         unique: tally.unique()?,
         subproblems: subs.len(),
+        nodes: total_nodes,
     })
 }
 
@@ -339,6 +359,7 @@ mod tests {
                 total,
                 unique,
                 subproblems: 7,
+                nodes: 3_000,
             },
             seconds: 1.5,
             threads: 1,
@@ -378,7 +399,8 @@ mod tests {
             json,
             format!(
                 "{{\"n\":32,\"total\":{},\"unique\":{},\"seconds\":1.500000,\
-                 \"threads\":1,\"subproblems\":7,\"kernel\":\"scalar\",\"published_match\":null}}\n",
+                 \"threads\":1,\"subproblems\":7,\"kernel\":\"scalar\",\"published_match\":null,\
+                 \"nodes\":3000,\"nodes_per_second\":2000}}\n",
                 u128::MAX,
                 u128::MAX / 8
             )

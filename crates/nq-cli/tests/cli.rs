@@ -197,8 +197,24 @@ fn count_json_matches_oeis_up_to_12() {
         assert_eq!(v["unique"], unique, "{out}");
         assert_eq!(v["published_match"], true, "{out}");
         assert!(v["seconds"].as_f64().is_some_and(|s| s >= 0.0), "{out}");
+        assert!(v["nodes"].as_u64().is_some(), "{out}");
+        assert!(v["nodes_per_second"].as_f64().is_some(), "{out}");
         assert_eq!(out.lines().count(), 1);
     }
+}
+
+/// Nodes mean the same on every kernel (issue 10): the default kernel and the
+/// scalar one report the same number for the same count.
+#[test]
+fn count_json_nodes_agree_between_kernels() {
+    let nodes = |kernel: &str| {
+        let out = ok(&["count", "12", "--json", "--kernel", kernel]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+        v["nodes"].as_u64().expect("a node count")
+    };
+    let scalar = nodes("scalar");
+    assert!(scalar > 10_000, "{scalar} nodes for N = 12");
+    assert_eq!(nodes("auto"), scalar);
 }
 
 #[test]

@@ -131,13 +131,14 @@ impl Config {
 }
 
 /// The default split of a new run: nq-core's border split (ring 0), with
-/// extra pre-placed columns until there is at least one sub-problem per two
-/// target jobs ([`default_target_jobs`]). Depends on N only: split 0:0 with 210
-/// sub-problems at N = 16 (the split `nq count` uses, and the fastest there),
-/// 0:1 with 8899 at N = 22. Finer splits balance more workers but repeat more
-/// of the top of the search tree; `--split` overrides.
+/// extra pre-placed columns until there is at least one sub-problem per four
+/// target jobs ([`default_target_jobs`]). Depends on N only: split 0:0 up to
+/// N = 18 (224 sub-problems at N = 17, the split `nq count` uses, and the
+/// fastest there: each extra column repeats more of the top of the search
+/// tree, about 10 % at N = 17), 0:1 from N = 19 (8899 at N = 22), 0:2 from
+/// N = 24. Finer splits balance more workers; `--split` overrides.
 pub fn default_split(board: Board) -> SplitSpec {
-    SplitSpec::for_count(board, default_target_jobs(board) / 2)
+    SplitSpec::for_count(board, default_target_jobs(board) / 4)
 }
 
 /// The default target job count: 256 up to N = 16, doubling with each larger
@@ -253,6 +254,8 @@ mod tests {
     fn defaults_grow_with_n() {
         let b = |n| Board::new(n).unwrap();
         assert_eq!(default_split(b(16)), SplitSpec::new(0, 0).unwrap());
+        assert_eq!(default_split(b(17)), SplitSpec::new(0, 0).unwrap());
+        assert_eq!(default_split(b(22)), SplitSpec::new(0, 1).unwrap());
         assert_eq!(default_split(b(8)).ring, 0);
         assert_eq!(default_target_jobs(b(8)), 256);
         assert_eq!(default_target_jobs(b(16)), 256);

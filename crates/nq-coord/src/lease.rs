@@ -31,7 +31,8 @@ impl fmt::Display for LeaseId {
     }
 }
 
-/// Identifies a registered worker for one coordinator session: `w<session>.<n>`.
+/// Identifies a registered worker for one coordinator session:
+/// `w<session>.<n>-<random>`.
 ///
 /// ```compile_fail
 /// use nq_coord::lease::WorkerId;

@@ -396,7 +396,12 @@ fn decide(
         } else {
             verdict.reporters
         },
-        scalar_seen: jc.copies.iter().any(|c| c.kernel == "scalar"),
+        kernels: {
+            let mut k: Vec<String> = jc.copies.iter().map(|c| c.kernel.clone()).collect();
+            k.sort_unstable();
+            k.dedup();
+            k
+        },
         losers,
         disputed: verdict.conflict,
         solutions_missing,

@@ -223,7 +223,7 @@ fn lease(
         session.persist_lease(&g, worker);
         let (_, subs) = crate::session::blocking(|| session.subproblems(g.job))?;
         let kernel = match g.kernel {
-            KernelRequest::Scalar => Kernel::Scalar,
+            KernelRequest::Named(k) => k,
             KernelRequest::Any => Kernel::Auto,
         };
         out.push(Leased {

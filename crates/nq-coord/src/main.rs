@@ -68,7 +68,8 @@ struct RunArgs {
     /// How to split the board, RING:EXTRA: 0 for the border split or a ring
     /// depth 1 to 3 (the Q27 ring split), then 0 to 8 extra columns. Default
     /// for a new run: the border split with the fewest extra columns that give
-    /// half the target jobs (0:0 at N = 16, 0:1 at N = 22). When resuming, the
+    /// a quarter of the target jobs (0:0 up to N = 18, 0:1 at N = 19 to 23).
+    /// When resuming, the
     /// stored split (giving another one is refused).
     #[arg(long, value_name = "RING:EXTRA", env = "NQ_SPLIT")]
     split: Option<String>,

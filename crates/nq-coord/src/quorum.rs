@@ -25,10 +25,11 @@
 //! * **Selection.** A share of the jobs ([`Policy::fraction`]) is chosen for a
 //!   second copy by a keyed hash of the job id and the run's secret: the same
 //!   jobs in every session, unknown to workers. Half of the chosen jobs ask
-//!   for the scalar kernel on their first copy and the other half on their
-//!   second, so a worker that sees a `scalar` request cannot tell whether it
-//!   computes a first copy or a check, and the two copies run different
-//!   kernels.
+//!   for an alternate kernel (AVX2) on their first copy, and every check asks
+//!   for a kernel its job's copies did not run (the other SIMD kernel before
+//!   the much slower scalar one), so the copies run different kernels where
+//!   the workers have them, and a worker that sees a kernel request cannot
+//!   tell whether it computes a first copy or a check.
 //! * **Votes.** The copies of a job fall into classes of equal results. A
 //!   class's votes are its distinct identities that are not banned. The
 //!   leader is the class with the most votes (ties: the class seen first).
@@ -125,9 +126,9 @@ impl Policy {
         keyed(&self.secret, job, 0) < threshold
     }
 
-    /// True when the first copy of a selected job asks for the scalar kernel
-    /// (otherwise its second copy does).
-    pub fn scalar_first(&self, job: JobId) -> bool {
+    /// True when the first copy of a selected job asks for the alternate
+    /// kernel (otherwise its check does).
+    pub fn alternate_first(&self, job: JobId) -> bool {
         keyed(&self.secret, job, 1) & 1 == 1
     }
 }
@@ -426,7 +427,7 @@ mod tests {
             "another secret selects other jobs ({same} of 1000 agree)"
         );
         let scalar = (0..10_000)
-            .filter(|&j| other.scalar_first(JobId(j)))
+            .filter(|&j| other.alternate_first(JobId(j)))
             .count();
         assert!((4_700..=5_300).contains(&scalar));
     }

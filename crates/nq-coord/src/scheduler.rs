@@ -38,6 +38,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use nq_core::search::Kernel;
 use nq_core::split::Tally;
 use nq_store::JobId;
 use rand::{Rng, SeedableRng};
@@ -92,17 +93,40 @@ enum Phase {
 pub enum KernelRequest {
     /// The worker's fastest.
     Any,
-    /// The portable scalar kernel.
-    Scalar,
+    /// This kernel, where the worker's CPU has it (never `Kernel::Auto`).
+    Named(Kernel),
 }
 
 impl KernelRequest {
-    /// The protocol's spelling: `""` or `"scalar"`.
+    /// The protocol's spelling: `""`, or the kernel's name.
     pub fn wire(self) -> &'static str {
         match self {
             KernelRequest::Any => "",
-            KernelRequest::Scalar => "scalar",
+            KernelRequest::Named(k) => k.name(),
         }
+    }
+}
+
+/// The kernel a job's first copy asks for when the job is chosen for a
+/// check and its coin says "alternate": AVX2, the cheapest kernel that
+/// differs from the fastest one on x86 (a worker without it runs its own and
+/// says so, and the check then asks for another).
+const ALTERNATE: Kernel = Kernel::Avx2;
+
+/// The kernel a check copy asks for, given the kernels its job's copies ran:
+/// one they did not run, the cheapest first (the other SIMD kernel before the
+/// scalar one, which is several times slower), so that the copies share as
+/// little code as the workers allow at the least cost.
+pub fn other_kernel(ran: &[String]) -> KernelRequest {
+    let seen = |k: Kernel| ran.iter().any(|r| r == k.name());
+    if seen(Kernel::Avx512) && !seen(Kernel::Avx2) {
+        KernelRequest::Named(Kernel::Avx2)
+    } else if seen(Kernel::Avx2) && !seen(Kernel::Avx512) {
+        KernelRequest::Named(Kernel::Avx512)
+    } else if !seen(Kernel::Scalar) && !ran.is_empty() {
+        KernelRequest::Named(Kernel::Scalar)
+    } else {
+        KernelRequest::Any
     }
 }
 
@@ -202,8 +226,8 @@ pub struct Settlement {
     pub settled: bool,
     /// Every identity that reported the job.
     pub reporters: Vec<IdentityId>,
-    /// True when some copy ran the scalar kernel.
-    pub scalar_seen: bool,
+    /// The kernels the job's copies ran (as reported).
+    pub kernels: Vec<String>,
     /// Identities that lost a conflict on this job.
     pub losers: Vec<IdentityId>,
     /// True when the job's valid copies disagree.
@@ -230,8 +254,8 @@ pub struct Fallout {
 struct Open {
     /// Identities that reported it; none of them may compute it again.
     reporters: Vec<IdentityId>,
-    /// True when a copy ran the scalar kernel.
-    scalar_seen: bool,
+    /// The kernels its copies ran.
+    kernels: Vec<String>,
 }
 
 /// The scheduling state of one coordinator session.
@@ -446,7 +470,17 @@ impl Scheduler {
         now: Instant,
         local: bool,
     ) -> WorkerId {
-        let id = WorkerId(format!("w{}.{}", self.session, self.next_worker));
+        // The session and a sequence number for people, and a random part so
+        // that an id can neither be guessed (and used to renew or report
+        // under another worker's leases) nor repeat in another run on the
+        // same address, where a worker of the old run would pass for a
+        // worker of the new one.
+        let id = WorkerId(format!(
+            "w{}.{}-{:08x}",
+            self.session,
+            self.next_worker,
+            self.rng.random::<u32>()
+        ));
         self.next_worker += 1;
         self.workers.insert(
             id.clone(),
@@ -609,23 +643,12 @@ impl Scheduler {
                 continue;
             }
             scanned += 1;
-            let request = if open.scalar_seen {
-                KernelRequest::Any
-            } else {
-                KernelRequest::Scalar
-            };
+            let request = other_kernel(&open.kernels);
+            let reporters = open.reporters.clone();
             let choice = if local {
-                // The local threads' identity follows the kernel they run.
-                let scalar = self.identities.get(&local_identity("scalar"));
-                let fastest =
-                    (request == KernelRequest::Any).then_some((identity, request));
-                let options = [fastest, scalar.map(|s| (s, KernelRequest::Scalar))];
-                options
-                    .into_iter()
-                    .flatten()
-                    .find(|(id, _)| !open.reporters.contains(id))
+                self.local_choice(request, &reporters)
             } else {
-                (!open.reporters.contains(&identity)).then_some((identity, request))
+                (!reporters.contains(&identity)).then_some((identity, request))
             };
             if let Some((id, kernel)) = choice {
                 self.checks.remove(i);
@@ -639,20 +662,47 @@ impl Scheduler {
             {
                 continue; // done by a late result, or waiting in `checks`
             }
-            let kernel = if self.selected(job) && self.policy.scalar_first(job) {
-                KernelRequest::Scalar
+            let kernel = if self.selected(job) && self.policy.alternate_first(job) {
+                KernelRequest::Named(ALTERNATE)
             } else {
                 KernelRequest::Any
             };
-            let id = match (local, kernel) {
-                (true, KernelRequest::Scalar) => {
-                    self.identities.intern(&local_identity("scalar"))
-                }
-                _ => identity,
-            };
-            return Some((job, id, kernel));
+            if local {
+                return self
+                    .local_choice(kernel, &[])
+                    .map(|(id, kernel)| (job, id, kernel));
+            }
+            return Some((job, identity, kernel));
         }
         None
+    }
+
+    /// How the coordinator's own threads compute a job that asks for
+    /// `request`, given the identities that reported it: the requested kernel
+    /// where this CPU has it, else the fastest, else any other kernel this
+    /// CPU has, under the local identity of the kernel that runs (so that the
+    /// local threads check their own copies only on another kernel).
+    fn local_choice(
+        &mut self,
+        request: KernelRequest,
+        reporters: &[IdentityId],
+    ) -> Option<(IdentityId, KernelRequest)> {
+        let mut options: Vec<(Kernel, KernelRequest)> = Vec::new();
+        if let KernelRequest::Named(k) = request
+            && k.is_available()
+        {
+            options.push((k, request));
+        }
+        options.push((Kernel::Auto.resolved(), KernelRequest::Any));
+        for k in [Kernel::Avx512, Kernel::Avx2, Kernel::Neon, Kernel::Scalar] {
+            if k.is_available() {
+                options.push((k, KernelRequest::Named(k)));
+            }
+        }
+        options.into_iter().find_map(|(k, req)| {
+            let id = self.identities.intern(&local_identity(k.name()));
+            (!reporters.contains(&id)).then_some((id, req))
+        })
     }
 
     /// Takes back leases that `worker` hands in; their jobs go to the front of
@@ -855,7 +905,7 @@ impl Scheduler {
                 s.job,
                 Open {
                     reporters: s.reporters.clone(),
-                    scalar_seen: s.scalar_seen,
+                    kernels: s.kernels.clone(),
                 },
             );
             if was_done {
@@ -1138,7 +1188,7 @@ mod tests {
             votes: 1,
             settled: true,
             reporters: vec![],
-            scalar_seen: false,
+            kernels: vec![],
             losers: vec![],
             disputed: false,
             solutions_missing: false,
@@ -1242,7 +1292,11 @@ mod tests {
             votes: 1,
             settled: false,
             reporters: vec![ia],
-            scalar_seen: first_kernel == KernelRequest::Scalar,
+            // The first copy ran the alternate kernel, or AVX-512.
+            kernels: vec![match first_kernel {
+                KernelRequest::Named(k) => k.name().to_owned(),
+                KernelRequest::Any => "avx512".to_owned(),
+            }],
             losers: vec![],
             disputed: false,
             solutions_missing: false,
@@ -1261,12 +1315,21 @@ mod tests {
         // `b` gets the check first, on the kernel the first copy did not use.
         let check = s.lease(&b, 1, &[], now).unwrap().jobs[0].clone();
         assert_eq!(check.job, job);
-        let other = if first_kernel == KernelRequest::Scalar {
-            KernelRequest::Any
-        } else {
-            KernelRequest::Scalar
+        // AVX2 after AVX-512 and the other way round: the cheapest kernel
+        // the first copy did not run.
+        let other = match first_kernel {
+            KernelRequest::Named(Kernel::Avx2) => KernelRequest::Named(Kernel::Avx512),
+            _ => KernelRequest::Named(Kernel::Avx2),
         };
         assert_eq!(check.kernel, other);
+        assert_eq!(
+            other_kernel(&["avx2".into(), "avx512".into()]),
+            KernelRequest::Named(Kernel::Scalar)
+        );
+        assert_eq!(
+            other_kernel(&["neon".into()]),
+            KernelRequest::Named(Kernel::Scalar)
+        );
         let ib = s.worker(&b).unwrap().identity;
         let two_votes = Settlement {
             lease: Some(check.lease),
@@ -1318,7 +1381,7 @@ mod tests {
             votes: 1,
             settled: false,
             reporters: vec![ia],
-            scalar_seen: false,
+            kernels: vec![],
             losers: vec![],
             disputed: false,
             solutions_missing: false,
@@ -1343,7 +1406,7 @@ mod tests {
             votes: 2,
             settled: true,
             reporters: vec![],
-            scalar_seen: true,
+            kernels: vec!["scalar".into()],
             losers: vec![il],
             disputed: false,
             solutions_missing: false,
@@ -1503,7 +1566,7 @@ mod tests {
             votes: 1,
             settled: true,
             reporters: vec![],
-            scalar_seen: false,
+            kernels: vec![],
             losers: vec![],
             disputed: false,
             solutions_missing: false,

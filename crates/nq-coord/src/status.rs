@@ -846,7 +846,7 @@ mod tests {
             votes: 1,
             settled: true,
             reporters: vec![],
-            scalar_seen: false,
+            kernels: vec![],
             losers: vec![],
             disputed: false,
             solutions_missing: false,

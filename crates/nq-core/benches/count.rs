@@ -6,9 +6,18 @@
 //!
 //! Each figure is the minimum over `NQ_BENCH_REPS` runs, and the runs of the
 //! compared programs are interleaved, so that load from other processes on a
-//! shared machine hits both sides alike. The printed ratios, not the seconds,
+//! shared machine hits both sides alike. The single-thread tables measure the
+//! bench thread's on-CPU time where Linux reports it
+//! (`/proc/thread-self/schedstat`), so that time spent waiting for a core
+//! that another process holds counts for neither side; elsewhere, and for the
+//! pool table, wall time. The printed ratios, not the seconds,
 //! are what BENCHMARKS.md records. No result is asserted about time; every
 //! count is checked against the published value.
+//!
+//! A second table gives each kernel's search nodes per second
+//! (`CountStats::nodes`, the same count on every kernel), a figure that
+//! compares one machine with another. The bench runs as it is on any CPU:
+//! on aarch64 it measures the NEON and scalar kernels.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
@@ -18,7 +27,7 @@ use std::time::Instant;
 use nq_core::board::Board;
 use nq_core::pool::{Job, JobOutcome, JobSink, Pool};
 use nq_core::search::Kernel;
-use nq_core::split::{SplitSpec, SubProblem, Tally, count_split_with, split};
+use nq_core::split::{SplitSpec, SubProblem, Tally, split};
 
 /// Published Q(N) for the sizes benchmarked (OEIS A000170), to check results.
 fn published(n: u32) -> u128 {
@@ -46,10 +55,42 @@ fn env_list(name: &str, default: &str) -> Vec<u32> {
         .collect()
 }
 
+/// `count_split_with`, also summing the search nodes: one thread, the whole
+/// split, each sub-problem's counts checked as the library checks them.
+fn count_split_nodes(board: Board, spec: SplitSpec, kernel: Kernel) -> (Tally, u64) {
+    let never = AtomicBool::new(false);
+    let (mut tally, mut nodes) = (Tally::default(), 0u64);
+    for sub in split(board, spec) {
+        let (counts, stats) = sub.solve_with(kernel, &never).expect("not stopped");
+        sub.check(spec, &counts).expect("valid counts");
+        tally.add(&sub, &counts).expect("no overflow");
+        nodes += stats.nodes;
+    }
+    (tally, nodes)
+}
+
 fn timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
     let t = Instant::now();
     let out = f();
     (out, t.elapsed().as_secs_f64())
+}
+
+/// The calling thread's on-CPU time in seconds, from the scheduler's
+/// statistics (Linux: nanoseconds, up to a scheduler tick stale), or `None`.
+fn thread_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = stat.split_whitespace().next()?.parse().ok()?;
+    Some(ns as f64 * 1e-9)
+}
+
+/// [`timed`] in on-CPU seconds of this thread where the OS reports them.
+fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let before = thread_cpu_seconds();
+    let (out, wall) = timed(f);
+    match (before, thread_cpu_seconds()) {
+        (Some(a), Some(b)) => (out, b - a),
+        _ => (out, wall),
+    }
 }
 
 /// Sends each job's outcome, tagged with the job's index, to the collector.
@@ -104,14 +145,21 @@ fn pool_count(board: Board, threads: usize) -> u128 {
 
 fn main() {
     let reps = env_list("NQ_BENCH_REPS", "3")[0] as usize;
-    let stop = AtomicBool::new(false);
     // Every kernel this CPU runs, slowest first; `Auto` is one of them.
-    let kernels: Vec<Kernel> = [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
-        .into_iter()
-        .filter(|k| k.is_available())
-        .collect();
+    let kernels: Vec<Kernel> =
+        [Kernel::Scalar, Kernel::Neon, Kernel::Avx2, Kernel::Avx512]
+            .into_iter()
+            .filter(|k| k.is_available())
+            .collect();
+    let clock = if thread_cpu_seconds().is_some() {
+        "on-CPU seconds of the bench thread"
+    } else {
+        "wall-clock seconds"
+    };
     println!(
-        "Kernels on this CPU: {}; the default (`auto`) is {}.",
+        "Architecture {}. Kernels on this CPU: {}; the default (`auto`) is {}. \
+         Single-thread times are {clock}.",
+        std::env::consts::ARCH,
         kernels
             .iter()
             .map(|k| k.name())
@@ -127,26 +175,50 @@ fn main() {
         rule += "---|---|";
     }
     println!("{header}\n{rule}");
+    // (N, nodes, best seconds per kernel) for the node-rate table.
+    let mut rates: Vec<(u32, u64, Vec<f64>)> = vec![];
     for n in env_list("NQ_BENCH_N", "16,17") {
         let board = Board::new(n.into()).expect("valid N");
         let spec = SplitSpec::new(0, 0).expect("valid spec");
         let mut best_base = f64::MAX;
         let mut best = vec![f64::MAX; kernels.len()];
+        let mut nodes = None;
         for _ in 0..reps {
-            let (q, t) = timed(|| nq_core::baseline::count_mirror(n));
+            let (q, t) = cpu_timed(|| nq_core::baseline::count_mirror(n));
             assert_eq!(q, published(n), "textbook count n={n}");
             best_base = best_base.min(t);
             for (&kernel, best) in kernels.iter().zip(&mut best) {
-                let (tally, t) = timed(|| {
-                    count_split_with(board, spec, kernel, &stop).expect("not stopped")
-                });
+                let ((tally, k_nodes), t) =
+                    cpu_timed(|| count_split_nodes(board, spec, kernel));
                 assert_eq!(tally.total, published(n), "nq-core count n={n} {kernel}");
+                assert_eq!(
+                    *nodes.get_or_insert(k_nodes),
+                    k_nodes,
+                    "every kernel counts the same nodes, n={n} {kernel}"
+                );
                 *best = best.min(t);
             }
         }
+        rates.push((n, nodes.unwrap_or(0), best.clone()));
         let mut row = format!("| {n} | {best_base:.2} |");
         for t in &best {
             row += &format!(" {t:.2} | {:.2}× |", best_base / t);
+        }
+        println!("{row}");
+    }
+
+    println!();
+    let mut header = "| N | nodes |".to_string();
+    let mut rule = "|---|---|".to_string();
+    for k in &kernels {
+        header += &format!(" {k} (Mnodes/s) |");
+        rule += "---|";
+    }
+    println!("{header}\n{rule}");
+    for (n, nodes, best) in rates {
+        let mut row = format!("| {n} | {nodes} |");
+        for t in best {
+            row += &format!(" {:.0} |", nodes as f64 / t / 1e6);
         }
         println!("{row}");
     }

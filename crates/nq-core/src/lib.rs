@@ -47,7 +47,7 @@ pub mod search;
 pub mod split;
 pub mod symmetry;
 pub mod verify;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod wide;
 
 pub use board::{Board, MAX_N, Prefix};

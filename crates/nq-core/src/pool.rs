@@ -60,7 +60,7 @@ pub enum JobOutcome {
     Done {
         /// One entry per sub-problem, in the job's order.
         counts: Vec<SubCounts>,
-        /// Search nodes expanded over the whole job.
+        /// Search nodes over the whole job (`crate::search::CountStats::nodes`).
         nodes: u64,
         /// Solutions passed to [`JobSink::solutions`] (0 unless listing).
         solutions: u64,

@@ -121,6 +121,8 @@ pub(crate) struct LeaseLoop<'a> {
     fatal: Option<Error>,
     summary: Summary,
     last_progress: Instant,
+    /// When the loop started: the clock of the logged node rate.
+    started: Instant,
 }
 
 impl std::fmt::Debug for LeaseLoop<'_> {
@@ -174,6 +176,19 @@ impl<'a> LeaseLoop<'a> {
                 released: 0,
             },
             last_progress: now,
+            started: now,
+        }
+    }
+
+    /// Search nodes per second since the loop started, all threads together:
+    /// the same measure on every kernel (`nq_core::search::CountStats`), so
+    /// rates compare across workers and machines.
+    fn nodes_per_second(&self) -> u64 {
+        let seconds = self.started.elapsed().as_secs_f64();
+        if seconds > 0.0 {
+            (self.summary.nodes as f64 / seconds) as u64
+        } else {
+            0
         }
     }
 
@@ -204,6 +219,7 @@ impl<'a> LeaseLoop<'a> {
             exit = %exit,
             jobs = self.summary.jobs,
             nodes = self.summary.nodes,
+            nodes_per_second = self.nodes_per_second(),
             released = self.summary.released,
             "worker stopped"
         );
@@ -410,6 +426,7 @@ impl<'a> LeaseLoop<'a> {
             info!(
                 jobs = self.summary.jobs,
                 nodes = self.summary.nodes,
+                nodes_per_second = self.nodes_per_second(),
                 held = self.held.len(),
                 "progress"
             );
@@ -463,17 +480,29 @@ impl<'a> LeaseLoop<'a> {
     }
 
     /// The kernel a job asks for (`Job.kernel`): "" leaves the choice to the
-    /// worker (its configured kernel) and "scalar" asks for the portable one,
-    /// so that a verification copy shares no kernel code with the first
-    /// computation. Anything else is not a kernel this protocol knows.
+    /// worker (its configured kernel); a kernel name asks for that kernel, so
+    /// that a job's verification copy runs other kernel code than its first
+    /// computation. A kernel this CPU lacks, or a name this build does not
+    /// know, runs the configured kernel (and `JobResult.kernel` says so).
     fn job_kernel(&self, job: &pb::Job) -> Kernel {
-        match job.kernel.as_str() {
-            "" => self.config.kernel,
-            "scalar" => Kernel::Scalar,
-            other => {
+        if job.kernel.is_empty() {
+            return self.config.kernel;
+        }
+        match job.kernel.parse::<Kernel>() {
+            Ok(k) if k != Kernel::Auto && k.is_available() => k,
+            Ok(_) => {
+                debug!(
+                    job = job.job_id,
+                    requested = %job.kernel,
+                    kernel = self.config.kernel.resolved_name(),
+                    "this CPU lacks the kernel the coordinator asked for; running the configured one"
+                );
+                self.config.kernel
+            }
+            Err(_) => {
                 warn!(
                     job = job.job_id,
-                    requested = other,
+                    requested = %job.kernel,
                     kernel = self.config.kernel.resolved_name(),
                     "the coordinator asked for an unknown kernel; running the configured one"
                 );

@@ -195,7 +195,7 @@ pub struct Summary {
     pub jobs: u64,
     /// Sub-problems in those jobs.
     pub subproblems: u64,
-    /// Search nodes expanded in those jobs.
+    /// Search nodes in those jobs (`nq_core::search::CountStats::nodes`).
     pub nodes: u64,
     /// Solutions streamed in those jobs (solutions mode only).
     pub solutions: u64,

@@ -31,7 +31,7 @@ struct Args {
     #[arg(long, value_name = "T", env = "NQ_THREADS", value_parser = threads_parser())]
     threads: Option<NonZeroUsize>,
     /// The count kernel: `auto` takes the fastest this CPU has (`avx512`,
-    /// then `avx2`); `scalar` runs the portable one, for a second run that
+    /// then `avx2`; `neon` on aarch64); `scalar` runs the portable one, for a second run that
     /// shares no kernel code with the first.
     #[arg(long, default_value = "auto", env = "NQ_KERNEL", value_parser = kernel_parser())]
     kernel: Kernel,
