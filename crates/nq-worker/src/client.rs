@@ -12,7 +12,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -187,6 +187,52 @@ impl Backoff {
 pub(crate) struct Client {
     inner: CoordinatorClient<InterceptedService<Channel, Bearer>>,
     timeout: Duration,
+    /// Counts the TCP connections the channel has made. A coordinator that
+    /// was replaced (a new run on the same address) is only ever reached
+    /// over a new connection, so a report is held back on a connection that
+    /// no answer of the coordinator has vouched for (see [`ReportGate`]).
+    connections: Arc<AtomicU64>,
+}
+
+/// Whether a report may go out on the connection it is about to use: only
+/// when the lease loop's last successful answer came over that same
+/// connection, and so told which run the coordinator at the other end
+/// serves. Checked when the transport asks for the report's first chunk,
+/// after it has connected; a report held back ends its stream empty, and
+/// its task waits for the lease loop's next answer and checks the run again.
+#[derive(Clone, Debug)]
+pub(crate) struct ReportGate {
+    connections: Arc<AtomicU64>,
+    /// The connection the lease loop's last successful answer came over.
+    vouched: Arc<AtomicU64>,
+    /// Set when a report was held back.
+    held: Arc<AtomicBool>,
+}
+
+impl ReportGate {
+    /// A gate for the client's connections, vouched for by the lease loop.
+    pub(crate) fn new(client: &Client, vouched: Arc<AtomicU64>) -> ReportGate {
+        ReportGate {
+            connections: Arc::clone(&client.connections),
+            vouched,
+            held: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// True when the report may go out now; else marks it held back.
+    fn open(&self) -> bool {
+        let open = self.connections.load(Ordering::SeqCst)
+            == self.vouched.load(Ordering::SeqCst);
+        if !open {
+            self.held.store(true, Ordering::SeqCst);
+        }
+        open
+    }
+
+    /// True (once) when the last report was held back.
+    fn was_held(&self) -> bool {
+        self.held.swap(false, Ordering::SeqCst)
+    }
 }
 
 impl Client {
@@ -229,10 +275,32 @@ impl Client {
             })?;
         }
         let bearer = Bearer(config.token.clone());
-        let inner = CoordinatorClient::with_interceptor(endpoint.connect_lazy(), bearer)
+        let connections = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&connections);
+        // tonic's own connector, counted: every TCP connection the channel
+        // opens (the first, and each after a failure) bumps the count.
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(timeout));
+        let connector = tower::ServiceExt::map_response(http, move |io| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            io
+        });
+        let channel = endpoint.connect_with_connector_lazy(connector);
+        let inner = CoordinatorClient::with_interceptor(channel, bearer)
             .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
-        Ok(Client { inner, timeout })
+        Ok(Client {
+            inner,
+            timeout,
+            connections,
+        })
+    }
+
+    /// The number of connections the channel has opened so far.
+    pub(crate) fn connection(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -332,6 +400,8 @@ pub(crate) struct ReportCtx {
     /// Bumped by the lease loop at each successful answer of the
     /// coordinator; see [`wait_for_an_answer`].
     pub(crate) heard: watch::Receiver<u64>,
+    /// Holds a report back on a connection no answer has vouched for.
+    pub(crate) gate: ReportGate,
 }
 
 /// After a report failed on the network, waits until the lease loop has
@@ -429,7 +499,11 @@ pub(crate) async fn report_job(
         }
         let worker = session.worker;
         let chunk = chunk(&worker, &ctx.run, job, Body::Result(result.clone()));
-        let failure = match ctx.client.report(tokio_stream::once(chunk), true).await {
+        // The chunk is produced when the transport asks for it, after it has
+        // connected: the gate then knows which connection it goes out on.
+        let gate = ctx.gate.clone();
+        let lazy = std::iter::once_with(move || gate.open().then_some(chunk)).flatten();
+        let failure = match ctx.client.report(tokio_stream::iter(lazy), true).await {
             Ok(ack) => {
                 return JobEnd::Acked {
                     ack,
@@ -439,6 +513,15 @@ pub(crate) async fn report_job(
             }
             Err(status) => status,
         };
+        if ctx.gate.was_held() {
+            // Nothing was sent: the connection is new, and may lead to a
+            // coordinator of another run. The next answer tells.
+            debug!(job = job.job.0, "report held back on a new connection");
+            if !wait_for_an_answer(&mut ctx, heard).await {
+                return JobEnd::Cancelled;
+            }
+            continue;
+        }
         match Failure::of(&failure) {
             Failure::Retry => {
                 let delay = ctx.backoff.next_delay();
@@ -504,6 +587,7 @@ async fn stream_job(
         worker: worker.clone(),
         run: ctx.run.clone(),
         kernel: ctx.kernel,
+        gate: Some(ctx.gate.clone()),
         job,
         sent: Arc::clone(&sent),
         computed,
@@ -521,6 +605,13 @@ async fn stream_job(
             // The stream and its receiver are gone, so the pool threads stop
             // this attempt on their next send; a new attempt recomputes it.
             stop.store(true, Ordering::Relaxed);
+            if ctx.gate.was_held() {
+                // Nothing was sent on a connection no answer vouched for.
+                if !wait_for_an_answer(&mut ctx, heard).await {
+                    return JobEnd::Cancelled;
+                }
+                return JobEnd::Rerun;
+            }
             match Failure::of(&status) {
                 Failure::Fatal => return JobEnd::Rejected(status),
                 Failure::Denied => return JobEnd::Denied(status),
@@ -582,6 +673,8 @@ struct ReportStream {
     run: String,
     /// The kernel that computes the job.
     kernel: &'static str,
+    /// Checked once, before the first chunk (see [`ReportGate`]).
+    gate: Option<ReportGate>,
     job: JobRef,
     /// The job's nodes and solutions, set when the result chunk is yielded;
     /// the stream ends after it.
@@ -598,6 +691,12 @@ impl Stream for ReportStream {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Self::Item>> {
         if self.sent.get().is_some() {
+            return Poll::Ready(None);
+        }
+        if let Some(gate) = self.gate.take()
+            && !gate.open()
+        {
+            // Held back: the stream ends before its first chunk.
             return Poll::Ready(None);
         }
         let produced = match self.first.take() {

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nq_core::search::Kernel;
@@ -35,8 +35,8 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::client::{
-    Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, Session,
-    WorkerId, outcome_name, report_job,
+    Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, ReportGate,
+    Session, WorkerId, outcome_name, report_job,
 };
 use crate::pool::WorkerPool;
 use crate::{Config, Error, Exit, Result, Summary};
@@ -97,6 +97,9 @@ pub(crate) struct LeaseLoop<'a> {
     /// tried again, so that it learns first whether the coordinator now
     /// serves another run (and then drops itself instead of sending it there).
     heard: watch::Sender<u64>,
+    /// The connection the last successful answer came over: reports go out
+    /// only on it (see `client::ReportGate`).
+    vouched: Arc<AtomicU64>,
     /// Report tasks send the id the coordinator did not know; the loop then
     /// registers again. The loop holds a sender too, so `recv` never ends.
     stale_tx: mpsc::UnboundedSender<WorkerId>,
@@ -154,6 +157,7 @@ impl<'a> LeaseLoop<'a> {
                 run: String::new(),
             }),
             heard: watch::Sender::new(0),
+            vouched: Arc::new(AtomicU64::new(0)),
             stale_tx,
             stale_rx,
             held: BTreeMap::new(),
@@ -267,6 +271,7 @@ impl<'a> LeaseLoop<'a> {
     }
 
     async fn register(&mut self) -> Result<()> {
+        let connection = self.client.connection();
         let response = match self.client.register(self.config).await {
             Ok(response) => response,
             // FAILED_PRECONDITION here is a protocol version mismatch, not an
@@ -343,7 +348,7 @@ impl<'a> LeaseLoop<'a> {
             id: info.run_id,
         });
         self.on_answer();
-        self.heard.send_modify(|n| *n += 1);
+        self.vouch(connection);
         self.worker = Some(worker);
         self.backoff.reset();
         self.next_call = Instant::now();
@@ -360,6 +365,7 @@ impl<'a> LeaseLoop<'a> {
             .filter(|(_, h)| !h.dropped)
             .map(|(id, _)| id.0)
             .collect();
+        let connection = self.client.connection();
         let response = match self.client.lease(&worker, want, held).await {
             Ok(response) => response,
             Err(status) => {
@@ -391,7 +397,7 @@ impl<'a> LeaseLoop<'a> {
         };
         self.backoff.reset();
         self.on_answer();
-        self.heard.send_modify(|n| *n += 1);
+        self.vouch(connection);
         self.set_ttl(response.lease_ttl_ms);
         for id in &response.revoked {
             if let Some(h) = self.held.get_mut(&LeaseId(*id))
@@ -535,6 +541,7 @@ impl<'a> LeaseLoop<'a> {
             client: self.client.clone(),
             session: self.session.subscribe(),
             heard: self.heard.subscribe(),
+            gate: ReportGate::new(&self.client, Arc::clone(&self.vouched)),
             run: run.id.clone(),
             kernel: kernel.resolved_name(),
             stale: self.stale_tx.clone(),
@@ -694,8 +701,20 @@ impl<'a> LeaseLoop<'a> {
         }
     }
 
-    /// First signal: lease nothing more, hand back the jobs that no thread has
-    /// started, and keep computing and reporting the rest within the grace.
+    /// A call started when the channel had opened `before` connections was
+    /// answered: the connection it came over is vouched for (reports may go
+    /// out on it), and report tasks waiting for an answer wake up.
+    fn vouch(&mut self, before: u64) {
+        // The answer came over the connection in use now, unless the call
+        // opened a new one (then it came over that one) or another call
+        // opened one meanwhile: at most one new connection is vouched for.
+        let now = self.client.connection();
+        if now <= before + 1 {
+            self.vouched.store(now, Ordering::SeqCst);
+        }
+        self.heard.send_modify(|n| *n += 1);
+    }
+
     /// The coordinator answered: the `--give-up` clock starts again.
     fn on_answer(&mut self) {
         self.last_answer = Instant::now();
@@ -733,6 +752,8 @@ impl<'a> LeaseLoop<'a> {
         Ok(())
     }
 
+    /// First signal: lease nothing more, hand back the jobs that no thread has
+    /// started, and keep computing and reporting the rest within the grace.
     async fn start_drain(&mut self) {
         let threads = self.config.threads.get();
         self.draining = Some(Instant::now() + self.config.grace);
