@@ -191,6 +191,21 @@ pub(crate) async fn committer(
         let received = tokio::select! {
             biased;
             n = rx.recv_many(&mut group, MAX_GROUP) => n,
+            () = session.machines_changed.notified(), if !session.complete.is_cancelled() => {
+                let changed = Fallout {
+                    selection_changed: true,
+                    ..Fallout::default()
+                };
+                if let Err(e) = rejudge(&session, changed).await {
+                    error!(error = %e.chain(), "cannot store results; stopping the coordinator");
+                    rx.close();
+                    return Err(e);
+                }
+                if session.sched().is_complete() {
+                    session.complete.cancel();
+                }
+                continue;
+            }
             () = token.cancelled() => {
                 // No new results; finish those already queued.
                 rx.close();
@@ -433,6 +448,9 @@ fn keep_copy(batch: &mut CommitBatch, job: JobId, copy: &StoredResult, agrees: b
 
 /// Decides, writes, flushes, applies and acknowledges one group.
 async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Result<()> {
+    if session.complete.is_cancelled() {
+        return keep_late_copies(session, group).await;
+    }
     // 1. Decide, in queue order. Only this task changes results, so what it
     // reads now still holds after the flush.
     let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
@@ -471,7 +489,7 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
             if let Ok(f) = &f {
                 s.note_outcome(d.outcome);
                 fallout.discredited.extend(&f.discredited);
-                fallout.selection_grew |= f.selection_grew;
+                fallout.selection_changed |= f.selection_changed;
             }
             outcomes.push(f.map(|_| d.outcome));
         }
@@ -508,6 +526,43 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
     Ok(())
 }
 
+/// Once every job is settled the run's result is final: copies that arrive
+/// during the linger (a worker that was slow, or lying) are compared with the
+/// recorded ones and kept as evidence, and change nothing else.
+async fn keep_late_copies(
+    session: &Session,
+    group: &mut Vec<CommitRequest>,
+) -> Result<()> {
+    let mut batch = CommitBatch::new();
+    let mut outcomes = Vec::with_capacity(group.len());
+    blocking(|| -> Result<()> {
+        for req in group.iter() {
+            let v = &req.verified;
+            let agrees = session
+                .store
+                .result(v.job)?
+                .is_some_and(|recorded| recorded.agrees(&v.result));
+            keep_copy(&mut batch, v.job, &v.result, agrees);
+            outcomes.push(if agrees {
+                Outcome::Confirmed
+            } else {
+                Outcome::Conflict
+            });
+        }
+        Ok(())
+    })?;
+    apply_and_flush(session, batch).await?;
+    let mut s = session.sched();
+    for (req, outcome) in group.drain(..).zip(outcomes) {
+        s.note_outcome(outcome);
+        if outcome == Outcome::Conflict {
+            warn!(job = %req.verified.job, worker = %req.verified.result.identity, "a copy that arrived after the run was complete disagrees; kept as evidence");
+        }
+        let _ = req.reply.send(Ok(outcome));
+    }
+    Ok(())
+}
+
 /// Writes a batch and flushes, with sled's synchronous writes kept off the
 /// async threads.
 async fn apply_and_flush(session: &Session, batch: CommitBatch) -> Result<()> {
@@ -526,7 +581,7 @@ async fn apply_and_flush(session: &Session, batch: CommitBatch) -> Result<()> {
 /// discredits more identities.
 pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<()> {
     for _round in 0..16 {
-        if fallout.discredited.is_empty() && !fallout.selection_grew {
+        if fallout.discredited.is_empty() && !fallout.selection_changed {
             return Ok(());
         }
         let mut jobs: Vec<JobId> = Vec::new();
@@ -549,12 +604,19 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
                 }
                 jobs.extend(s.jobs_voted_by(id));
             }
-            if fallout.selection_grew {
-                info!(
-                    share = s.policy().share(true),
-                    "copies now come from a second machine: checking that share of the jobs"
-                );
+            if fallout.selection_changed {
+                if s.second_source() {
+                    info!(
+                        share = s.policy().share(true),
+                        "two machines are at work: checking that share of the jobs"
+                    );
+                } else {
+                    info!(
+                        "one machine is left at work: jobs stop waiting for checks it cannot give"
+                    );
+                }
                 jobs.extend(s.unchecked_selected());
+                jobs.extend(s.jobs_waiting_for_checks());
             }
         }
         if !fallout.discredited.is_empty() {
@@ -611,7 +673,7 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
             }
             let f = s.settle(st, false)?;
             fallout.discredited.extend(f.discredited);
-            fallout.selection_grew |= f.selection_grew;
+            fallout.selection_changed |= f.selection_changed;
         }
         if reopened > 0 {
             info!(jobs = reopened, "jobs wait for another copy");
@@ -814,9 +876,6 @@ pub(crate) fn restore(
             if c.counts.len() != subs.len() || tally != c.tally {
                 return Err(Error::DamagedResult { job: *job });
             }
-        }
-        for c in copies {
-            sched.note_source(&c.identity);
         }
     }
     let votes_of = |sched: &mut Scheduler, copies: &[StoredResult]| -> Vec<Vote> {

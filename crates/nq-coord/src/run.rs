@@ -684,6 +684,9 @@ async fn ticker(
             let mut s = session.sched();
             let expired = s.expire(now);
             s.prune_workers(now);
+            if s.refresh_machines(now) {
+                session.machines_changed.notify_one();
+            }
             if now.duration_since(last_prune) >= PRUNE_EVERY {
                 last_prune = now;
                 s.prune_issued();

@@ -244,9 +244,10 @@ pub struct Fallout {
     /// Identities that just became suspect or banned: every job they voted
     /// for is judged again.
     pub discredited: Vec<IdentityId>,
-    /// True when copies from a second machine arrived in a run with
-    /// `Fraction::Auto`: more jobs are selected now.
-    pub selection_grew: bool,
+    /// True when, in a run with `Fraction::Auto`, a second machine began or
+    /// the last but one stopped working: the selection of jobs to check
+    /// changed, and the jobs it adds or drops are judged again.
+    pub selection_changed: bool,
 }
 
 /// A job waiting for another copy.
@@ -281,10 +282,11 @@ pub struct Scheduler {
     workers: HashMap<WorkerId, Worker>,
     identities: Identities,
     policy: Policy,
-    /// The machines whose copies were received in the run (the local
-    /// threads count as one, whatever their kernel). Automatic verification
-    /// starts once there are two, since a check needs a second machine.
-    sources: std::collections::HashSet<String>,
+    /// True while two machines are at work (workers heard from within one
+    /// lease TTL, the local threads counting as one machine): automatic
+    /// verification checks jobs only then, since a check needs a second
+    /// machine, and a run whose second machine left must not wait for one.
+    two_machines: bool,
     rng: rand::rngs::StdRng,
     session: u64,
     next_worker: u64,
@@ -345,7 +347,7 @@ impl Scheduler {
             workers: HashMap::new(),
             identities: Identities::default(),
             policy,
-            sources: std::collections::HashSet::new(),
+            two_machines: false,
             rng: rand::rngs::StdRng::from_os_rng(),
             session,
             next_worker: 1,
@@ -390,30 +392,42 @@ impl Scheduler {
         &self.policy
     }
 
-    /// True once copies came from two machines: a check is possible.
+    /// True while two machines are at work: a check is possible.
     pub fn second_source(&self) -> bool {
-        self.sources.len() >= 2
+        self.two_machines
     }
 
-    /// Notes a machine that sent copies (identity `name`). Returns true when
-    /// it is the second one.
-    pub fn note_source(&mut self, name: &str) -> bool {
-        let machine = if name.starts_with("local:") {
-            "local"
-        } else {
-            name
-        };
-        let before = self.sources.len();
-        if before >= 2 || self.sources.contains(machine) {
+    /// Counts the machines at work at `now` (distinct identities of workers
+    /// heard from within one lease TTL; the local threads are one machine).
+    /// Returns true when that changed whether two are at work and the change
+    /// matters to the selection (`Fraction::Auto`): the caller then judges
+    /// the affected jobs again.
+    pub fn refresh_machines(&mut self, now: Instant) -> bool {
+        let mut machines: Vec<Option<IdentityId>> = self
+            .workers
+            .values()
+            .filter(|w| w.local || now.saturating_duration_since(w.last_seen) <= self.ttl)
+            .map(|w| (!w.local).then_some(w.identity))
+            .collect();
+        machines.sort_unstable();
+        machines.dedup();
+        let two = machines.len() >= 2;
+        if two == self.two_machines {
             return false;
         }
-        self.sources.insert(machine.to_owned());
-        before == 1
+        self.two_machines = two;
+        self.policy.share(true) != self.policy.share(false)
     }
 
     /// True when `job` is chosen for a second copy now.
     pub fn selected(&self, job: JobId) -> bool {
         self.policy.selected(job, self.second_source())
+    }
+
+    /// Jobs waiting for a check (for judging again when the selection
+    /// changed).
+    pub fn jobs_waiting_for_checks(&self) -> Vec<JobId> {
+        self.open.keys().copied().collect()
     }
 
     /// Sets a job's attempt count (on startup).
@@ -949,13 +963,6 @@ impl Scheduler {
                 }
             }
         }
-        for &r in &s.reporters {
-            let name = self.identities.name(r).to_owned();
-            if self.note_source(&name) {
-                fallout.selection_grew =
-                    self.policy.share(true) > self.policy.share(false);
-            }
-        }
         Ok(fallout)
     }
 
@@ -1389,6 +1396,37 @@ mod tests {
         s.settle(&one, true).unwrap();
         assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
         assert_eq!(s.lease(&x, 1, &[], now).unwrap().jobs.len(), 1);
+    }
+
+    #[test]
+    fn automatic_checks_need_two_machines_at_work() {
+        let auto = Policy {
+            secret: [5; 16],
+            fraction: crate::quorum::Fraction::Auto,
+            ban_after: 3,
+        };
+        let mut clock = Clock(Instant::now());
+        let mut s = Scheduler::new(vec![1; 4], 1, TTL, auto);
+        s.register_local(1, "avx2", clock.now());
+        assert!(!s.refresh_machines(clock.now()), "the local threads alone");
+        assert!(!s.second_source());
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let w = s.register("w", 1, lo, clock.now());
+        assert!(s.refresh_machines(clock.now()), "a second machine began");
+        assert!(s.second_source());
+        assert!(!s.refresh_machines(clock.now()), "nothing changed");
+        // The worker falls silent for longer than a lease: one machine left.
+        clock.advance(31);
+        assert!(s.refresh_machines(clock.now()));
+        assert!(!s.second_source());
+        // It comes back.
+        s.lease(&w, 0, &[], clock.now()).unwrap();
+        assert!(s.refresh_machines(clock.now()));
+        // A fixed share does not depend on the machines at work.
+        let mut fixed = Scheduler::new(vec![1], 1, TTL, policy(0.5));
+        fixed.register_local(1, "avx2", clock.now());
+        fixed.register("w", 1, lo, clock.now());
+        assert!(!fixed.refresh_machines(clock.now()));
     }
 
     #[test]

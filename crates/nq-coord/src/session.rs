@@ -54,6 +54,10 @@ pub(crate) struct Session {
     /// Cancelled by the committer once the last job is done; `run` then
     /// lingers and shuts down.
     pub(crate) complete: CancellationToken,
+    /// Signalled by the ticker when the number of machines at work changed
+    /// the selection of jobs to check; the committer (the only writer of
+    /// results) then judges the affected jobs again.
+    pub(crate) machines_changed: tokio::sync::Notify,
     /// Recent samples of the counters, for the rates of
     /// [`crate::status::Snapshot`]. Sampled by the ticker; locked before
     /// `sched` when both are held.
@@ -85,6 +89,7 @@ impl Session {
             records: Mutex::new(Vec::new()),
             claims: Mutex::new(HashSet::new()),
             complete,
+            machines_changed: tokio::sync::Notify::new(),
         };
         (session, rx)
     }
