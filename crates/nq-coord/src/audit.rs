@@ -83,6 +83,10 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
          count_burnside,counted_worker,counted_kernel,received_unix_ms,copies,workers,attempts"
     )
     .map_err(io)?;
+    // A finished run settled every job; judging again now (with the
+    // machines of its copies) may want checks that the run rightly skipped
+    // once a single machine was left.
+    let finished = store.summary()?.is_some();
     let mut records = store.job_records().peekable();
     for (i, &work) in works.iter().enumerate() {
         let job = nq_store::JobId(i as u64);
@@ -108,6 +112,7 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
             copies.extend(store.job_duplicates(job)?.into_iter().map(|d| d.result));
         }
         let state = match (&record.state, sched.is_done(job)) {
+            (_, true) | (JobState::Done(_), false) if finished => "settled",
             (_, true) => "settled",
             (JobState::Done(_), false) if sched.is_counted(job) => "in_check",
             (JobState::Done(_), false) => "recompute",

@@ -898,6 +898,22 @@ pub(crate) fn restore(
             })
             .collect()
     };
+    // The selection as the previous session left it: two machines at work if
+    // the stored copies came from two (the local threads are one machine).
+    let mut machines: Vec<&str> = done
+        .iter()
+        .flat_map(|(_, copies, _)| copies.iter())
+        .map(|c| {
+            if c.identity.starts_with("local:") {
+                "local"
+            } else {
+                c.identity.as_str()
+            }
+        })
+        .collect();
+    machines.sort_unstable();
+    machines.dedup();
+    sched.restore_two_machines(machines.len() >= 2);
     // Lost conflicts, from the disputed jobs that settled.
     let ban_after = sched.policy().ban_after;
     for (job, copies, _) in done.iter().filter(|(_, c, _)| c.len() > 1) {

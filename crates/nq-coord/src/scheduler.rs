@@ -419,6 +419,14 @@ impl Scheduler {
         self.policy.share(true) != self.policy.share(false)
     }
 
+    /// Sets whether two machines are at work (on startup: whether the stored
+    /// copies came from two machines, so that jobs waiting for a check stay
+    /// waiting as the previous session left them; the ticker corrects it as
+    /// soon as it sees who is at work).
+    pub fn restore_two_machines(&mut self, two: bool) {
+        self.two_machines = two;
+    }
+
     /// True when `job` is chosen for a second copy now.
     pub fn selected(&self, job: JobId) -> bool {
         self.policy.selected(job, self.second_source())
