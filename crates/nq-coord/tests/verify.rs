@@ -1,6 +1,8 @@
 //! Verification end to end, in process: a real coordinator on 127.0.0.1 and
 //! gRPC workers written here, one of which lies.
 
+mod common;
+
 use std::ops::ControlFlow;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -70,25 +72,13 @@ fn solve(sub: &SubProblem, lie: bool) -> (SubCounts, Vec<u8>) {
 
 impl Lister {
     async fn connect(addr: std::net::SocketAddr, name: &str, lies: bool) -> Lister {
-        let mut client = CoordinatorClient::connect(format!("http://{addr}"))
-            .await
-            .unwrap();
-        let reg = client
-            .register(pb::RegisterRequest {
-                protocol_version: nq_proto::PROTOCOL_VERSION,
-                name: name.into(),
-                threads: 100,
-                program_version: "test".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let run = reg.run.unwrap();
+        // Enough threads to lease every job of these small runs at once.
+        let w = common::Worker::register(addr, name, 100).await;
         Lister {
-            client,
-            id: reg.worker_id,
-            shape: RunShape::try_from(&run).unwrap(),
-            run_id: run.run_id,
+            client: w.client,
+            id: w.id,
+            shape: w.shape,
+            run_id: w.run_id,
             lies,
         }
     }

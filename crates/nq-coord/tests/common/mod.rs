@@ -95,6 +95,12 @@ impl Worker {
     /// Registers under `name`: workers of different names are different
     /// identities to verification.
     pub(crate) async fn connect_as(addr: SocketAddr, name: &str) -> Worker {
+        Worker::register(addr, name, 1).await
+    }
+
+    /// Registers under `name` with `threads` threads (the coordinator lets a
+    /// worker hold up to four leases per thread).
+    pub(crate) async fn register(addr: SocketAddr, name: &str, threads: u32) -> Worker {
         let mut client = CoordinatorClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
@@ -102,7 +108,7 @@ impl Worker {
             .register(pb::RegisterRequest {
                 protocol_version: nq_proto::PROTOCOL_VERSION,
                 name: name.into(),
-                threads: 1,
+                threads,
                 program_version: "test".into(),
             })
             .await
