@@ -519,8 +519,13 @@ impl Fuzzer {
                 run,
                 chunks,
             } => {
-                let bound =
-                    self.granted(lease).is_some() && job.is_none() && run.is_none();
+                // Bound when it names a granted lease, and the job and run
+                // that lease was granted for (a generated job or run id may
+                // happen to be the right one).
+                let bound = self.granted(lease).is_some_and(|g| {
+                    job.is_none_or(|j| j == g.job.job_id)
+                        && run.as_deref().is_none_or(|r| r == self.run_id)
+                });
                 let stream = self.report_stream(who, lease, *job, run.as_deref(), chunks);
                 let reply = self.client.report(tokio_stream::iter(stream)).await;
                 proper("report", &reply)?;
