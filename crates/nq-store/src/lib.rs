@@ -61,6 +61,7 @@ pub mod error;
 mod fuzz;
 pub mod job;
 pub mod manifest;
+pub mod plan;
 pub mod result;
 
 use std::fmt;
@@ -74,6 +75,7 @@ pub use job::{
     JOBS_PER_CHUNK, JobId, JobRecord, JobState, NewJob, RECORDS_PER_CHUNK, StoredJob,
 };
 pub use manifest::{Manifest, RunKey};
+pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
 
 use codec::{Reader, key_u64};
@@ -115,7 +117,7 @@ impl Default for StoreOptions {
 }
 
 /// What a new run is made of, besides its jobs (see [`Store::create_run`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewRun {
     /// The parameters that identify the run.
     pub key: RunKey,
@@ -149,6 +151,8 @@ pub struct Store {
     records: sled::Tree,
     duplicates: sled::Tree,
     solutions: sled::Tree,
+    /// The hand-out order of the jobs (see [`plan`]).
+    order: sled::Tree,
     dir: Option<PathBuf>,
     /// The run's board, known once a manifest was read or written; jobs and
     /// solutions cannot be decoded without it.
@@ -242,6 +246,7 @@ impl Store {
             records: db.open_tree("records")?,
             duplicates: db.open_tree("duplicates")?,
             solutions: db.open_tree("solutions")?,
+            order: db.open_tree("order")?,
             db,
             dir,
             board: OnceLock::new(),
@@ -310,12 +315,15 @@ impl Store {
         Ok(Some(m))
     }
 
-    /// Creates a run: writes every job (ids `0..`, in the iterator's order),
-    /// then the manifest, then flushes. Returns the manifest.
+    /// Creates a run in one call: writes every job (ids `0..`, in the
+    /// iterator's order) in batches, then the manifest, then flushes. Returns
+    /// the manifest. For runs whose jobs are at hand; the coordinator streams
+    /// large runs through [`Store::begin_creation`] and its siblings, which
+    /// this uses.
     ///
-    /// Leftovers of an interrupted creation (jobs without a manifest) are
-    /// cleared first; the manifest is written last, so a crash at any point
-    /// leaves either a complete run or none.
+    /// Leftovers of an interrupted creation are cleared first; the manifest
+    /// is written last, so a crash at any point leaves either a complete run
+    /// or none.
     ///
     /// # Errors
     ///
@@ -325,51 +333,52 @@ impl Store {
         run: NewRun,
         jobs: impl IntoIterator<Item = NewJob>,
     ) -> Result<Manifest> {
-        if self.manifest()?.is_some() {
-            return Err(Error::RunExists);
+        self.begin_creation(&Creation {
+            run,
+            plan: PlanParams {
+                subproblems: 0,
+                job_work: 0,
+                max_size: 0,
+                format: 0,
+            },
+        })?;
+        const BATCH: usize = 64 * JOBS_PER_CHUNK as usize;
+        let mut at = Checkpoint::default();
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut jobs = jobs.into_iter().peekable();
+        while jobs.peek().is_some() {
+            batch.clear();
+            batch.extend(jobs.by_ref().take(BATCH));
+            let next = Checkpoint {
+                // No split behind these jobs: the position is in jobs.
+                subproblems: at.subproblems + batch.len() as u64,
+                jobs: at.jobs + batch.len() as u64,
+                work: at.work + batch.iter().map(|j| u128::from(j.work)).sum::<u128>(),
+            };
+            self.append_jobs(&batch, next)?;
+            at = next;
         }
-        for tree in [&self.jobs, &self.records, &self.duplicates, &self.solutions] {
-            tree.clear()?;
-        }
-        let (mut count, mut total_work) = (0u64, 0u128);
-        let mut chunk = Vec::with_capacity(JOBS_PER_CHUNK as usize);
-        let flush_chunk = |chunk: &mut Vec<NewJob>, first: u64| -> Result<()> {
-            if !chunk.is_empty() {
-                let (key, _) = job::chunk_of(JobId(first));
-                self.jobs
-                    .insert(key.to_be_bytes(), job::encode_chunk(chunk))?;
-                chunk.clear();
+        self.finish_creation()
+    }
+
+    /// Every stored job in id order, read chunk by chunk (for scans of a
+    /// whole run that must not hold it).
+    pub fn stored_jobs(&self) -> impl Iterator<Item = Result<(JobId, StoredJob)>> + 'static {
+        let board = self.board().ok();
+        self.jobs.iter().flat_map(move |entry| {
+            let chunk = board.ok_or(Error::NoRun).and_then(|board| {
+                let (k, v) = entry?;
+                let first = key_u64("jobs", &k)? * JOBS_PER_CHUNK;
+                let chunk = job::Chunk::decode(&v)?;
+                (0..chunk.len())
+                    .map(|i| Ok((JobId(first + i as u64), chunk.job(board, i)?)))
+                    .collect::<Result<Vec<_>>>()
+            });
+            match chunk {
+                Ok(jobs) => jobs.into_iter().map(Ok).collect::<Vec<_>>(),
+                Err(e) => vec![Err(e)],
             }
-            Ok(())
-        };
-        for job in jobs {
-            total_work += u128::from(job.work);
-            chunk.push(job);
-            count += 1;
-            if chunk.len() as u64 == JOBS_PER_CHUNK {
-                flush_chunk(&mut chunk, count - JOBS_PER_CHUNK)?;
-            }
-        }
-        let first = count - chunk.len() as u64;
-        flush_chunk(&mut chunk, first)?;
-        let manifest = Manifest {
-            key: run.key,
-            program_version: run.program_version,
-            run_id: run.run_id,
-            jobs: count,
-            total_work,
-            created_unix_ms: run.created_unix_ms,
-        };
-        // The manifest must not become durable before the jobs: flush them first.
-        self.db.flush()?;
-        self.meta.insert(MANIFEST, manifest.encode())?;
-        self.db.flush()?;
-        if let Some(dir) = &self.dir {
-            write_marker(dir, &manifest.run_id)
-                .map_err(|source| Error::open(dir, source.into()))?;
-        }
-        let _ = self.board.set(run.key.board);
-        Ok(manifest)
+        })
     }
 
     // ----- jobs -------------------------------------------------------------
