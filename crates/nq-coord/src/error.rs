@@ -216,6 +216,39 @@ pub enum Error {
         /// The directory.
         dir: PathBuf,
     },
+    /// The coordinator was stopped while it created the run's jobs.
+    #[error(
+        "stopped while creating the run's jobs; what was stored is kept: run \
+         again with the same --data directory and flags to finish the creation"
+    )]
+    CreationInterrupted,
+    /// A creation resumed by a program whose split of the board differs from
+    /// the one that started it.
+    #[error(
+        "the run's creation was started with {expected} sub-problems, but this \
+         program splits the board into {found}: finish it with the program \
+         version that started it, or delete the data directory to start over"
+    )]
+    PlanChanged {
+        /// Sub-problems when the creation started.
+        expected: u64,
+        /// Sub-problems now.
+        found: u64,
+    },
+    /// A creation in the data directory of another run, or of another plan.
+    #[error(
+        "{} holds the unfinished creation of {stored}, not of {requested}: \
+         rerun with the stored run's flags to finish it, or use another --data directory",
+        dir.display()
+    )]
+    CreationMismatch {
+        /// The directory.
+        dir: PathBuf,
+        /// What the stored creation makes.
+        stored: String,
+        /// What was asked for.
+        requested: String,
+    },
     /// `export` on a directory that holds no run.
     #[error("{} holds no nq run; pass the --data directory of a coordinator run", dir.display())]
     NoRun {

@@ -237,6 +237,8 @@ struct JobCopies {
     /// True when the job was settled before this group.
     settled: bool,
     attempts: u32,
+    /// The job's estimated work.
+    work: u64,
     /// Solutions mode: the copy whose solutions are stored, if any.
     stored: Option<usize>,
 }
@@ -245,6 +247,7 @@ impl JobCopies {
     /// Reads a job's stored copies.
     fn load(session: &Session, job: JobId) -> Result<JobCopies> {
         let record = session.store.job_record(job)?;
+        let work = session.store.job(job)?.work();
         let mut copies = Vec::new();
         let mut done = None;
         if let JobState::Done(result) = record.state {
@@ -273,6 +276,7 @@ impl JobCopies {
             counted,
             settled,
             attempts: record.attempts,
+            work,
         })
     }
 }
@@ -391,7 +395,8 @@ fn decide(
         lease: new.map(|v| v.lease),
         counted_before: jc.counted,
         counted,
-        voter: leader_copy.map(|l| votes[l].identity),
+        work: jc.work,
+        attempts: jc.attempts,
         votes: verdict.votes,
         settled: verdict.settled && !solutions_missing,
         // A copy that only has to store the leader's solutions may come from
@@ -602,7 +607,6 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
                         "worker lost a verification conflict; each of its results now needs a second vote"
                     );
                 }
-                jobs.extend(s.jobs_voted_by(id));
             }
             if fallout.selection_changed {
                 if s.second_source() {
@@ -620,7 +624,9 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
             }
         }
         if !fallout.discredited.is_empty() {
-            // Copies beyond the first are in the duplicates tree.
+            // Their copies: the counted ones in the job records, the others
+            // in the duplicates tree. A scan of the store, not of memory,
+            // which holds no voter per job; discredits are rare.
             let names: Vec<String> = {
                 let s = session.sched();
                 fallout
@@ -632,6 +638,14 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
             let store = Arc::clone(&session.store);
             let more = tokio::task::spawn_blocking(move || -> Result<Vec<JobId>> {
                 let mut out = Vec::new();
+                for entry in store.job_records() {
+                    let (job, record) = entry?;
+                    if let JobState::Done(r) = &record.state
+                        && names.contains(&r.identity)
+                    {
+                        out.push(job);
+                    }
+                }
                 for entry in store.duplicates() {
                     let (job, d) = entry?;
                     if names.contains(&d.result.identity) {
@@ -842,89 +856,65 @@ pub(crate) fn restore(
     shape: &nq_proto::convert::RunShape,
     sched: &mut Scheduler,
 ) -> Result<()> {
-    let mut dups: HashMap<JobId, Vec<StoredResult>> = HashMap::new();
+    // Two streaming passes over the jobs with their records and duplicates
+    // (all three in job order), so that memory does not grow with the run.
+    // The first checks every copy and finds the reputations and the
+    // machines; the second judges every job with them.
     let (mut confirmations, mut conflicts) = (0, 0);
     for entry in store.duplicates() {
-        let (job, d) = entry?;
-        match d.kind {
+        match entry?.1.kind {
             DuplicateKind::Confirmation => confirmations += 1,
             DuplicateKind::Conflict => conflicts += 1,
         }
-        dups.entry(job).or_default().push(d.result);
     }
-    sched.restore_duplicates(confirmations, conflicts);
-    let mut done: Vec<(JobId, Vec<StoredResult>, u32)> = Vec::new();
-    for entry in store.job_records() {
-        let (job, record) = entry?;
-        sched.restore_attempts(job, record.attempts);
-        if let JobState::Done(result) = record.state {
-            let mut copies = vec![*result];
-            copies.extend(dups.remove(&job).unwrap_or_default());
-            done.push((job, copies, record.attempts));
-        }
-    }
-    // Tallies again from the counts, never from the cached sums.
-    for (job, copies, _) in &done {
-        let subs = crate::session::subproblems_of(store, shape, *job)?;
-        for c in copies {
-            let mut tally = Tally::default();
-            for (sub, counts) in subs.iter().zip(&c.counts) {
-                tally
-                    .add(sub, counts)
-                    .map_err(|_| Error::DamagedResult { job: *job })?;
-            }
-            if c.counts.len() != subs.len() || tally != c.tally {
-                return Err(Error::DamagedResult { job: *job });
-            }
-        }
-    }
-    let votes_of = |sched: &mut Scheduler, copies: &[StoredResult]| -> Vec<Vote> {
-        let mut reps: Vec<usize> = Vec::new();
-        copies
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let class = reps
-                    .iter()
-                    .position(|&r| copies[r].agrees(c))
-                    .unwrap_or_else(|| {
-                        reps.push(i);
-                        reps.len() - 1
-                    });
-                Vote {
-                    identity: sched.intern(&c.identity),
-                    class,
-                }
-            })
-            .collect()
-    };
-    // The selection as the previous session left it: two machines at work if
-    // the stored copies came from two (the local threads are one machine).
-    let mut machines: Vec<&str> = done
-        .iter()
-        .flat_map(|(_, copies, _)| copies.iter())
-        .map(|c| {
-            if c.identity.starts_with("local:") {
+    let mut machines: Vec<String> = Vec::new();
+    let ban_after = sched.policy().ban_after;
+    for_each_done(store, shape, true, &mut |_, copies, _, _| {
+        for c in copies.iter() {
+            // The local threads are one machine.
+            let m = if c.identity.starts_with("local:") {
                 "local"
             } else {
                 c.identity.as_str()
+            };
+            if !machines.iter().any(|x| x == m) && machines.len() < 2 {
+                machines.push(m.to_owned());
             }
-        })
-        .collect();
-    machines.sort_unstable();
-    machines.dedup();
+        }
+        Ok(())
+    })?;
+    sched.restore_duplicates(confirmations, conflicts);
+    // The selection as the previous session left it: two machines at work if
+    // the stored copies came from two.
     sched.restore_two_machines(machines.len() >= 2);
-    // Lost conflicts, from the disputed jobs that settled.
-    let ban_after = sched.policy().ban_after;
-    for (job, copies, _) in done.iter().filter(|(_, c, _)| c.len() > 1) {
-        let votes = votes_of(sched, copies);
-        let verdict = judge(&votes, sched.selected(*job), &Default::default(), ban_after);
+    // Lost conflicts, from the disputed jobs that settled: only jobs with
+    // duplicates can have any, so this pass reads just those.
+    let mut dups = store.duplicates().peekable();
+    while let Some(entry) = dups.next() {
+        let (job, first) = entry?;
+        let mut copies = vec![first.result];
+        while let Some(Ok((j, _))) = dups.peek() {
+            if *j != job {
+                break;
+            }
+            if let Some(Ok((_, d))) = dups.next() {
+                copies.push(d.result);
+            }
+        }
+        // Duplicates exist only beside a Done record (as before, any other
+        // is ignored).
+        let JobState::Done(counted) = store.job_record(job)?.state else {
+            continue;
+        };
+        copies.insert(0, *counted);
+        let votes = votes_of(sched, &copies);
+        let verdict = judge(&votes, sched.selected(job), &Default::default(), ban_after);
         for loser in verdict.losers {
             sched.restore_loss(loser);
         }
     }
     // Judge every job with the reputations as they stand.
-    for (job, copies, attempts) in done {
+    for_each_done(store, shape, false, &mut |job, copies, attempts, work| {
         // Solutions mode: the stored solutions must be the recorded copy's.
         let stored = if shape.solutions {
             let n = usize::from(shape.board.n()).max(1);
@@ -937,19 +927,115 @@ pub(crate) fn restore(
             Some(0)
         };
         let mut jc = JobCopies {
-            copies,
+            copies: std::mem::take(copies),
             done: Some(0),
             counted: None,
             settled: false,
             attempts,
+            work,
             stored,
         };
         let mut batch = CommitBatch::new();
         let mut d = decide(sched, job, &mut jc, None, &mut batch, shape.solutions);
-        // The losses were charged above; the record is rewritten by the next
-        // copy if the leader changed.
+        // The losses were charged in the first pass; the record is rewritten
+        // by the next copy if the leader changed.
         d.settlement.losers.clear();
         sched.settle(&d.settlement, false)?;
+        Ok(())
+    })?;
+    // Attempts of the jobs not done (the leased ones of the last session
+    // are pending again).
+    for entry in store.job_records() {
+        let (job, record) = entry?;
+        if !matches!(record.state, JobState::Done(_)) {
+            sched.restore_attempts(job, record.attempts);
+        }
+    }
+    Ok(())
+}
+
+/// The copies of `copies` as votes, in classes of equal results.
+fn votes_of(sched: &mut Scheduler, copies: &[StoredResult]) -> Vec<Vote> {
+    let mut reps: Vec<usize> = Vec::new();
+    copies
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let class = reps
+                .iter()
+                .position(|&r| copies[r].agrees(c))
+                .unwrap_or_else(|| {
+                    reps.push(i);
+                    reps.len() - 1
+                });
+            Vote {
+                identity: sched.intern(&c.identity),
+                class,
+            }
+        })
+        .collect()
+}
+
+/// Calls `f` with every done job of the store, in job order: its copies (the
+/// Done record's first, then the duplicates), its attempts and its work. With
+/// `check`, each copy's tally is first derived again from its counts and
+/// must equal the stored one.
+fn for_each_done(
+    store: &nq_store::Store,
+    shape: &nq_proto::convert::RunShape,
+    check: bool,
+    f: &mut dyn FnMut(JobId, &mut Vec<StoredResult>, u32, u64) -> Result<()>,
+) -> Result<()> {
+    let mut jobs = store.stored_jobs();
+    let mut dups = store.duplicates().peekable();
+    for entry in store.job_records() {
+        let (job, record) = entry?;
+        let JobState::Done(result) = record.state else {
+            continue;
+        };
+        // The job's definition: the jobs iterator runs ahead to it.
+        let stored = loop {
+            match jobs.next() {
+                Some(Ok((id, stored))) if id == job => break stored,
+                Some(Ok((id, _))) if id < job => continue,
+                Some(Err(e)) => return Err(e.into()),
+                _ => return Err(Error::DamagedResult { job }),
+            }
+        };
+        let mut copies = vec![*result];
+        loop {
+            match dups.peek() {
+                Some(Ok((j, _))) if *j < job => {
+                    dups.next();
+                }
+                Some(Ok((j, _))) if *j == job => {
+                    if let Some(Ok((_, d))) = dups.next() {
+                        copies.push(d.result);
+                    }
+                }
+                Some(Err(_)) => {
+                    if let Some(Err(e)) = dups.next() {
+                        return Err(e.into());
+                    }
+                }
+                _ => break,
+            }
+        }
+        if check {
+            let subs = crate::session::subproblems_in(&stored, shape, job)?;
+            for c in &copies {
+                let mut tally = Tally::default();
+                for (sub, counts) in subs.iter().zip(&c.counts) {
+                    tally
+                        .add(sub, counts)
+                        .map_err(|_| Error::DamagedResult { job })?;
+                }
+                if c.counts.len() != subs.len() || tally != c.tally {
+                    return Err(Error::DamagedResult { job });
+                }
+            }
+        }
+        f(job, &mut copies, record.attempts, stored.work())?;
     }
     Ok(())
 }

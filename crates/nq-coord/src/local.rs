@@ -36,6 +36,8 @@ const STARVED_RETRY: Duration = Duration::from_millis(100);
 /// A job the pool is running.
 struct Running {
     job: JobId,
+    /// The job's estimated work (for throughput figures).
+    work: u64,
     subs: Vec<SubProblem>,
     /// The kernel the job runs on (the lease may ask for the scalar one).
     kernel: Kernel,
@@ -47,6 +49,7 @@ struct Running {
 struct Leased {
     lease: LeaseId,
     job: JobId,
+    work: u64,
     subs: Vec<SubProblem>,
     /// The kernel the lease asks for.
     kernel: Kernel,
@@ -221,7 +224,7 @@ fn lease(
     let mut out = Vec::with_capacity(grant.jobs.len());
     for g in grant.jobs {
         session.persist_lease(&g, worker);
-        let (_, subs) = crate::session::blocking(|| session.subproblems(g.job))?;
+        let (stored, subs) = crate::session::blocking(|| session.subproblems(g.job))?;
         let kernel = match g.kernel {
             KernelRequest::Named(k) => k,
             KernelRequest::Any => Kernel::Auto,
@@ -229,6 +232,7 @@ fn lease(
         out.push(Leased {
             lease: g.lease,
             job: g.job,
+            work: stored.work(),
             subs,
             kernel,
         });
@@ -245,6 +249,7 @@ fn submit(
     Leased {
         lease,
         job,
+        work,
         subs,
         kernel,
     }: Leased,
@@ -277,6 +282,7 @@ fn submit(
         lease,
         Running {
             job,
+            work,
             subs: subs.clone(),
             kernel,
             stop: Arc::clone(&stop),
@@ -348,7 +354,7 @@ fn finish(
             Err(e) => Err(e),
         };
         if result.is_ok() {
-            session.sched().note_copy(&WorkerId(worker), r.job);
+            session.sched().note_copy(&WorkerId(worker), r.work);
         }
         // The claim on the job's solutions ends once the result is durable.
         drop(f.writer);

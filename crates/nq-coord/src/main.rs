@@ -455,6 +455,16 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        Err(e)
+            if matches!(
+                e.downcast_ref::<nq_coord::Error>(),
+                Some(nq_coord::Error::CreationInterrupted)
+            ) =>
+        {
+            // Interrupted like a run stopped midway: resume to finish.
+            nq_process::logging::fatal("nq-coord", format_args!("{e:#}"));
+            ExitCode::from(nq_coord::report::RunStatus::Interrupted.exit_code())
+        }
         Err(e) => {
             nq_process::logging::fatal("nq-coord", format_args!("{e:#}"));
             ExitCode::FAILURE

@@ -1,121 +1,277 @@
-//! Turning a board into jobs: the split, the work estimates, and grouping.
+//! Turning a board into jobs: the split, the work estimates, and grouping,
+//! streamed into the store in bounded, restartable batches.
 //!
-//! A job is a run of consecutive sub-problems (in the split's order) whose
-//! estimated work adds up to about `total / target_jobs`. Grouping keeps the
-//! number of RPCs sensible at large N, where there are far more sub-problems
-//! than useful jobs; at small N the target makes a few hundred jobs so the
-//! work still balances over many threads.
+//! A job is a run of consecutive sub-problems (in [`split_each`]'s plan
+//! order) whose estimated work adds up to about `total / target_jobs`.
+//! Grouping keeps the number of RPCs sensible at large N, where there are far
+//! more sub-problems than useful jobs; at small N the target makes a few
+//! hundred jobs so the work still balances over many threads.
+//!
+//! Nothing here holds the whole split. [`PlanParams`] are fixed first, from a
+//! count of the sub-problems and a sample of their estimates; then
+//! [`build`] streams the split, estimates each batch on every core, groups it
+//! and appends whole job chunks with a checkpoint (see `nq_store::plan`).
+//! Memory is one batch of sub-problems and the jobs not yet written. A
+//! coordinator killed while creating calls [`build`] again with the stored
+//! checkpoint: the split is deterministic, so it skips exactly the
+//! sub-problems already in stored jobs and makes the same jobs after them.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use nq_core::Board;
-use nq_core::split::{SplitSpec, SubProblem, split};
-use nq_store::NewJob;
+use nq_core::split::{SplitSpec, SubProblem, split_each, split_len};
+use nq_store::{Checkpoint, JOBS_PER_CHUNK, Manifest, NewJob, PlanParams, Store};
+use tracing::info;
+
+use crate::error::{Error, Result};
 
 /// The most sub-problems in one job. Keeps every job message far below
 /// `nq_proto::MAX_MESSAGE_BYTES` (a sub-problem costs about N + 2 bytes on
 /// the wire, its result about 40), even when a worker leases many at once.
 pub const MAX_SUBS_PER_JOB: usize = 4096;
 
-/// [`Plan::into_jobs`] frees the sub-problems it has used after this many.
-const RELEASE_EVERY: usize = 1 << 18;
+/// The version of the plan: the order in which sub-problems are consumed
+/// ([`split_each`]'s) and the grouping rule. A creation is resumed only by a
+/// program with the same version.
+pub(crate) const PLAN_FORMAT: u32 = 1;
 
-/// Below this many sub-problems the estimates run on one thread; above it they
-/// are spread over every core (N = 22 with split 1:2 has 2.8 million, at
-/// about 7 µs each).
-const PARALLEL_ESTIMATES: usize = 50_000;
+/// At most this many sub-problems are estimated to fix the job size; a
+/// larger split is sampled evenly (every k-th sub-problem).
+const SAMPLES: u64 = 1 << 16;
 
-/// The sub-problems of a run and their estimated work, in split order.
-#[derive(Debug)]
-pub(crate) struct Plan {
+/// Sub-problems per batch: between these, aiming at 64 batches per plan, so
+/// that a large creation checkpoints often and a small one is still quick.
+const BATCH_MIN: u64 = 1 << 12;
+const BATCH_MAX: u64 = 1 << 16;
+
+/// How often creation logs its progress.
+const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Below this many sub-problems a batch is estimated on one thread.
+const PARALLEL_ESTIMATES: usize = 2048;
+
+/// Fixes the plan of a new run: the number of sub-problems, and the work a
+/// job is filled up to, so that there are about `target_jobs` jobs of at
+/// most `max_size` sub-problems (one job per sub-problem when the target is
+/// at least their number).
+pub(crate) fn params(
     board: Board,
-    subs: Vec<SubProblem>,
-    works: Vec<u64>,
+    spec: SplitSpec,
+    target_jobs: u64,
+    max_size: usize,
+) -> PlanParams {
+    let subproblems = split_len(board, spec);
+    let stride = subproblems.div_ceil(SAMPLES).max(1);
+    let mut sample = Vec::with_capacity(subproblems.min(SAMPLES) as usize);
+    let mut index = 0u64;
+    let _ = split_each(board, spec, &mut |sub| {
+        if index.is_multiple_of(stride) {
+            sample.push(sub);
+        }
+        index += 1;
+        ControlFlow::Continue(())
+    });
+    // Exact when every sub-problem is in the sample; otherwise the sampled
+    // sum scaled up, which only sets the job size (the stored total is the
+    // exact sum of what was stored).
+    let sampled: u128 = estimate_all(&sample, PARALLEL_ESTIMATES)
+        .into_iter()
+        .map(u128::from)
+        .sum();
+    let total = sampled * u128::from(stride);
+    let job_work = total.div_ceil(u128::from(target_jobs.max(1))).max(1);
+    let max_size = if target_jobs >= subproblems {
+        1
+    } else {
+        max_size.clamp(1, MAX_SUBS_PER_JOB)
+    };
+    PlanParams {
+        subproblems,
+        job_work: u64::try_from(job_work).unwrap_or(u64::MAX),
+        max_size: max_size as u32,
+        format: PLAN_FORMAT,
+    }
 }
 
-impl Plan {
-    /// Splits `board` and estimates every sub-problem.
-    pub(crate) fn new(board: Board, spec: SplitSpec) -> Plan {
-        let subs = split(board, spec);
-        let works = estimate_all(&subs, PARALLEL_ESTIMATES);
-        Plan { board, subs, works }
+/// A job being filled, and where its first sub-problem is in the split.
+struct Filling {
+    job: NewJob,
+    subs: u32,
+    first: u64,
+}
+
+/// The grouping of a stream of estimated sub-problems into jobs.
+struct Grouper {
+    n: usize,
+    job_work: u128,
+    max_size: u32,
+    /// Closed jobs not yet stored, with the split position of their first
+    /// sub-problem.
+    closed: Vec<(NewJob, u64)>,
+    filling: Option<Filling>,
+}
+
+impl Grouper {
+    /// Adds the sub-problem at split position `index` with estimate `work`.
+    /// A job closes before the sub-problem that would take it past the job
+    /// work (a sub-problem larger than that is a job alone), or when full.
+    fn add(&mut self, rows: &[u8], work: u64, index: u64) {
+        if let Some(f) = &self.filling
+            && (f.subs >= self.max_size
+                || u128::from(f.job.work) + u128::from(work) > self.job_work)
+        {
+            let f = self.filling.take().expect("just matched");
+            self.closed.push((f.job, f.first));
+        }
+        let f = self.filling.get_or_insert_with(|| Filling {
+            job: NewJob {
+                rows: Vec::with_capacity(4 * self.n),
+                work: 0,
+            },
+            subs: 0,
+            first: index,
+        });
+        f.job.rows.extend_from_slice(rows);
+        f.job.work = f.job.work.saturating_add(work);
+        f.subs += 1;
     }
 
-    /// Number of sub-problems.
-    pub(crate) fn subproblems(&self) -> usize {
-        self.subs.len()
+    /// Closes the job being filled (at the end of the split).
+    fn close(&mut self) {
+        if let Some(f) = self.filling.take() {
+            self.closed.push((f.job, f.first));
+        }
     }
 
-    /// The jobs, grouped for about `target_jobs` jobs of at most `max_size`
-    /// sub-problems each (1 to [`MAX_SUBS_PER_JOB`]); one job per
-    /// sub-problem when `target_jobs` is at least their number.
-    ///
-    /// Lazy and consuming: the sub-problems already turned into jobs are
-    /// freed as it goes (every [`RELEASE_EVERY`] sub-problems), so that the
-    /// split's memory shrinks while the store's grows and a million-job run
-    /// is created within the coordinator's memory budget.
-    pub(crate) fn into_jobs(
-        self,
-        target_jobs: u64,
-        max_size: usize,
-    ) -> impl Iterator<Item = NewJob> {
-        self.into_jobs_releasing(target_jobs, max_size, RELEASE_EVERY)
-    }
-
-    fn into_jobs_releasing(
-        self,
-        target_jobs: u64,
-        max_size: usize,
-        release_every: usize,
-    ) -> impl Iterator<Item = NewJob> {
-        let Plan {
-            board,
-            mut subs,
-            mut works,
-        } = self;
-        // A target of at least one job per sub-problem means exactly that.
-        let max_size = if target_jobs >= subs.len() as u64 {
-            1
+    /// Stores the closed jobs: whole chunks only, unless `last`. The
+    /// checkpoint's position is the first sub-problem not in a stored job.
+    fn store(
+        &mut self,
+        store: &Store,
+        at: &mut Checkpoint,
+        end: u64,
+        last: bool,
+    ) -> Result<()> {
+        let take = if last {
+            self.closed.len()
         } else {
-            max_size.clamp(1, MAX_SUBS_PER_JOB)
+            self.closed.len() - self.closed.len() % JOBS_PER_CHUNK as usize
         };
-        let total: u128 = works.iter().map(|&w| u128::from(w)).sum();
-        let target = total.div_ceil(u128::from(target_jobs.max(1))).max(1);
-        let n = board.len();
-        let mut next = 0;
-        std::iter::from_fn(move || {
-            if next >= release_every {
-                // Shifts what is left to the front (a few hundred MB of
-                // copying over a whole million-job creation) and gives the
-                // freed tail back to the allocator.
-                subs.drain(..next);
-                works.drain(..next);
-                subs.shrink_to_fit();
-                works.shrink_to_fit();
-                next = 0;
-            }
-            if next == subs.len() {
-                return None;
-            }
-            let mut rows = Vec::with_capacity(4 * n);
-            let mut work = 0u128;
-            let mut count = 0;
-            // Close the job before the sub-problem that would take it past the
-            // target (a sub-problem larger than the target is a job alone).
-            while next < subs.len() && count < max_size {
-                let w = u128::from(works[next]);
-                if count > 0 && work + w > target {
-                    break;
-                }
-                rows.extend_from_slice(subs[next].prefix().rows());
-                work += w;
-                next += 1;
-                count += 1;
-            }
-            Some(NewJob {
-                rows,
-                work: u64::try_from(work).unwrap_or(u64::MAX),
-            })
-        })
+        if take == 0 {
+            return Ok(());
+        }
+        let next_first = self
+            .closed
+            .get(take)
+            .map(|(_, first)| *first)
+            .or(self.filling.as_ref().map(|f| f.first))
+            .unwrap_or(end);
+        let jobs: Vec<NewJob> = self.closed.drain(..take).map(|(j, _)| j).collect();
+        let next = Checkpoint {
+            subproblems: next_first,
+            jobs: at.jobs + jobs.len() as u64,
+            work: at.work + jobs.iter().map(|j| u128::from(j.work)).sum::<u128>(),
+        };
+        store.append_jobs(&jobs, next)?;
+        *at = next;
+        Ok(())
     }
+}
+
+/// Makes the jobs of the creation stored in `store`, from checkpoint `at`
+/// on, then completes the run and returns its manifest. Stops with
+/// [`Error::ShuttingDown`] between batches once `stop` is set; what was
+/// stored by then stays, and the next call goes on from it.
+///
+/// # Errors
+///
+/// Store errors; [`Error::PlanChanged`] when the split no longer has the
+/// number of sub-problems the creation was started with.
+pub(crate) fn build(
+    store: &Store,
+    board: Board,
+    spec: SplitSpec,
+    params: PlanParams,
+    mut at: Checkpoint,
+    stop: &AtomicBool,
+) -> Result<Manifest> {
+    let started = Instant::now();
+    let batch_len = (params.subproblems / 64).clamp(BATCH_MIN, BATCH_MAX) as usize;
+    let mut grouper = Grouper {
+        n: board.len(),
+        job_work: u128::from(params.job_work),
+        max_size: params.max_size.max(1),
+        closed: Vec::new(),
+        filling: None,
+    };
+    let mut batch: Vec<SubProblem> = Vec::with_capacity(batch_len);
+    let mut index = 0u64;
+    let mut batch_first = at.subproblems;
+    let mut failure: Option<Error> = None;
+    let mut logged = Instant::now();
+    let skip = at.subproblems;
+    let mut flush_batch = |batch: &mut Vec<SubProblem>,
+                           first: u64,
+                           end: u64,
+                           at: &mut Checkpoint|
+     -> Result<()> {
+        let works = estimate_all(batch, PARALLEL_ESTIMATES);
+        for (i, (sub, work)) in batch.iter().zip(works).enumerate() {
+            grouper.add(sub.prefix().rows(), work, first + i as u64);
+        }
+        batch.clear();
+        grouper.store(store, at, end, false)
+    };
+    let _ = split_each(board, spec, &mut |sub| {
+        if index < skip {
+            index += 1;
+            return ControlFlow::Continue(());
+        }
+        batch.push(sub);
+        index += 1;
+        if batch.len() == batch_len {
+            if let Err(e) = flush_batch(&mut batch, batch_first, index, &mut at) {
+                failure = Some(e);
+                return ControlFlow::Break(());
+            }
+            batch_first = index;
+            if stop.load(Ordering::Relaxed) {
+                failure = Some(Error::ShuttingDown);
+                return ControlFlow::Break(());
+            }
+            if logged.elapsed() >= LOG_EVERY {
+                logged = Instant::now();
+                info!(
+                    done = index,
+                    subproblems = params.subproblems,
+                    jobs = at.jobs,
+                    "creating the run's jobs"
+                );
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if index != params.subproblems {
+        return Err(Error::PlanChanged {
+            expected: params.subproblems,
+            found: index,
+        });
+    }
+    flush_batch(&mut batch, batch_first, index, &mut at)?;
+    grouper.close();
+    grouper.store(store, &mut at, index, true)?;
+    let manifest = store.finish_creation()?;
+    info!(
+        ms = started.elapsed().as_millis() as u64,
+        jobs = manifest.jobs,
+        "jobs stored and checked"
+    );
+    Ok(manifest)
 }
 
 /// `SubProblem::estimate` of every sub-problem, in order; on every core when
@@ -125,8 +281,7 @@ fn estimate_all(subs: &[SubProblem], parallel_from: usize) -> Vec<u64> {
     if subs.len() < parallel_from || threads == 1 {
         return subs.iter().map(SubProblem::estimate).collect();
     }
-    // Each thread fills its own part of one vector: no per-thread copies, so a
-    // split of millions of sub-problems needs the 8 bytes per estimate once.
+    // Each thread fills its own part of one vector: no per-thread copies.
     let mut works = vec![0u64; subs.len()];
     let per = subs.len().div_ceil(threads);
     std::thread::scope(|scope| {
@@ -144,59 +299,125 @@ fn estimate_all(subs: &[SubProblem], parallel_from: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nq_store::{Creation, NewRun, RunKey};
+
+    /// The sub-problems of the split in plan order, with their estimates.
+    fn plan_order(board: Board, spec: SplitSpec) -> Vec<(Vec<u8>, u64)> {
+        let mut out = vec![];
+        let _ = split_each(board, spec, &mut |s| {
+            out.push((s.prefix().rows().to_vec(), s.estimate()));
+            ControlFlow::Continue(())
+        });
+        out
+    }
+
+    fn begin(store: &Store, board: Board, spec: SplitSpec, params: PlanParams) {
+        store
+            .begin_creation(&Creation {
+                run: NewRun {
+                    key: RunKey {
+                        board,
+                        split_version: nq_core::split::SPLIT_VERSION,
+                        spec,
+                        solutions: false,
+                    },
+                    run_id: "test".into(),
+                    program_version: "0".into(),
+                    created_unix_ms: 0,
+                },
+                plan: params,
+            })
+            .unwrap();
+    }
+
+    /// Every job's rows, concatenated, and every job's work.
+    fn stored(store: &Store) -> (Vec<u8>, Vec<u64>) {
+        let mut rows = vec![];
+        let mut works = vec![];
+        for entry in store.stored_jobs() {
+            let (_, job) = entry.unwrap();
+            rows.extend(job.prefixes().flatten());
+            works.push(job.work());
+        }
+        (rows, works)
+    }
 
     #[test]
-    fn jobs_cover_every_subproblem_once_in_order() {
+    fn jobs_cover_every_subproblem_once_in_plan_order() {
         let board = Board::new(10).unwrap();
         let spec = SplitSpec::new(1, 1).unwrap();
-        let plan = || Plan::new(board, spec);
-        let works: Vec<u64> = plan().works;
-        for target in [1, 7, 50, 1_000_000] {
-            let jobs: Vec<NewJob> = plan().into_jobs(target, MAX_SUBS_PER_JOB).collect();
-            let rows: Vec<u8> = jobs.iter().flat_map(|j| j.rows.clone()).collect();
-            let want: Vec<u8> = split(board, spec)
-                .iter()
-                .flat_map(|s| s.prefix().rows().to_vec())
-                .collect();
-            assert_eq!(rows, want, "target {target}");
+        let want = plan_order(board, spec);
+        let rows: Vec<u8> = want.iter().flat_map(|(r, _)| r.clone()).collect();
+        let total: u128 = want.iter().map(|(_, w)| u128::from(*w)).sum();
+        for (target, size) in [
+            (1, MAX_SUBS_PER_JOB),
+            (7, MAX_SUBS_PER_JOB),
+            (50, 3),
+            (1_000_000, 9),
+        ] {
+            let store = Store::temporary().unwrap();
+            let p = params(board, spec, target, size);
+            assert_eq!(p.subproblems, want.len() as u64);
+            begin(&store, board, spec, p);
+            let m = build(
+                &store,
+                board,
+                spec,
+                p,
+                Checkpoint::default(),
+                &AtomicBool::new(false),
+            )
+            .unwrap();
+            let (got, works) = stored(&store);
+            assert_eq!(got, rows, "target {target}");
+            assert_eq!(m.total_work, total);
+            assert_eq!(m.jobs, works.len() as u64);
             // Greedy grouping makes at most about twice the target.
-            assert!(jobs.len() as u64 <= 2 * target + 1, "{} jobs", jobs.len());
-            let work: u128 = jobs.iter().map(|j| u128::from(j.work)).sum();
-            assert_eq!(work, works.iter().map(|&w| u128::from(w)).sum::<u128>());
+            if size == MAX_SUBS_PER_JOB {
+                assert!(m.jobs <= 2 * target + 1, "{} jobs", m.jobs);
+            }
+            if target >= want.len() as u64 {
+                assert_eq!(m.jobs, want.len() as u64, "one job per sub-problem");
+            }
+            for entry in store.stored_jobs() {
+                assert!(entry.unwrap().1.len() <= size);
+            }
         }
-        let n = plan().subproblems();
-        assert_eq!(plan().into_jobs(n as u64, MAX_SUBS_PER_JOB).count(), n);
-        assert!(plan().into_jobs(n as u64 - 1, MAX_SUBS_PER_JOB).count() < n);
-        assert_eq!(plan().into_jobs(1, 1).count(), n);
-        assert!(plan().into_jobs(1, 3).all(|j| j.rows.len() <= 3 * 10));
-        assert_eq!(plan().into_jobs(1, MAX_SUBS_PER_JOB).count(), 1);
     }
 
     #[test]
-    fn jobs_survive_the_release_of_used_subproblems() {
-        // Releasing every 1000 sub-problems, with jobs of one and of several:
-        // every prefix must still come out once, in order.
+    fn a_creation_resumed_from_any_checkpoint_makes_the_same_jobs() {
+        // Big enough for several batches of BATCH_MIN sub-problems.
         let board = Board::new(12).unwrap();
-        let spec = SplitSpec::new(1, 2).unwrap();
-        let want: Vec<Vec<u8>> = split(board, spec)
-            .iter()
-            .map(|s| s.prefix().rows().to_vec())
-            .collect();
-        assert!(want.len() > 3000, "{}", want.len());
-        for size in [1, 7] {
-            let got: Vec<u8> = Plan::new(board, spec)
-                .into_jobs_releasing(1, size, 1000)
-                .flat_map(|j| j.rows)
-                .collect();
-            assert!(got == want.concat(), "size {size}");
-        }
-    }
+        let spec = SplitSpec::new(0, 4).unwrap();
+        let p = params(board, spec, 3000, MAX_SUBS_PER_JOB);
+        assert!(p.subproblems > 2 * BATCH_MIN, "{}", p.subproblems);
+        let whole = Store::temporary().unwrap();
+        begin(&whole, board, spec, p);
+        let m = build(
+            &whole,
+            board,
+            spec,
+            p,
+            Checkpoint::default(),
+            &AtomicBool::new(false),
+        )
+        .unwrap();
+        let want = stored(&whole);
 
-    #[test]
-    fn parallel_estimates_match_serial_ones() {
-        let board = Board::new(11).unwrap();
-        let subs = split(board, SplitSpec::new(1, 2).unwrap());
-        let serial: Vec<u64> = subs.iter().map(SubProblem::estimate).collect();
-        assert_eq!(estimate_all(&subs, 0), serial);
+        // Stop after the first batch (as a kill would), then go on from the
+        // stored checkpoint.
+        let store = Store::temporary().unwrap();
+        begin(&store, board, spec, p);
+        let stop = AtomicBool::new(true);
+        assert!(matches!(
+            build(&store, board, spec, p, Checkpoint::default(), &stop),
+            Err(Error::ShuttingDown)
+        ));
+        let (_, at) = store.creation().unwrap().unwrap();
+        assert!(at.jobs > 0 && at.subproblems > 0 && at.subproblems < p.subproblems);
+        let again = build(&store, board, spec, p, at, &AtomicBool::new(false)).unwrap();
+        assert_eq!(stored(&store), want);
+        assert_eq!((again.jobs, again.total_work), (m.jobs, m.total_work));
     }
 }

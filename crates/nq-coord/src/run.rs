@@ -17,12 +17,15 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_proto::pb::coordinator_server::CoordinatorServer;
-use nq_store::{Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions};
+use nq_store::{
+    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions,
+};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -35,11 +38,11 @@ use crate::config::{Config, default_split, default_target_jobs};
 use crate::error::{Error, Result};
 use crate::ledger;
 use crate::local;
-use crate::plan::{MAX_SUBS_PER_JOB, Plan};
+use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::progress::Progress;
 use crate::quorum::Policy;
 use crate::report::{FaultyWorker, REPORT_FILE, RunReport};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler};
 use crate::security::{self, TokenCheck};
 use crate::service::CoordinatorService;
 use crate::session::{Session, unix_ms};
@@ -120,17 +123,20 @@ struct Ready {
 }
 
 /// Opens the store, creates or resumes the run and rebuilds the scheduler.
-/// Blocking (sled I/O and, for a new run, the split).
-fn setup(config: &Config) -> Result<Setup> {
+/// Blocking (sled I/O and, for a new run, the split); a creation stops
+/// between two batches once `stop` is set.
+fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     let opened = Instant::now();
     let options = StoreOptions {
         cache_capacity: config.cache_bytes,
     };
-    let store = Store::open(&config.data_dir, &options)?;
+    let store = Arc::new(Store::open(&config.data_dir, &options)?);
     let stored = store.manifest()?;
+    let creating = store.creation()?;
     let spec = config
         .split
         .or(stored.as_ref().map(|m| m.key.spec))
+        .or(creating.as_ref().map(|(c, _)| c.run.key.spec))
         .unwrap_or_else(|| default_split(config.board));
     let key = RunKey {
         board: config.board,
@@ -148,7 +154,7 @@ fn setup(config: &Config) -> Result<Setup> {
             }
             m
         }
-        None => create(config, &store, key)?,
+        None => create(config, &store, key, creating, stop)?,
     };
     if let Some(summary) = store.summary()? {
         return Ok(Setup::Finished(finished_report(
@@ -168,16 +174,13 @@ fn setup(config: &Config) -> Result<Setup> {
         );
     }
     let session_no = store.next_boot()?;
-    let works = store.job_works()?;
-    if works.len() as u64 != manifest.jobs {
-        return Err(nq_store::Error::Corrupt {
-            tree: "jobs",
-            what: nq_store::Corruption::Field { field: "job count" },
-        }
-        .into());
-    }
-    let mut sched =
-        Scheduler::new(works, session_no, config.lease_ttl, policy(config, &store)?);
+    let mut sched = scheduler(
+        &store,
+        &manifest,
+        session_no,
+        config.lease_ttl,
+        policy(config, &store)?,
+    )?;
     // Totals are derived again from the stored counts, never from a cached sum.
     ledger::restore(&store, &shape_of(&manifest), &mut sched)?;
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
@@ -195,7 +198,7 @@ fn setup(config: &Config) -> Result<Setup> {
         "data directory ready"
     );
     Ok(Setup::Ready(Box::new(Ready {
-        store: Arc::new(store),
+        store,
         manifest,
         sched,
         elapsed_before,
@@ -220,35 +223,113 @@ fn shape_of(manifest: &Manifest) -> RunShape {
     }
 }
 
-/// Splits the board into jobs and stores them with a new manifest.
-fn create(config: &Config, store: &Store, key: RunKey) -> Result<Manifest> {
+/// The scheduler of a stored run: small runs hand their jobs out in exact
+/// order of work, from a list in memory; large ones read the order stored
+/// with the jobs, a chunk at a time (built first for runs created before
+/// it existed).
+fn scheduler(
+    store: &Arc<Store>,
+    manifest: &Manifest,
+    session: u64,
+    ttl: Duration,
+    policy: Policy,
+) -> Result<Scheduler> {
+    let corrupt = || -> Error {
+        nq_store::Error::Corrupt {
+            tree: "jobs",
+            what: nq_store::Corruption::Field { field: "job count" },
+        }
+        .into()
+    };
+    if manifest.jobs <= EXACT_ORDER_UP_TO as u64 {
+        let works = store.job_works()?;
+        let total: u128 = works.iter().map(|&w| u128::from(w)).sum();
+        if works.len() as u64 != manifest.jobs || total != manifest.total_work {
+            return Err(corrupt());
+        }
+        return Ok(Scheduler::new(works, session, ttl, policy));
+    }
+    if store.ensure_order()? {
+        info!(jobs = manifest.jobs, "built the stored hand-out order");
+    }
+    Ok(Scheduler::with_order(
+        manifest.jobs,
+        manifest.total_work,
+        Box::new(StoredOrder::new(Arc::clone(store))),
+        session,
+        ttl,
+        policy,
+    ))
+}
+
+/// Creates the run, or finishes the creation an earlier session began:
+/// splits the board and streams the jobs into the store (see
+/// [`crate::plan`]).
+fn create(
+    config: &Config,
+    store: &Store,
+    key: RunKey,
+    creating: Option<(Creation, Checkpoint)>,
+    stop: &AtomicBool,
+) -> Result<Manifest> {
     let t = Instant::now();
-    let plan = Plan::new(config.board, key.spec);
-    let target = config
-        .target_jobs
-        .unwrap_or_else(|| default_target_jobs(config.board));
-    let now = SystemTime::now();
-    let run_id = format!(
-        "{}-{:x}-{:x}",
-        config.board.n(),
-        unix_ms(now),
-        std::process::id()
-    );
-    let subproblems = plan.subproblems();
-    let manifest = store.create_run(
-        NewRun {
-            key,
-            run_id,
-            program_version: env!("CARGO_PKG_VERSION").to_owned(),
-            created_unix_ms: unix_ms(now),
-        },
-        plan.into_jobs(target, config.max_job_size),
-    )?;
+    let (params, at) = match creating {
+        Some((c, at)) => {
+            if c.run.key != key || c.plan.format != PLAN_FORMAT {
+                return Err(Error::CreationMismatch {
+                    dir: config.data_dir.clone(),
+                    stored: format!("{} (plan format {})", c.run.key, c.plan.format),
+                    requested: format!("{key} (plan format {PLAN_FORMAT})"),
+                });
+            }
+            if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
+                warn!(
+                    "--jobs and --job-size apply to new runs only; the creation goes on with its own"
+                );
+            }
+            info!(
+                run = %c.run.run_id,
+                done = at.subproblems,
+                subproblems = c.plan.subproblems,
+                jobs = at.jobs,
+                "resuming the creation of the run's jobs"
+            );
+            (c.plan, at)
+        }
+        None => {
+            let target = config
+                .target_jobs
+                .unwrap_or_else(|| default_target_jobs(config.board));
+            let params =
+                plan::params(config.board, key.spec, target, config.max_job_size);
+            let now = SystemTime::now();
+            let run = NewRun {
+                key,
+                run_id: format!(
+                    "{}-{:x}-{:x}",
+                    config.board.n(),
+                    unix_ms(now),
+                    std::process::id()
+                ),
+                program_version: env!("CARGO_PKG_VERSION").to_owned(),
+                created_unix_ms: unix_ms(now),
+            };
+            info!(
+                run = %run.run_id,
+                subproblems = params.subproblems,
+                target_jobs = target,
+                "creating the run's jobs"
+            );
+            store.begin_creation(&Creation { run, plan: params })?;
+            (params, Checkpoint::default())
+        }
+    };
+    let manifest = plan::build(store, config.board, key.spec, params, at, stop)?;
     info!(
         n = config.board.n(),
         ring = key.spec.ring,
         extra = key.spec.extra,
-        subproblems,
+        subproblems = params.subproblems,
         jobs = manifest.jobs,
         ms = t.elapsed().as_millis() as u64,
         run = %manifest.run_id,
@@ -280,8 +361,11 @@ fn finished_report(
     m: &Manifest,
     s: &RunSummary,
 ) -> Result<RunReport> {
-    let mut sched = Scheduler::new(
-        store.job_works()?,
+    // Judging needs no hand-out order: nothing is handed out.
+    let mut sched = Scheduler::with_order(
+        m.jobs,
+        m.total_work,
+        Box::new(ExactOrder::new(&[])),
         0,
         config.lease_ttl,
         policy(config, store)?,
@@ -324,7 +408,21 @@ async fn session(
 ) -> Result<RunReport> {
     let setup = {
         let cfg = config.clone();
-        tokio::task::spawn_blocking(move || setup(&cfg)).await??
+        // A shutdown during a long creation stops it between two batches.
+        let halt = Arc::new(AtomicBool::new(false));
+        let watch = {
+            let (halt, stop) = (Arc::clone(&halt), stop.clone());
+            tokio::spawn(async move {
+                stop.cancelled().await;
+                halt.store(true, Ordering::Relaxed);
+            })
+        };
+        let setup = tokio::task::spawn_blocking(move || setup(&cfg, &halt)).await?;
+        watch.abort();
+        match setup {
+            Err(Error::ShuttingDown) => return Err(Error::CreationInterrupted),
+            other => other?,
+        }
     };
     let ready = match setup {
         Setup::Finished(report) => {
@@ -736,6 +834,37 @@ async fn ticker(
         }
         if let Some(tx) = &progress {
             tx.send_replace(snapshot);
+        }
+    }
+}
+
+/// The hand-out order stored with a large run's jobs, read a chunk at a
+/// time: the scheduler's memory holds one chunk of ids, not a queue of
+/// every job.
+#[derive(Debug)]
+struct StoredOrder {
+    store: Arc<Store>,
+    /// The key of the last chunk read.
+    cursor: Option<Vec<u8>>,
+}
+
+impl StoredOrder {
+    fn new(store: Arc<Store>) -> StoredOrder {
+        StoredOrder {
+            store,
+            cursor: None,
+        }
+    }
+}
+
+impl HandOut for StoredOrder {
+    fn next_batch(&mut self) -> Result<Vec<nq_store::JobId>> {
+        match self.store.order_after(self.cursor.as_deref())? {
+            Some((key, ids)) => {
+                self.cursor = Some(key);
+                Ok(ids)
+            }
+            None => Ok(Vec::new()),
         }
     }
 }

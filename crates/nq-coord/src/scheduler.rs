@@ -5,10 +5,15 @@
 //! (`now: Instant`) and persists what it returns, so the lease logic is tested
 //! with a fake clock and simulated lost workers, without sleeping.
 //!
-//! Memory is what makes a million-job run possible: per job the scheduler
-//! keeps 24 bytes (a `Slot`) and one entry in a queue. Job definitions and
-//! results live in the store; jobs under verification (see [`crate::quorum`])
-//! also keep the identities that reported them.
+//! Memory is what makes a record run possible: per job the scheduler keeps
+//! four bits (its phase, and whether a copy counts and is verified), so
+//! 10^8 jobs cost 50 MB. Everything else it holds is bounded by the work in
+//! flight, not by the size of the run: the fresh jobs come from a
+//! [`HandOut`] (in a large run, a cursor over the order stored with the jobs,
+//! read a chunk at a time), and the leased, requeued, open and disputed jobs
+//! and their attempt counts sit in small maps. Job definitions, works and
+//! results live in the store; the ledger passes a job's work along with each
+//! decision.
 //!
 //! The state of each job:
 //!
@@ -52,40 +57,127 @@ use crate::quorum::{Identities, IdentityId, Policy};
 pub const MAX_GRANT: u32 = 1024;
 
 /// Runs with at most this many jobs hand them out in exact order of work.
-const EXACT_ORDER_UP_TO: usize = 1 << 16;
+pub const EXACT_ORDER_UP_TO: usize = 1 << 16;
 
 /// How many queued checks one grant looks at for one the worker may take.
 const CHECK_SCAN: usize = 64;
 
-/// No identity (a job nobody's copy counts for).
-const NOBODY: u32 = u32::MAX;
-
-/// The octave of an estimated work: jobs in one octave are within a factor of
-/// two of each other, close enough for the largest-first order.
-fn band(work: u64) -> u32 {
-    u64::BITS - work.leading_zeros()
-}
-
-/// The compact state of one job.
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    /// Estimated work, for progress.
-    work: u64,
-    attempts: u32,
-    /// The first voter of the counted copy ([`NOBODY`] when none counts).
-    voter: u32,
-    phase: Phase,
-    /// True when a copy's tally is in the totals.
-    counted: bool,
-    /// True when the counted copy has at least two votes.
-    verified: bool,
-}
+use nq_store::plan::band;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Pending,
     Leased,
     Done,
+}
+
+/// Four bits of state per job, two jobs to a byte: the phase (two bits),
+/// whether a copy's tally is in the totals, and whether the counted copy has
+/// at least two votes.
+#[derive(Debug)]
+struct JobTable {
+    nibbles: Vec<u8>,
+    len: u64,
+}
+
+const PHASE_BITS: u8 = 0b0011;
+const COUNTED: u8 = 0b0100;
+const VERIFIED: u8 = 0b1000;
+
+impl JobTable {
+    fn new(len: u64) -> JobTable {
+        // Every job starts pending (phase 0), uncounted and unverified.
+        let bytes = usize::try_from(len.div_ceil(2)).expect("job table fits in memory");
+        JobTable {
+            nibbles: vec![0; bytes],
+            len,
+        }
+    }
+
+    fn get(&self, job: JobId) -> u8 {
+        let byte = self.nibbles[(job.0 / 2) as usize];
+        if job.0 % 2 == 0 {
+            byte & 0x0f
+        } else {
+            byte >> 4
+        }
+    }
+
+    fn set(&mut self, job: JobId, bits: u8) {
+        let byte = &mut self.nibbles[(job.0 / 2) as usize];
+        *byte = if job.0 % 2 == 0 {
+            (*byte & 0xf0) | bits
+        } else {
+            (*byte & 0x0f) | (bits << 4)
+        };
+    }
+
+    fn phase(&self, job: JobId) -> Phase {
+        match self.get(job) & PHASE_BITS {
+            0 => Phase::Pending,
+            1 => Phase::Leased,
+            _ => Phase::Done,
+        }
+    }
+
+    fn set_phase(&mut self, job: JobId, phase: Phase) {
+        let code = match phase {
+            Phase::Pending => 0,
+            Phase::Leased => 1,
+            Phase::Done => 2,
+        };
+        self.set(job, (self.get(job) & !PHASE_BITS) | code);
+    }
+
+    fn flag(&self, job: JobId, flag: u8) -> bool {
+        self.get(job) & flag != 0
+    }
+
+    fn set_flag(&mut self, job: JobId, flag: u8, on: bool) {
+        let bits = self.get(job);
+        self.set(job, if on { bits | flag } else { bits & !flag });
+    }
+}
+
+/// Where the jobs not yet handed out in this session come from, in hand-out
+/// order. Each job comes once per session; the scheduler skips those that
+/// are no longer pending.
+pub trait HandOut: Send + std::fmt::Debug {
+    /// The next jobs in hand-out order; empty once every job was given.
+    ///
+    /// # Errors
+    ///
+    /// The store's, when the order cannot be read.
+    fn next_batch(&mut self) -> Result<Vec<JobId>>;
+}
+
+/// A hand-out order held in memory: largest estimated work first, ties in id
+/// order (for runs of at most [`EXACT_ORDER_UP_TO`] jobs, and for tests).
+#[derive(Debug)]
+pub struct ExactOrder {
+    ids: std::vec::IntoIter<JobId>,
+}
+
+impl ExactOrder {
+    /// The order of jobs `0..works.len()` with the given estimated works.
+    pub fn new(works: &[u64]) -> ExactOrder {
+        let mut order: Vec<JobId> = (0..works.len() as u64).map(JobId).collect();
+        if works.len() <= EXACT_ORDER_UP_TO {
+            order.sort_by_key(|&j| (std::cmp::Reverse(works[j.0 as usize]), j));
+        } else {
+            // By octave of work, as the stored order of large runs.
+            order.sort_by_key(|&j| (std::cmp::Reverse(band(works[j.0 as usize])), j));
+        }
+        ExactOrder {
+            ids: order.into_iter(),
+        }
+    }
+}
+
+impl HandOut for ExactOrder {
+    fn next_batch(&mut self) -> Result<Vec<JobId>> {
+        Ok(self.ids.by_ref().take(4096).collect())
+    }
 }
 
 /// The kernel a lease asks for (see `Job.kernel` in the protocol).
@@ -218,8 +310,10 @@ pub struct Settlement {
     pub counted_before: Option<Tally>,
     /// The tally that counts now, if any copy votes.
     pub counted: Option<Tally>,
-    /// The first voter of the counted copy.
-    pub voter: Option<IdentityId>,
+    /// The job's estimated work (for progress).
+    pub work: u64,
+    /// How many times the job was leased, in every session.
+    pub attempts: u32,
     /// The counted copy's votes.
     pub votes: u32,
     /// True when the job needs no further copy.
@@ -262,10 +356,18 @@ struct Open {
 /// The scheduling state of one coordinator session.
 #[derive(Debug)]
 pub struct Scheduler {
-    jobs: Vec<Slot>,
-    /// Job ids in the order they are handed out. May hold ids that are no
-    /// longer pending (done by a late result); they are skipped when popped.
-    pending: VecDeque<JobId>,
+    table: JobTable,
+    /// Attempt counts of the jobs leased at least once and not settled.
+    attempts: HashMap<JobId, u32>,
+    /// Where fresh jobs come from.
+    source: Box<dyn HandOut>,
+    /// The source's current batch, in hand-out order.
+    window: VecDeque<JobId>,
+    /// True once the source has given every job.
+    source_drained: bool,
+    /// Jobs whose lease ended (expired or released), handed out again
+    /// before fresh ones: they are late.
+    requeued: VecDeque<JobId>,
     /// Jobs waiting for another copy, granted before `pending`.
     checks: VecDeque<JobId>,
     /// Jobs that have copies but are not settled.
@@ -304,40 +406,46 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// A scheduler for jobs `0..works.len()` with the given estimated works, all
-    /// pending. `session` numbers this coordinator session (from
-    /// `Store::next_boot`); `ttl` is the lease lifetime; `policy` the
-    /// verification settings.
+    /// A scheduler for jobs `0..works.len()` with the given estimated works,
+    /// all pending, handed out in [`ExactOrder`] (for small runs and tests).
+    /// `session` numbers this coordinator session (from `Store::next_boot`);
+    /// `ttl` is the lease lifetime; `policy` the verification settings.
     pub fn new(
         works: Vec<u64>,
         session: u64,
         ttl: Duration,
         policy: Policy,
     ) -> Scheduler {
-        let mut order: Vec<JobId> = (0..works.len() as u64).map(JobId).collect();
-        // Largest first, ties in id order. Large runs order by octave of
-        // work instead (see `band`), for the store's sake.
-        if works.len() <= EXACT_ORDER_UP_TO {
-            order.sort_by_key(|&j| (std::cmp::Reverse(works[j.0 as usize]), j));
-        } else {
-            order.sort_by_key(|&j| (std::cmp::Reverse(band(works[j.0 as usize])), j));
-        }
         let total_work = works.iter().map(|&w| u128::from(w)).sum();
-        let jobs: Vec<Slot> = works
-            .into_iter()
-            .map(|work| Slot {
-                work,
-                attempts: 0,
-                voter: NOBODY,
-                phase: Phase::Pending,
-                counted: false,
-                verified: false,
-            })
-            .collect();
+        let order = ExactOrder::new(&works);
+        Scheduler::with_order(
+            works.len() as u64,
+            total_work,
+            Box::new(order),
+            session,
+            ttl,
+            policy,
+        )
+    }
+
+    /// A scheduler for jobs `0..jobs` of `total_work` in all, all pending,
+    /// that takes fresh jobs from `source`.
+    pub fn with_order(
+        jobs: u64,
+        total_work: u128,
+        source: Box<dyn HandOut>,
+        session: u64,
+        ttl: Duration,
+        policy: Policy,
+    ) -> Scheduler {
         Scheduler {
-            pending_count: jobs.len() as u64,
-            jobs,
-            pending: order.into(),
+            pending_count: jobs,
+            table: JobTable::new(jobs),
+            attempts: HashMap::new(),
+            source,
+            window: VecDeque::new(),
+            source_drained: false,
+            requeued: VecDeque::new(),
             checks: VecDeque::new(),
             open: HashMap::new(),
             disputed: std::collections::HashSet::new(),
@@ -365,11 +473,20 @@ impl Scheduler {
         }
     }
 
-    fn slot(&self, job: JobId) -> Result<&Slot> {
-        self.jobs.get(job.0 as usize).ok_or(Error::UnknownJob {
-            job,
-            jobs: self.jobs.len() as u64,
-        })
+    /// Checks that `job` is one of the run's.
+    fn known(&self, job: JobId) -> Result<()> {
+        if job.0 < self.table.len {
+            Ok(())
+        } else {
+            Err(Error::UnknownJob {
+                job,
+                jobs: self.table.len,
+            })
+        }
+    }
+
+    fn phase(&self, job: JobId) -> Option<Phase> {
+        self.known(job).ok().map(|()| self.table.phase(job))
     }
 
     /// The verification identities of the run (for judging and reports).
@@ -438,10 +555,10 @@ impl Scheduler {
         self.open.keys().copied().collect()
     }
 
-    /// Sets a job's attempt count (on startup).
+    /// Sets the attempt count of a job that is not done (on startup).
     pub fn restore_attempts(&mut self, job: JobId, attempts: u32) {
-        if let Some(slot) = self.jobs.get_mut(job.0 as usize) {
-            slot.attempts = attempts;
+        if attempts > 0 && self.known(job).is_ok() {
+            self.attempts.insert(job, attempts);
         }
     }
 
@@ -600,13 +717,14 @@ impl Scheduler {
         let room = cap.saturating_sub(holding);
         let want = (want.min(MAX_GRANT) as usize).min(room);
         while grant.jobs.len() < want {
-            let Some((job, identity, kernel)) = self.next_job(identity, local) else {
+            let Some((job, identity, kernel)) = self.next_job(identity, local)? else {
                 break;
             };
             let lease = self.fresh_lease_id();
-            let slot = &mut self.jobs[job.0 as usize];
-            slot.phase = Phase::Leased;
-            slot.attempts = slot.attempts.saturating_add(1);
+            self.table.set_phase(job, Phase::Leased);
+            let attempts = self.attempts.entry(job).or_insert(0);
+            *attempts = attempts.saturating_add(1);
+            let attempts = *attempts;
             self.pending_count -= 1;
             self.leases.insert(Lease {
                 id: lease,
@@ -626,7 +744,7 @@ impl Scheduler {
             grant.jobs.push(Granted {
                 job,
                 lease,
-                attempts: slot.attempts,
+                attempts,
                 deadline,
                 kernel,
             });
@@ -651,7 +769,7 @@ impl Scheduler {
         &mut self,
         identity: IdentityId,
         local: bool,
-    ) -> Option<(JobId, IdentityId, KernelRequest)> {
+    ) -> Result<Option<(JobId, IdentityId, KernelRequest)>> {
         let mut scanned = 0;
         let mut i = 0;
         while i < self.checks.len() && scanned < CHECK_SCAN {
@@ -660,7 +778,7 @@ impl Scheduler {
                 self.checks.remove(i); // settled meanwhile
                 continue;
             };
-            if self.jobs[job.0 as usize].phase != Phase::Pending {
+            if self.table.phase(job) != Phase::Pending {
                 self.checks.remove(i); // leased again, or done
                 continue;
             }
@@ -674,14 +792,12 @@ impl Scheduler {
             };
             if let Some((id, kernel)) = choice {
                 self.checks.remove(i);
-                return Some((job, id, kernel));
+                return Ok(Some((job, id, kernel)));
             }
             i += 1;
         }
-        while let Some(job) = self.pending.pop_front() {
-            if self.jobs[job.0 as usize].phase != Phase::Pending
-                || self.open.contains_key(&job)
-            {
+        while let Some(job) = self.next_pending()? {
+            if self.table.phase(job) != Phase::Pending || self.open.contains_key(&job) {
                 continue; // done by a late result, or waiting in `checks`
             }
             let kernel = if self.selected(job) && self.policy.alternate_first(job) {
@@ -690,13 +806,27 @@ impl Scheduler {
                 KernelRequest::Any
             };
             if local {
-                return self
+                return Ok(self
                     .local_choice(kernel, &[])
-                    .map(|(id, kernel)| (job, id, kernel));
+                    .map(|(id, kernel)| (job, id, kernel)));
             }
-            return Some((job, identity, kernel));
+            return Ok(Some((job, identity, kernel)));
         }
-        None
+        Ok(None)
+    }
+
+    /// The next candidate for a fresh grant: a requeued job, else the next
+    /// job of the hand-out order (read from the source a batch at a time).
+    fn next_pending(&mut self) -> Result<Option<JobId>> {
+        if let Some(job) = self.requeued.pop_front() {
+            return Ok(Some(job));
+        }
+        while self.window.is_empty() && !self.source_drained {
+            let batch = self.source.next_batch()?;
+            self.source_drained = batch.is_empty();
+            self.window.extend(batch);
+        }
+        Ok(self.window.pop_front())
     }
 
     /// How the coordinator's own threads compute a job that asks for
@@ -764,14 +894,13 @@ impl Scheduler {
 
     /// Puts a job whose live lease just ended back in its queue.
     fn requeue(&mut self, job: JobId) {
-        let slot = &mut self.jobs[job.0 as usize];
-        if slot.phase == Phase::Leased {
-            slot.phase = Phase::Pending;
+        if self.table.phase(job) == Phase::Leased {
+            self.table.set_phase(job, Phase::Pending);
             self.pending_count += 1;
             if self.open.contains_key(&job) {
                 self.checks.push_front(job);
             } else {
-                self.pending.push_front(job);
+                self.requeued.push_front(job);
             }
         }
     }
@@ -789,7 +918,7 @@ impl Scheduler {
         lease: LeaseId,
         worker: &WorkerId,
     ) -> Result<Issued> {
-        self.slot(job)?;
+        self.known(job)?;
         let refuse = |r| Err(Error::Refused(r));
         let Some(issued) = self.issued.get(&lease) else {
             return refuse(Refusal::UnknownLease { lease });
@@ -824,12 +953,12 @@ impl Scheduler {
 
     /// True when `job` is settled: its result counts and needs no copy.
     pub fn is_done(&self, job: JobId) -> bool {
-        self.slot(job).is_ok_and(|s| s.phase == Phase::Done)
+        self.phase(job) == Some(Phase::Done)
     }
 
     /// True when a copy of `job` counts in the totals.
     pub fn is_counted(&self, job: JobId) -> bool {
-        self.slot(job).is_ok_and(|s| s.counted)
+        self.known(job).is_ok() && self.table.flag(job, COUNTED)
     }
 
     /// Solutions mode: true when the next copy of `job` must store its
@@ -839,31 +968,23 @@ impl Scheduler {
         !self.is_counted(job) || self.solutions_missing.contains(&job)
     }
 
-    /// How many times `job` was leased.
+    /// How many times `job` was leased (0 for a settled job: its record
+    /// holds the count).
     pub fn attempts(&self, job: JobId) -> u32 {
-        self.slot(job).map_or(0, |s| s.attempts)
-    }
-
-    /// Jobs whose counted copy's first voter is `identity`.
-    pub fn jobs_voted_by(&self, identity: IdentityId) -> Vec<JobId> {
-        self.jobs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.voter == identity.0)
-            .map(|(i, _)| JobId(i as u64))
-            .collect()
+        self.attempts.get(&job).copied().unwrap_or(0)
     }
 
     /// Settled jobs with a single vote that the current selection wants
-    /// checked (after the selection grew).
+    /// checked (after the selection grew). A scan of the whole table, run
+    /// only when a second machine starts or stops working.
     pub fn unchecked_selected(&self) -> Vec<JobId> {
-        self.jobs
-            .iter()
-            .enumerate()
-            .filter(|(i, s)| {
-                s.phase == Phase::Done && !s.verified && self.selected(JobId(*i as u64))
+        (0..self.table.len)
+            .map(JobId)
+            .filter(|&j| {
+                self.table.phase(j) == Phase::Done
+                    && !self.table.flag(j, VERIFIED)
+                    && self.selected(j)
             })
-            .map(|(i, _)| JobId(i as u64))
             .collect()
     }
 
@@ -876,16 +997,17 @@ impl Scheduler {
     /// overflow or go below zero (never expected: the ledger subtracts only
     /// what it added).
     pub fn settle(&mut self, s: &Settlement, here: bool) -> Result<Fallout> {
-        let slot = *self.slot(s.job)?;
+        self.known(s.job)?;
         if let Some(lease) = s.lease
             && self.leases.get(lease).is_some_and(|l| l.job == s.job)
         {
             self.leases.remove(lease);
-            if slot.phase == Phase::Leased {
-                self.jobs[s.job.0 as usize].phase = Phase::Pending;
+            if self.table.phase(s.job) == Phase::Leased {
+                self.table.set_phase(s.job, Phase::Pending);
                 self.pending_count += 1;
             }
         }
+        let phase = self.table.phase(s.job);
         let mut tally = self.tally;
         if let Some(before) = &s.counted_before {
             tally.total = tally
@@ -901,18 +1023,17 @@ impl Scheduler {
             tally.merge(now).map_err(Error::Inconsistent)?;
         }
         self.tally = tally;
-        let was_done = slot.phase == Phase::Done;
-        let slot = &mut self.jobs[s.job.0 as usize];
-        slot.counted = s.counted.is_some();
-        slot.voter = s.voter.map_or(NOBODY, |v| v.0);
-        slot.verified = s.votes >= 2;
-        let work = u128::from(slot.work);
+        let was_done = phase == Phase::Done;
+        self.table.set_flag(s.job, COUNTED, s.counted.is_some());
+        self.table.set_flag(s.job, VERIFIED, s.votes >= 2);
+        let work = u128::from(s.work);
         if s.settled {
             if !was_done {
-                if slot.phase == Phase::Pending {
+                if phase == Phase::Pending {
                     self.pending_count -= 1;
                 }
-                slot.phase = Phase::Done;
+                self.table.set_phase(s.job, Phase::Done);
+                self.attempts.remove(&s.job);
                 self.leases.remove_job(s.job);
                 self.open.remove(&s.job);
                 self.done_jobs += 1;
@@ -933,10 +1054,11 @@ impl Scheduler {
             if was_done {
                 self.done_jobs -= 1;
                 self.done_work -= work;
-                slot.phase = Phase::Pending;
+                self.table.set_phase(s.job, Phase::Pending);
+                self.attempts.insert(s.job, s.attempts);
                 self.pending_count += 1;
                 self.checks.push_back(s.job);
-            } else if slot.phase == Phase::Pending {
+            } else if phase == Phase::Pending {
                 // Not leased (or its lease just ended): wait for a check.
                 self.checks.push_back(s.job);
             }
@@ -974,14 +1096,11 @@ impl Scheduler {
         Ok(fallout)
     }
 
-    /// Counts a stored copy of `job` (any outcome) towards `worker`'s
-    /// throughput. Call it once per acknowledged report; an unknown worker
-    /// (pruned meanwhile) or job is ignored, as these are figures for
-    /// displays only.
-    pub fn note_copy(&mut self, worker: &WorkerId, job: JobId) {
-        let Some(work) = self.jobs.get(job.0 as usize).map(|s| s.work) else {
-            return;
-        };
+    /// Counts a stored copy of a job of estimated `work` (any outcome)
+    /// towards `worker`'s throughput. Call it once per acknowledged report;
+    /// an unknown worker (pruned meanwhile) is ignored, as these are figures
+    /// for displays only.
+    pub fn note_copy(&mut self, worker: &WorkerId, work: u64) {
         if let Some(w) = self.workers.get_mut(worker) {
             w.jobs_reported += 1;
             w.work_reported += u128::from(work);
@@ -1001,9 +1120,8 @@ impl Scheduler {
     /// change anything any more, and a run's leases would otherwise grow
     /// memory without bound.
     pub fn prune_issued(&mut self) {
-        let jobs = &self.jobs;
-        self.issued
-            .retain(|_, i| jobs[i.job.0 as usize].phase != Phase::Done);
+        let table = &self.table;
+        self.issued.retain(|_, i| table.phase(i.job) != Phase::Done);
     }
 
     /// Stops granting leases (the first step of shutdown). Heartbeats still
@@ -1019,7 +1137,7 @@ impl Scheduler {
 
     /// True when every job is settled.
     pub fn is_complete(&self) -> bool {
-        self.done_jobs == self.jobs.len() as u64
+        self.done_jobs == self.table.len
     }
 
     /// The totals of the counted copies.
@@ -1029,7 +1147,7 @@ impl Scheduler {
 
     /// Number of jobs in the run.
     pub fn jobs(&self) -> u64 {
-        self.jobs.len() as u64
+        self.table.len
     }
 
     /// Number of jobs settled.
@@ -1193,13 +1311,13 @@ mod tests {
 
     /// The ledger's decision for a single, unselected copy: it settles.
     fn first_copy(s: &mut Scheduler, job: JobId, lease: LeaseId, total: u128) -> Fallout {
-        let issued = s.issued.get(&lease).cloned();
         let settlement = Settlement {
             job,
             lease: Some(lease),
             counted_before: None,
             counted: Some(tally(total)),
-            voter: issued.map(|i| i.identity),
+            work: 1,
+            attempts: 1,
             votes: 1,
             settled: true,
             reporters: vec![],
@@ -1303,7 +1421,8 @@ mod tests {
             lease: Some(lease),
             counted_before: None,
             counted: Some(tally(5)),
-            voter: Some(ia),
+            work: 1,
+            attempts: 1,
             votes: 1,
             settled: false,
             reporters: vec![ia],
@@ -1392,7 +1511,8 @@ mod tests {
             lease: Some(g.jobs[0].lease),
             counted_before: None,
             counted: Some(tally(1)),
-            voter: Some(ia),
+            work: 1,
+            attempts: 1,
             votes: 1,
             settled: false,
             reporters: vec![ia],
@@ -1448,7 +1568,8 @@ mod tests {
             lease: None,
             counted_before: None,
             counted: Some(tally(1)),
-            voter: None,
+            work: 1,
+            attempts: 1,
             votes: 2,
             settled: true,
             reporters: vec![],
@@ -1608,7 +1729,8 @@ mod tests {
             lease: None,
             counted_before: None,
             counted: Some(tally(10)),
-            voter: None,
+            work: 5,
+            attempts: 1,
             votes: 1,
             settled: true,
             reporters: vec![],

@@ -191,9 +191,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let lease = LeaseId(first.lease_id);
         let issued = admit(&self.session, &first).inspect_err(|e| refused(e, peer))?;
         let session = Arc::clone(&self.session);
-        let (_, subs) = tokio::task::spawn_blocking(move || session.subproblems(job))
-            .await
-            .map_err(Error::from)??;
+        let (stored, subs) =
+            tokio::task::spawn_blocking(move || session.subproblems(job))
+                .await
+                .map_err(Error::from)??;
         let writer = if self.session.shape.solutions {
             Some(blocking(|| {
                 SolutionWriter::open(&self.session, job, &subs)
@@ -229,7 +230,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         drop(writer);
         let run_complete = {
             let mut s = self.session.sched();
-            s.note_copy(&worker, job);
+            s.note_copy(&worker, stored.work());
             let complete = s.is_complete();
             if complete {
                 s.mark_told(&worker);

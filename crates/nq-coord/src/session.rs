@@ -202,21 +202,8 @@ impl Session {
     }
 }
 
-/// The sub-problems of job `job` in `store`, rebuilt from their prefixes and
-/// checked to belong to the run's split.
-///
-/// # Errors
-///
-/// As [`Session::subproblems`].
-pub(crate) fn subproblems_of(
-    store: &Store,
-    shape: &RunShape,
-    job: JobId,
-) -> Result<Vec<SubProblem>> {
-    subproblems_in(&store.job(job)?, shape, job)
-}
-
-fn subproblems_in(
+/// The sub-problems of a stored job, validated.
+pub(crate) fn subproblems_in(
     stored: &StoredJob,
     shape: &RunShape,
     job: JobId,

@@ -842,7 +842,8 @@ mod tests {
             lease: None,
             counted_before: None,
             counted: Some(Tally { total, burnside }),
-            voter: Some(s.worker(w).unwrap().identity),
+            work: [30, 10][job as usize],
+            attempts: 1,
             votes: 1,
             settled: true,
             reporters: vec![],
@@ -852,7 +853,7 @@ mod tests {
             solutions_missing: false,
         };
         s.settle(&settlement, true).unwrap();
-        s.note_copy(w, JobId(job));
+        s.note_copy(w, [30, 10][job as usize]);
     }
 
     use nq_store::JobId;

@@ -363,7 +363,9 @@ impl Store {
 
     /// Every stored job in id order, read chunk by chunk (for scans of a
     /// whole run that must not hold it).
-    pub fn stored_jobs(&self) -> impl Iterator<Item = Result<(JobId, StoredJob)>> + 'static {
+    pub fn stored_jobs(
+        &self,
+    ) -> impl Iterator<Item = Result<(JobId, StoredJob)>> + 'static {
         let board = self.board().ok();
         self.jobs.iter().flat_map(move |entry| {
             let chunk = board.ok_or(Error::NoRun).and_then(|board| {

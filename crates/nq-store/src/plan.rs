@@ -424,12 +424,18 @@ impl Store {
     /// # Errors
     ///
     /// [`Error::Corrupt`] when the chunk does not decode.
-    pub fn order_after(&self, after: Option<&[u8]>) -> Result<Option<(Vec<u8>, Vec<JobId>)>> {
+    pub fn order_after(
+        &self,
+        after: Option<&[u8]>,
+    ) -> Result<Option<(Vec<u8>, Vec<JobId>)>> {
         let next = match after {
             None => self.order.iter().next(),
             Some(k) => self
                 .order
-                .range::<&[u8], _>((std::ops::Bound::Excluded(k), std::ops::Bound::Unbounded))
+                .range::<&[u8], _>((
+                    std::ops::Bound::Excluded(k),
+                    std::ops::Bound::Unbounded,
+                ))
                 .next(),
         };
         match next {
