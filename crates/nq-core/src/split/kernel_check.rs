@@ -30,7 +30,7 @@ pub fn check_kernel(kernel: Kernel) -> Result<()> {
         return Ok(());
     }
     let board = Board::new(CHECK_BOARD.into()).expect("a valid board size");
-    let spec = SplitSpec { ring: 0, extra: 1 };
+    let spec = SplitSpec::border(1).expect("one extra column is a valid spec");
     let never = AtomicBool::new(false);
     for sub in split(board, spec) {
         let (got, _) = sub.solve_with(resolved, &never).expect("never stopped");

@@ -131,9 +131,14 @@ use lines::{bottom_col, strict_masks};
 pub const SPLIT_VERSION: u32 = 1;
 
 /// Which split, and how finely: see the module docs.
+///
+/// Build one with [`SplitSpec::border`] or [`SplitSpec::ring_split`], or with
+/// [`SplitSpec::new`] from the stored `ring:extra` pair; ask which split it is
+/// with [`SplitSpec::is_border`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SplitSpec {
-    /// `0`: the border split (fast, the default). `1..=3`: the ring split with
+    /// The split, as stored and sent on the wire: [`BORDER_RING`] (`0`) for
+    /// the border split (fast, the default), `1..=3` for the ring split with
     /// that ring depth (`2` gives about N⁸/300 sub-problems and suits only
     /// very large runs).
     pub ring: u8,
@@ -142,19 +147,36 @@ pub struct SplitSpec {
     pub extra: u8,
 }
 
+/// The value of [`SplitSpec::ring`] that stands for the border split. Kept at
+/// 0 because stored runs and the wire encode the split this way.
+pub const BORDER_RING: u8 = 0;
+
+/// The largest ring depth of the ring split.
+const MAX_RING: u8 = 3;
+
+/// The most extra columns a spec may ask for.
+const MAX_EXTRA: u8 = 8;
+
 impl SplitSpec {
-    /// Validates a spec.
+    /// The border split with no extra columns.
+    pub const BORDER: SplitSpec = SplitSpec {
+        ring: BORDER_RING,
+        extra: 0,
+    };
+
+    /// Validates a spec given as its stored pair: `ring` is [`BORDER_RING`] for
+    /// the border split or a ring depth.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::SplitInvalid`] when `ring` is not 0..=3 or `extra` exceeds 8.
     pub fn new(ring: u8, extra: u8) -> Result<SplitSpec> {
-        if ring > 3 {
+        if ring > MAX_RING {
             return Err(split_invalid(format!(
                 "ring depth {ring} is not supported: use 0 (border split), 1, 2 or 3"
             )));
         }
-        if extra > 8 {
+        if extra > MAX_EXTRA {
             return Err(split_invalid(format!(
                 "{extra} extra columns is too many: use 0 to 8"
             )));
@@ -162,11 +184,42 @@ impl SplitSpec {
         Ok(SplitSpec { ring, extra })
     }
 
+    /// The border split with `extra` extra columns.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::SplitInvalid`] when `extra` exceeds 8.
+    pub fn border(extra: u8) -> Result<SplitSpec> {
+        SplitSpec::new(BORDER_RING, extra)
+    }
+
+    /// The ring split of ring depth `depth` with `extra` extra columns.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::SplitInvalid`] when `depth` is not 1..=3 or `extra`
+    /// exceeds 8.
+    pub fn ring_split(depth: u8, extra: u8) -> Result<SplitSpec> {
+        if depth == BORDER_RING {
+            return Err(split_invalid(
+                "ring depth 0 is not a ring split: use 1, 2 or 3, or the border split"
+                    .to_string(),
+            ));
+        }
+        SplitSpec::new(depth, extra)
+    }
+
+    /// True for the border split. (For N < 4 it runs as the ring split of
+    /// depth 1; see the module docs. It is still the border split by name.)
+    pub fn is_border(self) -> bool {
+        self.ring == BORDER_RING
+    }
+
     /// The border split with the fewest extra columns that gives at least
     /// `min_subproblems` sub-problems (at most 6 extra columns), so that
     /// threads stay busy to the end.
     pub fn for_count(board: Board, min_subproblems: u64) -> SplitSpec {
-        let mut spec = SplitSpec { ring: 0, extra: 0 };
+        let mut spec = SplitSpec::BORDER;
         while spec.extra < 6
             && split_len(board, spec) < min_subproblems
             && usize::from(spec.extra) + 4 < board.len()
@@ -177,10 +230,12 @@ impl SplitSpec {
     }
 
     fn strategy(self, n: u8) -> Strategy {
-        match self.ring {
-            0 if n >= 4 => Strategy::Border,
-            0 => Strategy::Ring(1),
-            depth => Strategy::Ring(depth),
+        if !self.is_border() {
+            Strategy::Ring(self.ring)
+        } else if n >= 4 {
+            Strategy::Border
+        } else {
+            Strategy::Ring(1)
         }
     }
 }
@@ -283,5 +338,24 @@ mod tests {
     fn spec_validation_names_the_range() {
         let e = SplitSpec::new(4, 0).unwrap_err().to_string();
         assert!(e.contains("0 (border split), 1, 2 or 3"), "{e}");
+    }
+
+    #[test]
+    fn named_constructors_keep_the_stored_encoding() {
+        assert_eq!(SplitSpec::border(2).unwrap(), SplitSpec::new(0, 2).unwrap());
+        assert_eq!(SplitSpec::BORDER, SplitSpec::border(0).unwrap());
+        assert_eq!(
+            SplitSpec::ring_split(2, 1).unwrap(),
+            SplitSpec::new(2, 1).unwrap()
+        );
+        assert!(SplitSpec::BORDER.is_border());
+        assert!(SplitSpec::new(0, 3).unwrap().is_border());
+        assert!(!SplitSpec::ring_split(1, 0).unwrap().is_border());
+        // They validate as `new` does, and a ring depth of 0 is refused by name.
+        assert!(SplitSpec::border(9).is_err());
+        assert!(SplitSpec::ring_split(4, 0).is_err());
+        assert!(SplitSpec::ring_split(1, 9).is_err());
+        let e = SplitSpec::ring_split(0, 0).unwrap_err().to_string();
+        assert!(e.contains("1, 2 or 3") && e.contains("border split"), "{e}");
     }
 }

@@ -174,14 +174,14 @@ mod tests {
     fn larger_boards_match_published_values() {
         for (n, q, u) in [(13u64, 73_712u128, 9_233u128), (14, 365_596, 45_752)] {
             let board = Board::new(n).unwrap();
-            for spec in [SplitSpec::new(0, 0).unwrap(), SplitSpec::new(0, 2).unwrap()] {
+            for spec in [SplitSpec::BORDER, SplitSpec::border(2).unwrap()] {
                 let t = count_split(board, spec, &never()).unwrap();
                 assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {spec:?}");
             }
             let t = count_split(board, SplitSpec::new(1, 0).unwrap(), &never()).unwrap();
             assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} ring split");
             // Every kernel this CPU runs, not only the default one.
-            let spec = SplitSpec::new(0, 0).unwrap();
+            let spec = SplitSpec::BORDER;
             for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
                 let t = count_split_with(board, spec, kernel, &never()).unwrap();
                 assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {kernel}");
@@ -203,7 +203,7 @@ mod tests {
         for (n, q, u) in want {
             let board = Board::new(n).unwrap();
             for kernel in Kernel::ALL.into_iter().filter(|k| k.is_available()) {
-                let spec = SplitSpec::new(0, 0).unwrap();
+                let spec = SplitSpec::BORDER;
                 let t = count_split_with(board, spec, kernel, &never()).unwrap();
                 assert_eq!((t.total, t.unique().unwrap()), (q, u), "n={n} {kernel:?}");
             }

@@ -234,8 +234,8 @@ mod tests {
             let board = Board::new(n).unwrap();
             let (total, _) = crate::published::published(board.n()).unwrap();
             for spec in [
-                SplitSpec { ring: 0, extra: 1 },
-                SplitSpec { ring: 1, extra: 0 },
+                SplitSpec::border(1).unwrap(),
+                SplitSpec::ring_split(1, 0).unwrap(),
             ] {
                 for sub in split(board, spec) {
                     let (c, _) = sub.solve(&never).unwrap();
@@ -270,7 +270,7 @@ mod tests {
             }
         }
         let empty = Prefix::empty(board);
-        assert!(SubProblem::from_prefix(SplitSpec::new(0, 0).unwrap(), empty).is_err());
+        assert!(SubProblem::from_prefix(SplitSpec::BORDER, empty).is_err());
     }
 
     #[test]
