@@ -6,6 +6,7 @@ use std::fmt;
 use super::ParseErrorKind;
 use super::read::{parse_row, position};
 
+/// Writes `items` between `open` and `close`, separated by `sep`.
 pub(super) fn write_list<W: fmt::Write + ?Sized>(
     out: &mut W,
     open: &str,
