@@ -7,6 +7,8 @@ use anyhow::{Context, bail};
 use nq_core::notation::{self, Format, ParseErrorKind};
 use nq_core::verify;
 
+use crate::json;
+
 /// Reads `file` (stdin when `None` or `-`) and prints a verdict per solution,
 /// or, with `model_n`, checks it as a SAT model of `nq cnf N`.
 ///
@@ -47,7 +49,7 @@ fn read_input(file: Option<&Path>) -> anyhow::Result<(String, String)> {
 
 fn solutions(out: &mut impl Write, name: &str, text: &str) -> anyhow::Result<()> {
     let (mut valid, mut invalid) = (0u64, 0u64);
-    for entry in notation::parse(text) {
+    for entry in notation::parse(text, json::read) {
         match entry {
             Ok(e) => match verify::check(e.n, &e.rows) {
                 Ok(()) => {

@@ -7,6 +7,8 @@
 //! * [`count`]: `nq count`, the split → pool → tally run with its progress bar.
 //! * [`solutions`]: `nq solutions` and `nq one`, which write solutions.
 //! * [`check`]: `nq verify`, for notations and SAT models.
+//! * [`json`]: the reader of the `json` notation that `nq verify` passes to
+//!   `nq_core`, which reads no JSON itself.
 //! * [`output`]: buffered stdout that `nq_core`'s `fmt::Write` writers can use.
 //!
 //! The work itself is all in `nq_core`; this crate parses, prints and times.
@@ -25,6 +27,7 @@ use nq_core::{Board, MAX_N};
 
 mod check;
 mod count;
+mod json;
 mod output;
 mod solutions;
 

@@ -253,10 +253,10 @@ mod tests {
     #[test]
     fn defaults_grow_with_n() {
         let b = |n| Board::new(n).unwrap();
-        assert_eq!(default_split(b(16)), SplitSpec::new(0, 0).unwrap());
-        assert_eq!(default_split(b(17)), SplitSpec::new(0, 0).unwrap());
-        assert_eq!(default_split(b(22)), SplitSpec::new(0, 1).unwrap());
-        assert_eq!(default_split(b(8)).ring, 0);
+        assert_eq!(default_split(b(16)), SplitSpec::BORDER);
+        assert_eq!(default_split(b(17)), SplitSpec::BORDER);
+        assert_eq!(default_split(b(22)), SplitSpec::border(1).unwrap());
+        assert!(default_split(b(8)).is_border());
         assert_eq!(default_target_jobs(b(8)), 256);
         assert_eq!(default_target_jobs(b(16)), 256);
         assert_eq!(default_target_jobs(b(18)), 1024);

@@ -815,7 +815,7 @@ mod tests {
     fn shape() -> RunShape {
         RunShape {
             board: Board::new(8).unwrap(),
-            spec: SplitSpec { ring: 0, extra: 0 },
+            spec: SplitSpec::BORDER,
             solutions: false,
         }
     }

@@ -186,7 +186,7 @@ async fn a_liar_is_outvoted_banned_and_its_solutions_replaced() {
         let mut config = Config::new(10, &data).unwrap();
         // The border split with no extra column: few sub-problems with many
         // solutions each, so the liar has solutions to leave out.
-        config.split = Some(nq_core::split::SplitSpec::new(0, 0).unwrap());
+        config.split = Some(nq_core::split::SplitSpec::BORDER);
         config.solutions = true;
         config.verify = Fraction::Fixed(1.0);
         config.ban_after = 1;

@@ -179,7 +179,7 @@ fn main() {
     let mut rates: Vec<(u32, u64, Vec<f64>)> = vec![];
     for n in env_list("NQ_BENCH_N", "16,17") {
         let board = Board::new(n.into()).expect("valid N");
-        let spec = SplitSpec::new(0, 0).expect("valid spec");
+        let spec = SplitSpec::BORDER;
         let mut best_base = f64::MAX;
         let mut best = vec![f64::MAX; kernels.len()];
         let mut nodes = None;

@@ -22,7 +22,7 @@ fn main() {
         .expect(usage);
     let kernel = kernel.require().expect("a kernel this CPU runs");
     let board = Board::new(n).expect("N from 1 to 32");
-    let spec = SplitSpec::new(0, 0).expect("the border split");
+    let spec = SplitSpec::BORDER;
     let never = AtomicBool::new(false);
     let start = Instant::now();
     let (mut tally, mut nodes) = (Tally::default(), 0u64);

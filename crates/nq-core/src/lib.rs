@@ -18,7 +18,8 @@
 //! * [`baseline`]: the textbook mirror-only counter, kept as the comparator for
 //!   benchmarks.
 //! * [`notation`]: the text notations of a solution (board diagram, vector,
-//!   digits, algebraic, string, JSON): writing them and reading any mix back.
+//!   digits, algebraic, string, JSON): writing them and reading any mix back
+//!   (JSON lines through a reader that the caller supplies).
 //! * [`construct`]: one solution for N = 1 and any N ≥ 4 in O(N), by the
 //!   classical construction, for boards far beyond the search's 32.
 //! * [`verify`]: the O(N) checker of a claimed solution of any size, and the
