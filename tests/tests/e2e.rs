@@ -11,6 +11,7 @@
 //! before the first test that needs them (see `nq_e2e::binary`).
 
 mod chaos;
+mod creation;
 mod drain;
 mod faults;
 mod inprocess;

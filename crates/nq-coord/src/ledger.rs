@@ -976,6 +976,9 @@ fn votes_of(sched: &mut Scheduler, copies: &[StoredResult]) -> Vec<Vote> {
         .collect()
 }
 
+/// What [`for_each_done`] calls per job: its id, copies, attempts and work.
+type DoneJobVisitor<'a> = dyn FnMut(JobId, &mut Vec<StoredResult>, u32, u64) -> Result<()> + 'a;
+
 /// Calls `f` with every done job of the store, in job order: its copies (the
 /// Done record's first, then the duplicates), its attempts and its work. With
 /// `check`, each copy's tally is first derived again from its counts and
@@ -984,7 +987,7 @@ fn for_each_done(
     store: &nq_store::Store,
     shape: &nq_proto::convert::RunShape,
     check: bool,
-    f: &mut dyn FnMut(JobId, &mut Vec<StoredResult>, u32, u64) -> Result<()>,
+    f: &mut DoneJobVisitor<'_>,
 ) -> Result<()> {
     let mut jobs = store.stored_jobs();
     let mut dups = store.duplicates().peekable();

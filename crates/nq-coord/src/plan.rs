@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use nq_core::Board;
 use nq_core::split::{SplitSpec, SubProblem, split_each, split_len};
 use nq_store::{Checkpoint, JOBS_PER_CHUNK, Manifest, NewJob, PlanParams, Store};
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::error::{Error, Result};
 
@@ -176,6 +176,8 @@ impl Grouper {
         };
         store.append_jobs(&jobs, next)?;
         *at = next;
+        // Tests wait for this line to kill a coordinator mid-creation.
+        debug!(jobs = at.jobs, done = at.subproblems, "job batch stored");
         Ok(())
     }
 }
@@ -389,7 +391,7 @@ mod tests {
     fn a_creation_resumed_from_any_checkpoint_makes_the_same_jobs() {
         // Big enough for several batches of BATCH_MIN sub-problems.
         let board = Board::new(12).unwrap();
-        let spec = SplitSpec::new(0, 4).unwrap();
+        let spec = SplitSpec::border(4).unwrap();
         let p = params(board, spec, 3000, MAX_SUBS_PER_JOB);
         assert!(p.subproblems > 2 * BATCH_MIN, "{}", p.subproblems);
         let whole = Store::temporary().unwrap();

@@ -96,7 +96,7 @@ impl JobTable {
 
     fn get(&self, job: JobId) -> u8 {
         let byte = self.nibbles[(job.0 / 2) as usize];
-        if job.0 % 2 == 0 {
+        if job.0.is_multiple_of(2) {
             byte & 0x0f
         } else {
             byte >> 4
@@ -105,7 +105,7 @@ impl JobTable {
 
     fn set(&mut self, job: JobId, bits: u8) {
         let byte = &mut self.nibbles[(job.0 / 2) as usize];
-        *byte = if job.0 % 2 == 0 {
+        *byte = if job.0.is_multiple_of(2) {
             (*byte & 0xf0) | bits
         } else {
             (*byte & 0x0f) | (bits << 4)

@@ -794,7 +794,7 @@ fn a_damaged_count_length_reserves_no_memory() {
 #[test]
 fn a_flipped_bit_in_a_job_prefix_is_refused() {
     let board = Board::new(8).unwrap();
-    let spec = SplitSpec::new(0, 1).unwrap();
+    let spec = SplitSpec::border(1).unwrap();
     let prefixes: Vec<Vec<u8>> = nq_core::split::split(board, spec)
         .iter()
         .map(|s| s.prefix().rows().to_vec())
@@ -860,7 +860,7 @@ fn a_flipped_bit_in_the_manifest_is_refused() {
         key: RunKey {
             board: Board::new(8).unwrap(),
             split_version: 1,
-            spec: SplitSpec::new(0, 1).unwrap(),
+            spec: SplitSpec::border(1).unwrap(),
             solutions: false,
         },
         program_version: "0.1.0".into(),

@@ -469,7 +469,7 @@ mod tests {
                 key: RunKey {
                     board: Board::new(8).unwrap(),
                     split_version: 1,
-                    spec: SplitSpec::new(0, 1).unwrap(),
+                    spec: SplitSpec::border(1).unwrap(),
                     solutions: false,
                 },
                 run_id: "8-test".into(),
