@@ -161,3 +161,62 @@ async fn workers_report_in_batches_and_count_exactly() -> Result<()> {
     })
     .await
 }
+
+/// The answer to a ReportBatch call is the worker's permission to forget its
+/// items, so they must be on disk when it arrives: a coordinator killed
+/// (SIGKILL, no shutdown flush) right after answering still has every
+/// accepted item when it resumes. Nothing waits for time here: the kill
+/// follows the answer at once, well inside sled's own periodic flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_durable_when_answered() -> Result<()> {
+    within(LIMIT, "batch durable across kill -9", async {
+        let tmp = tempfile::tempdir()?;
+        let dir = data_dir(&tmp);
+        let args = [
+            "--n",
+            "12",
+            "--local-threads",
+            "0",
+            "--verify",
+            "0",
+            "--linger",
+            "1s",
+        ];
+        let mut coord = Coord::ephemeral(&dir, &args).await?;
+        let mut w = ProtocolWorker::register(coord.addr, "batcher").await?;
+        let jobs = lease_jobs(&mut w, 4).await?;
+        let mut items = vec![];
+        for job in &jobs {
+            let (counts, kernel) = w.solve(job)?;
+            items.push(w.batch_item(job, &counts, kernel));
+        }
+        let answer = w.send_batch(items).await?;
+        ensure!(
+            answer.acks.len() == 4
+                && answer.acks.iter().all(
+                    |a| a.code == Code::Ok as i32 && a.outcome() == Outcome::Accepted
+                ),
+            "not every item was accepted: {answer:?}"
+        );
+        coord.proc.kill().await?;
+
+        let mut coord = Coord::ephemeral(&dir, &args).await?;
+        // Logged after the stored results are restored, always.
+        coord.proc.line_containing("data directory ready").await?;
+        let done: u64 = coord
+            .proc
+            .lines_containing("restored finished jobs")
+            .first()
+            .and_then(|l| nq_e2e::log_field(l, "done")?.parse().ok())
+            .unwrap_or(0);
+        ensure!(
+            done == 4,
+            "the resumed run has {done} of the 4 acked jobs done"
+        );
+        let mut finisher =
+            worker("finisher", &coord.addr.to_string(), &["--threads", "1"])?;
+        coord.finish().await?.check_published()?;
+        finisher.success().await
+    })
+    .await
+}
