@@ -169,6 +169,47 @@ impl ProtocolWorker {
     }
 }
 
+impl ProtocolWorker {
+    /// One `ReportBatch` item: the result of `job` under its own lease.
+    /// Tests alter fields before sending it.
+    pub fn batch_item(
+        &self,
+        job: &pb::Job,
+        counts: &[SubCounts],
+        kernel: &str,
+    ) -> pb::JobReport {
+        pb::JobReport {
+            job_id: job.job_id,
+            lease_id: job.lease_id,
+            result: Some(pb::JobResult {
+                counts: counts.iter().map(pb::SubCounts::from).collect(),
+                nodes: 0,
+                solutions_sent: 0,
+                kernel: kernel.to_owned(),
+            }),
+        }
+    }
+
+    /// Sends one `ReportBatch` call with `items`, under this worker's id and
+    /// run id.
+    ///
+    /// # Errors
+    ///
+    /// The call's status (a refused item is not an error: it is answered in
+    /// its ack).
+    pub async fn send_batch(
+        &mut self,
+        items: Vec<pb::JobReport>,
+    ) -> Result<pb::ReportBatchResponse, tonic::Status> {
+        let request = pb::ReportBatchRequest {
+            worker_id: self.id.clone(),
+            run_id: self.run_id.clone(),
+            reports: items,
+        };
+        Ok(self.client.report_batch(request).await?.into_inner())
+    }
+}
+
 /// Changes `counts` into a wrong but plausible result: 8 fewer completions on
 /// the first sub-problem that has at least 8 completions beyond its
 /// symmetric ones (8 more on the first one when none has). A change of 8 to

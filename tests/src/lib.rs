@@ -431,6 +431,22 @@ impl Coord {
     /// When it cannot start or exits before listening (the error quotes its
     /// output).
     pub async fn start(dir: &Path, listen: &str, args: &[&str]) -> Result<Coord> {
+        Coord::start_with_env(dir, listen, args, LOG_ENV).await
+    }
+
+    /// [`Coord::start`] with the environment `env` instead of [`LOG_ENV`]
+    /// (the load test runs the coordinator with production logging: its
+    /// per-job debug lines would cost it time).
+    ///
+    /// # Errors
+    ///
+    /// As [`Coord::start`].
+    pub async fn start_with_env(
+        dir: &Path,
+        listen: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Coord> {
         let mut all = vec![
             "--data".to_owned(),
             dir.display().to_string(),
@@ -438,7 +454,7 @@ impl Coord {
             listen.to_owned(),
         ];
         all.extend(args.iter().map(|a| (*a).to_owned()));
-        let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &all, LOG_ENV)?;
+        let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &all, env)?;
         let line = proc
             .line(|pipe, l| pipe == Pipe::Stdout && l.starts_with("listening on "))
             .await?;

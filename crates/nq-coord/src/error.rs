@@ -148,6 +148,23 @@ pub enum Error {
     /// A report stream carried no chunk at all.
     #[error("empty report: a report stream must carry at least its result chunk")]
     EmptyReport,
+    /// A `ReportBatch` call with more items than the protocol allows.
+    #[error(
+        "a report batch of {items} items: at most {max} per ReportBatch call; \
+         send the rest in another call"
+    )]
+    BatchTooLarge {
+        /// Items in the call.
+        items: usize,
+        /// `nq_proto::MAX_REPORT_BATCH`.
+        max: usize,
+    },
+    /// A `ReportBatch` call in a run that stores solutions.
+    #[error(
+        "this run stores solutions: report each job with the Report stream, \
+         which carries them, not with ReportBatch"
+    )]
+    BatchOfSolutionsRun,
     /// Another report of the same job is writing its solutions right now.
     #[error("another report for job {job} is being stored; retry shortly")]
     Busy {
@@ -376,6 +393,8 @@ pub enum ReportFault {
     },
     /// The stream ended without a result chunk.
     MissingResult,
+    /// A `ReportBatch` item without its result.
+    ItemWithoutResult,
     /// A chunk followed the result chunk.
     ChunkAfterResult,
     /// A chunk without a body.
@@ -445,6 +464,9 @@ impl fmt::Display for ReportFault {
             ),
             ReportFault::MissingResult => {
                 write!(f, "the stream ended without a result chunk")
+            }
+            ReportFault::ItemWithoutResult => {
+                write!(f, "the ReportBatch item has no result")
             }
             ReportFault::ChunkAfterResult => {
                 write!(f, "a chunk followed the result chunk (it must be last)")

@@ -977,7 +977,8 @@ fn votes_of(sched: &mut Scheduler, copies: &[StoredResult]) -> Vec<Vote> {
 }
 
 /// What [`for_each_done`] calls per job: its id, copies, attempts and work.
-type DoneJobVisitor<'a> = dyn FnMut(JobId, &mut Vec<StoredResult>, u32, u64) -> Result<()> + 'a;
+type DoneJobVisitor<'a> =
+    dyn FnMut(JobId, &mut Vec<StoredResult>, u32, u64) -> Result<()> + 'a;
 
 /// Calls `f` with every done job of the store, in job order: its copies (the
 /// Done record's first, then the duplicates), its attempts and its work. With

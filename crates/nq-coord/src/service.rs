@@ -12,21 +12,26 @@
 //! A report goes through stages, each a function of its own: [`admit`]
 //! (bound to a lease of this session, this worker, this job, this run),
 //! [`receive`] (the stream, with solutions checked and stored as they come),
-//! [`ledger::verify`] (the counts), [`Session::commit`] (judged against the
-//! job's other copies and made durable), then the acknowledgement.
+//! [`check`] (the counts, by [`ledger::verify`]), [`Session::commit`] (judged
+//! against the job's other copies and made durable), then [`acknowledge`].
+//! A `ReportBatch` item takes the same stages without the stream: each item
+//! alone, so that a refused item is answered in its own ack and changes
+//! nothing, while the commits of one call overlap and share a flush.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use nq_core::split::SubProblem;
 use nq_proto::pb;
 use nq_store::JobId;
+use tokio::task::JoinSet;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{error, info, instrument, warn};
+use tracing::{debug, error, info, instrument, warn};
 
 use crate::error::{Error, ReportFault};
 use crate::lease::{LeaseId, WorkerId};
-use crate::ledger::{self, Report, SolutionWriter};
+use crate::ledger::{self, Report, SolutionWriter, Verified};
 use crate::scheduler::{Issued, Outcome};
 use crate::session::{Session, blocking};
 
@@ -47,6 +52,30 @@ impl CoordinatorService {
     fn ttl_ms(&self) -> u64 {
         u64::try_from(self.session.ttl.as_millis()).unwrap_or(u64::MAX)
     }
+
+    /// The stages of one `ReportBatch` item before its commit: admission
+    /// under the call's worker and run ids, the job's sub-problems, the
+    /// check of its counts.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`], [`Session::subproblems`] and [`check`]; the item is then
+    /// refused alone.
+    fn batch_item(
+        &self,
+        worker: &str,
+        run: &str,
+        item: pb::JobReport,
+    ) -> Result<(Admitted, Verified, u64), Error> {
+        let admitted = admit(&self.session, worker, item.job_id, item.lease_id, run)?;
+        let result = item.result.ok_or(Error::BadReport {
+            job: admitted.job,
+            fault: ReportFault::ItemWithoutResult,
+        })?;
+        let (stored, subs) = blocking(|| self.session.subproblems(admitted.job))?;
+        let verified = check(&self.session, &admitted, &subs, result, None)?;
+        Ok((admitted, verified, stored.work()))
+    }
 }
 
 impl From<Error> for Status {
@@ -62,6 +91,8 @@ impl From<Error> for Status {
             | Error::BadReport { .. }
             | Error::WorkerName { .. }
             | Error::EmptyReport
+            | Error::BatchTooLarge { .. }
+            | Error::BatchOfSolutionsRun
             | Error::Convert(_) => {
                 warn!(error = %msg, "rejected a request");
                 Status::invalid_argument(msg)
@@ -186,10 +217,15 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let span = tracing::Span::current();
         span.record("worker", first.worker_id.as_str());
         span.record("job", first.job_id);
-        let worker = WorkerId(first.worker_id.clone());
-        let job = JobId(first.job_id);
-        let lease = LeaseId(first.lease_id);
-        let issued = admit(&self.session, &first).inspect_err(|e| refused(e, peer))?;
+        let admitted = admit(
+            &self.session,
+            &first.worker_id,
+            first.job_id,
+            first.lease_id,
+            &first.run_id,
+        )
+        .inspect_err(|e| refused(e, peer))?;
+        let job = admitted.job;
         let session = Arc::clone(&self.session);
         let (stored, subs) =
             tokio::task::spawn_blocking(move || session.subproblems(job))
@@ -203,47 +239,87 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             None
         };
         let result = receive(first, &mut stream, writer.as_ref()).await?;
-        let counts = result
-            .counts
-            .into_iter()
-            .map(TryFrom::try_from)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(Error::from)?;
-        let report = Report {
-            job,
-            lease,
-            worker: worker.0.clone(),
-            counts,
-            nodes: result.nodes,
-            solutions_sent: result.solutions_sent,
-            listed: writer.as_ref().map(SolutionWriter::listed),
-            kernel: result.kernel,
-            issued,
-            stored_solutions: writer.as_ref().is_some_and(SolutionWriter::stores),
-        };
-        let verified = ledger::verify(&self.session, &subs, report)?;
+        let verified = check(&self.session, &admitted, &subs, result, writer.as_ref())?;
         // Returns once the copy is judged and durable: the ack below is the
         // worker's permission to forget the job.
         let outcome = self.session.commit(verified).await?;
         // The claim on the job's solutions ends only now that the result is
         // durable.
         drop(writer);
-        let run_complete = {
-            let mut s = self.session.sched();
-            s.note_copy(&worker, stored.work());
-            let complete = s.is_complete();
-            if complete {
-                s.mark_told(&worker);
-            }
-            complete
-        };
-        let outcome = match outcome {
-            Outcome::Accepted => pb::report_ack::Outcome::Accepted,
-            Outcome::Confirmed => pb::report_ack::Outcome::Confirmed,
-            Outcome::Conflict => pb::report_ack::Outcome::Conflict,
-        };
+        let run_complete = acknowledge(&self.session, &admitted.worker, stored.work());
         Ok(Response::new(pb::ReportAck {
-            outcome: outcome.into(),
+            outcome: outcome_pb(outcome).into(),
+            run_complete,
+        }))
+    }
+
+    /// Each item takes the path of a one-job `report` (admit, check, commit,
+    /// acknowledge) on its own; only the commits overlap, so that the
+    /// items join the same group commit and the call costs one flush.
+    #[instrument(
+        skip_all,
+        fields(worker = %request.get_ref().worker_id, items = request.get_ref().reports.len())
+    )]
+    async fn report_batch(
+        &self,
+        request: Request<pb::ReportBatchRequest>,
+    ) -> Result<Response<pb::ReportBatchResponse>, Status> {
+        let peer = request.remote_addr();
+        let req = request.into_inner();
+        if req.reports.len() > nq_proto::MAX_REPORT_BATCH {
+            return Err(Error::BatchTooLarge {
+                items: req.reports.len(),
+                max: nq_proto::MAX_REPORT_BATCH,
+            }
+            .into());
+        }
+        // Solutions travel only on the Report stream.
+        if self.session.shape.solutions {
+            return Err(Error::BatchOfSolutionsRun.into());
+        }
+        let mut acks: Vec<pb::JobReportAck> = req
+            .reports
+            .iter()
+            .map(|r| pb::JobReportAck {
+                job_id: r.job_id,
+                lease_id: r.lease_id,
+                ..pb::JobReportAck::default()
+            })
+            .collect();
+        // Each task ends when its item is durable (or refused by the
+        // committer); dropping the set (the caller hung up) aborts the
+        // waits, not the commits already queued, as for a dropped Report.
+        let mut commits = JoinSet::new();
+        for (i, item) in req.reports.into_iter().enumerate() {
+            match self.batch_item(&req.worker_id, &req.run_id, item) {
+                Ok((admitted, verified, work)) => {
+                    let session = Arc::clone(&self.session);
+                    commits.spawn(async move {
+                        (i, admitted, work, session.commit(verified).await)
+                    });
+                }
+                Err(e) => {
+                    refused(&e, peer);
+                    refuse(&mut acks[i], e);
+                }
+            }
+        }
+        let mut run_complete = false;
+        let mut stored = 0usize;
+        while let Some(joined) = commits.join_next().await {
+            let (i, admitted, work, committed) = joined.map_err(Error::from)?;
+            match committed {
+                Ok(outcome) => {
+                    stored += 1;
+                    acks[i].outcome = outcome_pb(outcome).into();
+                    run_complete |= acknowledge(&self.session, &admitted.worker, work);
+                }
+                Err(e) => refuse(&mut acks[i], e),
+            }
+        }
+        debug!(items = acks.len(), stored, run_complete, "report batch");
+        Ok(Response::new(pb::ReportBatchResponse {
+            acks,
             run_complete,
         }))
     }
@@ -288,26 +364,113 @@ fn refused(e: &Error, peer: Option<SocketAddr>) {
     }
 }
 
+/// A report admitted under its lease: what it is for, and the lease as
+/// issued.
+#[derive(Debug)]
+struct Admitted {
+    worker: WorkerId,
+    job: JobId,
+    lease: LeaseId,
+    issued: Issued,
+}
+
 /// The admission stage: binds a report to what this coordinator issued.
 /// The run must be this one, and the lease one this session issued to the
-/// reporting worker for the reported job. Checked on the first chunk, before
-/// the job is read or anything is stored.
+/// reporting worker for the reported job. Checked before the job is read or
+/// anything is stored (on a `Report`'s first chunk; on each `ReportBatch`
+/// item).
 ///
 /// # Errors
 ///
 /// [`Error::Refused`] naming what does not match; [`Error::UnknownJob`].
-fn admit(session: &Session, first: &pb::ReportChunk) -> Result<Issued, Error> {
-    if first.run_id != session.run_id {
+fn admit(
+    session: &Session,
+    worker: &str,
+    job: u64,
+    lease: u64,
+    run: &str,
+) -> Result<Admitted, Error> {
+    if run != session.run_id {
         return Err(Error::Refused(crate::error::Refusal::OtherRun {
-            got: first.run_id.clone(),
+            got: run.to_owned(),
             run: session.run_id.clone(),
         }));
     }
-    session.sched().check_report(
-        JobId(first.job_id),
-        LeaseId(first.lease_id),
-        &WorkerId(first.worker_id.clone()),
-    )
+    let (worker, job, lease) = (WorkerId(worker.to_owned()), JobId(job), LeaseId(lease));
+    let issued = session.sched().check_report(job, lease, &worker)?;
+    Ok(Admitted {
+        worker,
+        job,
+        lease,
+        issued,
+    })
+}
+
+/// The checking stage: the result's counts, converted from the wire and
+/// verified against the job's sub-problems `subs` by [`ledger::verify`]
+/// (with the solutions `writer` received, in solutions mode).
+///
+/// # Errors
+///
+/// [`Error::Convert`] for a count that is not one; the errors of
+/// [`ledger::verify`].
+fn check(
+    session: &Session,
+    admitted: &Admitted,
+    subs: &[SubProblem],
+    result: pb::JobResult,
+    writer: Option<&SolutionWriter>,
+) -> Result<Verified, Error> {
+    let counts = result
+        .counts
+        .into_iter()
+        .map(TryFrom::try_from)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Error::from)?;
+    let report = Report {
+        job: admitted.job,
+        lease: admitted.lease,
+        worker: admitted.worker.0.clone(),
+        counts,
+        nodes: result.nodes,
+        solutions_sent: result.solutions_sent,
+        listed: writer.map(SolutionWriter::listed),
+        kernel: result.kernel,
+        issued: admitted.issued.clone(),
+        stored_solutions: writer.is_some_and(SolutionWriter::stores),
+    };
+    ledger::verify(session, subs, report)
+}
+
+/// The acknowledging stage, once a copy of a job of estimated `work` is
+/// towards `worker`'s throughput, and returns whether the run is complete
+/// (the worker is then told, which the linger waits for).
+fn acknowledge(session: &Session, worker: &WorkerId, work: u64) -> bool {
+    let mut s = session.sched();
+    s.note_copy(worker, work);
+    let complete = s.is_complete();
+    if complete {
+        s.mark_told(worker);
+    }
+    complete
+}
+
+/// The wire form of a copy's outcome.
+fn outcome_pb(outcome: Outcome) -> pb::report_ack::Outcome {
+    match outcome {
+        Outcome::Accepted => pb::report_ack::Outcome::Accepted,
+        Outcome::Confirmed => pb::report_ack::Outcome::Confirmed,
+        Outcome::Conflict => pb::report_ack::Outcome::Conflict,
+    }
+}
+
+/// Answers a refused `ReportBatch` item with the status a one-job `Report`
+/// of it would have got (mapped, and logged, as every error is).
+fn refuse(ack: &mut pb::JobReportAck, e: Error) {
+    let status = Status::from(e);
+    ack.code = status.code() as i32;
+    ack.message = status.message().to_owned();
+    ack.outcome = pb::report_ack::Outcome::Unspecified.into();
 }
 
 /// The receiving stage: reads the report stream to its result chunk. Every

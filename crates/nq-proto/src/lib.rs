@@ -11,7 +11,8 @@
 //!   code through `pb::`.
 //! * [`convert`]: `From`/`TryFrom` between `pb` messages and `nq-core` types,
 //!   where every value from the wire is validated.
-//! * [`PROTOCOL_VERSION`], [`MAX_MESSAGE_BYTES`]: limits both ends agree on.
+//! * [`PROTOCOL_VERSION`], [`MAX_MESSAGE_BYTES`], [`MAX_REPORT_BATCH`]: limits
+//!   both ends agree on.
 //! * [`duration`]: the duration syntax of both command lines.
 //! * [`auth`]: the shared token, sent as `authorization: Bearer <token>`,
 //!   and its constant-time check.
@@ -43,5 +44,12 @@ pub const PROTOCOL_VERSION: u32 = 2;
 /// both the client and the server, so an oversized message fails loudly
 /// instead of being cut. Jobs and solution batches are sized well below it.
 pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// The most items one `ReportBatch` call may carry. A coordinator refuses a
+/// larger batch whole (INVALID_ARGUMENT); a worker sends at most this many,
+/// and fewer when their encoding would pass [`MAX_MESSAGE_BYTES`]. Below the
+/// coordinator's commit queue, so that one call's items can all join the
+/// same group commit.
+pub const MAX_REPORT_BATCH: usize = 1024;
 
 pub use convert::ConvertError;

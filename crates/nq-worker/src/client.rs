@@ -1,5 +1,6 @@
 //! The worker's side of the gRPC protocol: typed calls, the sorting of
-//! failures, the retry backoff, and the task that reports one job.
+//! failures, the retry backoff, the task that reports one job, and the
+//! batcher that sends the count-only results of many jobs in one call.
 //!
 //! Failures sort five ways ([`Failure`]): network trouble and overload are
 //! retried with backoff; an unknown worker id means the coordinator restarted
@@ -9,6 +10,7 @@
 //! is fatal for the call. This follows ballista's split of task failures into
 //! retryable and not.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
@@ -22,12 +24,12 @@ use nq_proto::auth::Bearer;
 use nq_proto::pb::coordinator_client::CoordinatorClient;
 use nq_proto::pb::report_ack::Outcome;
 use nq_proto::pb::{self, report_chunk::Body};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::Stream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::Error;
 use crate::config::Config;
@@ -186,6 +188,9 @@ impl Backoff {
 #[derive(Clone, Debug)]
 pub(crate) struct Client {
     inner: CoordinatorClient<InterceptedService<Channel, Bearer>>,
+    /// The same channel, for the one call made without the generated client
+    /// (see [`Client::report_batch`]).
+    channel: InterceptedService<Channel, Bearer>,
     timeout: Duration,
     /// Counts the TCP connections the channel has made. A coordinator that
     /// was replaced (a new run on the same address) is only ever reached
@@ -287,12 +292,16 @@ impl Client {
             counted.fetch_add(1, Ordering::SeqCst);
             io
         });
-        let channel = endpoint.connect_with_connector_lazy(connector);
-        let inner = CoordinatorClient::with_interceptor(channel, bearer)
+        let channel = InterceptedService::new(
+            endpoint.connect_with_connector_lazy(connector),
+            bearer,
+        );
+        let inner = CoordinatorClient::new(channel.clone())
             .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
         Ok(Client {
             inner,
+            channel,
             timeout,
             connections,
         })
@@ -367,6 +376,256 @@ impl Client {
         }
         Ok(self.inner.clone().report(request).await?.into_inner())
     }
+
+    /// Sends one `ReportBatch` call. The request is handed to the transport
+    /// only when it asks for the body, after it has connected, so that `gate`
+    /// decides on the connection the call really goes out on (as for a
+    /// `Report`); a request held back goes out empty, and the call fails.
+    /// That lazy body is why this call is made with `tonic::client::Grpc`
+    /// and not the generated client, which takes the message itself: on the
+    /// wire a unary call is a stream of exactly one message.
+    async fn report_batch(
+        &self,
+        request: pb::ReportBatchRequest,
+        gate: &ReportGate,
+    ) -> Result<pb::ReportBatchResponse, Status> {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone())
+            .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+        grpc.ready().await.map_err(|e| {
+            let e: tonic::codegen::StdError = e.into();
+            Status::unavailable(format!("the connection is not ready: {e}"))
+        })?;
+        let gate = gate.clone();
+        let lazy = std::iter::once_with(move || gate.open().then_some(request)).flatten();
+        let mut call = tonic::Request::new(tokio_stream::iter(lazy));
+        call.set_timeout(self.timeout);
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/nqueens.v1.Coordinator/ReportBatch",
+        );
+        let codec = tonic_prost::ProstCodec::default();
+        Ok(grpc.client_streaming(call, path, codec).await?.into_inner())
+    }
+}
+
+/// How one attempt to send a job's result ended.
+#[derive(Debug)]
+pub(crate) enum Sent {
+    /// The coordinator judged the result and it is durable.
+    Acked(pb::ReportAck),
+    /// The call failed, or the coordinator refused this result alone.
+    Failed(Status),
+    /// Nothing was sent: the connection is new and no answer has vouched for
+    /// it yet (see [`ReportGate`]).
+    Held,
+    /// The coordinator has no `ReportBatch` (an older release): send this
+    /// result, and every later one, with `Report`.
+    Unsupported,
+}
+
+/// A job's result waiting for the batcher, with where its answer goes.
+#[derive(Debug)]
+struct Item {
+    worker: WorkerId,
+    /// The run the job was leased in.
+    run: String,
+    report: pb::JobReport,
+    /// Answered once the call that carried the item ended. Closed when the
+    /// report task stopped waiting (its run is over): the item is then
+    /// dropped unsent.
+    reply: oneshot::Sender<Sent>,
+}
+
+/// The handle of the batcher: the task that sends the count-only results of
+/// every job of this worker in `ReportBatch` calls. Each call carries
+/// everything that finished while the previous call was out (up to
+/// [`nq_proto::MAX_REPORT_BATCH`] items and below
+/// [`nq_proto::MAX_MESSAGE_BYTES`]), and a result that finds no call out
+/// goes at once, alone: a busy worker makes one round trip for many jobs,
+/// and an idle one waits for none.
+#[derive(Clone, Debug)]
+pub(crate) struct Batcher {
+    /// To the batcher task; it ends when every handle is dropped.
+    items: mpsc::Sender<Item>,
+    /// Cleared for good when the coordinator answered UNIMPLEMENTED.
+    supported: Arc<AtomicBool>,
+}
+
+/// Room kept in a `ReportBatch` message for its worker and run ids and the
+/// framing of its items, below [`nq_proto::MAX_MESSAGE_BYTES`].
+const BATCH_SLACK_BYTES: usize = 64 * 1024;
+
+impl Batcher {
+    /// Starts the batcher task on `client`; `gate` holds its calls back on
+    /// connections no answer has vouched for. The task ends once every
+    /// handle is dropped; the caller may also abort it.
+    pub(crate) fn start(
+        client: Client,
+        gate: ReportGate,
+    ) -> (Batcher, tokio::task::JoinHandle<()>) {
+        let (items, rx) = mpsc::channel(nq_proto::MAX_REPORT_BATCH);
+        let supported = Arc::new(AtomicBool::new(true));
+        let task = tokio::spawn(batch_loop(client, gate, rx, Arc::clone(&supported)));
+        (Batcher { items, supported }, task)
+    }
+
+    /// False once the coordinator has shown it lacks `ReportBatch`.
+    pub(crate) fn supported(&self) -> bool {
+        self.supported.load(Ordering::Relaxed)
+    }
+
+    /// Sends `job`'s result, as `worker` in run `run`, with the next
+    /// `ReportBatch` call, and waits for its answer.
+    async fn send(
+        &self,
+        worker: &WorkerId,
+        run: &str,
+        job: JobRef,
+        result: &pb::JobResult,
+    ) -> Sent {
+        let (reply, answer) = oneshot::channel();
+        let item = Item {
+            worker: worker.clone(),
+            run: run.to_owned(),
+            report: pb::JobReport {
+                job_id: job.job.0,
+                lease_id: job.lease.0,
+                result: Some(result.clone()),
+            },
+            reply,
+        };
+        if self.items.send(item).await.is_err() {
+            // The batcher is gone, so the worker is stopping.
+            return Sent::Failed(Status::cancelled("the worker is stopping"));
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Sent::Failed(Status::cancelled("the worker is stopping")))
+    }
+}
+
+/// The batcher task: takes what is waiting, sends it in one call, answers
+/// each item, and again, until every sender is gone.
+async fn batch_loop(
+    client: Client,
+    gate: ReportGate,
+    mut rx: mpsc::Receiver<Item>,
+    supported: Arc<AtomicBool>,
+) {
+    let mut waiting: VecDeque<Item> = VecDeque::new();
+    loop {
+        if waiting.is_empty() {
+            match rx.recv().await {
+                Some(item) => waiting.push_back(item),
+                None => return,
+            }
+        }
+        while let Ok(item) = rx.try_recv() {
+            waiting.push_back(item);
+        }
+        let batch = take_batch(&mut waiting);
+        if batch.is_empty() {
+            continue;
+        }
+        // Items queued before the coordinator said it lacks the rpc.
+        if !supported.load(Ordering::Relaxed) {
+            for item in batch {
+                let _ = item.reply.send(Sent::Unsupported);
+            }
+            continue;
+        }
+        let request = pb::ReportBatchRequest {
+            worker_id: batch[0].worker.0.clone(),
+            run_id: batch[0].run.clone(),
+            reports: batch.iter().map(|i| i.report.clone()).collect(),
+        };
+        let items = batch.len();
+        let answer = client.report_batch(request, &gate).await;
+        let held = answer.is_err() && gate.was_held();
+        match answer {
+            Ok(response) => answer_items(batch, response),
+            Err(_) if held => {
+                for item in batch {
+                    let _ = item.reply.send(Sent::Held);
+                }
+            }
+            Err(status) if status.code() == Code::Unimplemented => {
+                info!(
+                    "the coordinator has no ReportBatch (an older release); reporting one job per call"
+                );
+                supported.store(false, Ordering::Relaxed);
+                for item in batch {
+                    let _ = item.reply.send(Sent::Unsupported);
+                }
+            }
+            Err(status) => {
+                debug!(items, code = ?status.code(), "report batch failed");
+                for item in batch {
+                    let _ = item.reply.send(Sent::Failed(status.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Takes the next batch from `waiting`: items of the first item's worker and
+/// run, in order, up to the count and size limits (one item always goes, so
+/// that an oversized one fails alone instead of blocking the rest). Items
+/// whose report task stopped waiting are dropped.
+fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
+    waiting.retain(|i| !i.reply.is_closed());
+    let Some(first) = waiting.front() else {
+        return Vec::new();
+    };
+    let (worker, run) = (first.worker.clone(), first.run.clone());
+    let limit = nq_proto::MAX_MESSAGE_BYTES - BATCH_SLACK_BYTES;
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    let mut rest = VecDeque::with_capacity(waiting.len());
+    for item in waiting.drain(..) {
+        // Field tag and length prefix: at most 11 bytes per item.
+        let size = prost::Message::encoded_len(&item.report) + 11;
+        let fits = batch.len() < nq_proto::MAX_REPORT_BATCH
+            && (batch.is_empty() || bytes + size <= limit);
+        if fits && item.worker == worker && item.run == run {
+            bytes += size;
+            batch.push(item);
+        } else {
+            rest.push_back(item);
+        }
+    }
+    *waiting = rest;
+    batch
+}
+
+/// Answers each item of a call from its ack. An ack missing or naming
+/// another job (a broken coordinator) fails its item as retryable.
+fn answer_items(batch: Vec<Item>, response: pb::ReportBatchResponse) {
+    let count = response.acks.len();
+    let items = batch.len();
+    let mut acks = response.acks.into_iter();
+    for item in batch {
+        let sent = match acks.next() {
+            Some(ack)
+                if (ack.job_id, ack.lease_id)
+                    == (item.report.job_id, item.report.lease_id) =>
+            {
+                if ack.code == Code::Ok as i32 {
+                    Sent::Acked(pb::ReportAck {
+                        outcome: ack.outcome,
+                        run_complete: response.run_complete,
+                    })
+                } else {
+                    Sent::Failed(Status::new(Code::from_i32(ack.code), ack.message))
+                }
+            }
+            _ => Sent::Failed(Status::internal(format!(
+                "the coordinator answered a batch of {items} reports with {count} \
+                 acks that do not match them"
+            ))),
+        };
+        let _ = item.reply.send(sent);
+    }
 }
 
 /// One registration: the worker id the coordinator gave and the run it runs.
@@ -402,6 +661,9 @@ pub(crate) struct ReportCtx {
     pub(crate) heard: watch::Receiver<u64>,
     /// Holds a report back on a connection no answer has vouched for.
     pub(crate) gate: ReportGate,
+    /// Sends count-only results in `ReportBatch` calls while the coordinator
+    /// has that rpc; `Report` is used otherwise, and always for solutions.
+    pub(crate) batcher: Batcher,
 }
 
 /// After a report failed on the network, waits until the lease loop has
@@ -498,30 +760,43 @@ pub(crate) async fn report_job(
             return JobEnd::OtherRun;
         }
         let worker = session.worker;
-        let chunk = chunk(&worker, &ctx.run, job, Body::Result(result.clone()));
-        // The chunk is produced when the transport asks for it, after it has
-        // connected: the gate then knows which connection it goes out on.
-        let gate = ctx.gate.clone();
-        let lazy = std::iter::once_with(move || gate.open().then_some(chunk)).flatten();
-        let failure = match ctx.client.report(tokio_stream::iter(lazy), true).await {
-            Ok(ack) => {
+        let sent = if ctx.batcher.supported() {
+            ctx.batcher.send(&worker, &ctx.run, job, &result).await
+        } else {
+            let chunk = chunk(&worker, &ctx.run, job, Body::Result(result.clone()));
+            // The chunk is produced when the transport asks for it, after it
+            // has connected: the gate then knows which connection it goes
+            // out on.
+            let gate = ctx.gate.clone();
+            let lazy =
+                std::iter::once_with(move || gate.open().then_some(chunk)).flatten();
+            match ctx.client.report(tokio_stream::iter(lazy), true).await {
+                Ok(ack) => Sent::Acked(ack),
+                Err(_) if ctx.gate.was_held() => Sent::Held,
+                Err(status) => Sent::Failed(status),
+            }
+        };
+        let failure = match sent {
+            Sent::Acked(ack) => {
                 return JobEnd::Acked {
                     ack,
                     nodes,
                     solutions,
                 };
             }
-            Err(status) => status,
-        };
-        if ctx.gate.was_held() {
-            // Nothing was sent: the connection is new, and may lead to a
-            // coordinator of another run. The next answer tells.
-            debug!(job = job.job.0, "report held back on a new connection");
-            if !wait_for_an_answer(&mut ctx, heard).await {
-                return JobEnd::Cancelled;
+            Sent::Held => {
+                // Nothing was sent: the connection is new, and may lead to a
+                // coordinator of another run. The next answer tells.
+                debug!(job = job.job.0, "report held back on a new connection");
+                if !wait_for_an_answer(&mut ctx, heard).await {
+                    return JobEnd::Cancelled;
+                }
+                continue;
             }
-            continue;
-        }
+            // At once, with Report.
+            Sent::Unsupported => continue,
+            Sent::Failed(status) => status,
+        };
         match Failure::of(&failure) {
             Failure::Retry => {
                 let delay = ctx.backoff.next_delay();

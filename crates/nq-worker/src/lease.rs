@@ -6,7 +6,8 @@
 //!        ▲                          │        when threads run short)
 //!        └── FAILED_PRECONDITION ───┘
 //!
-//!   lease:  leased ──pool──► computed ──Report──► acked      (entry removed)
+//!   lease:  leased ──pool──► computed ──ReportBatch (or Report)──► acked
+//!              │                                          (entry removed)
 //!              │
 //!              └─ revoked / handed back: stop flag set, no longer heartbeated
 //! ```
@@ -16,7 +17,9 @@
 //!
 //! The loop never waits on the CPU: each leased job gets a report task (see
 //! [`crate::client::report_job`]) that waits for the pool's output and reports
-//! it, and the loop only hears back when that task ends.
+//! it, and the loop only hears back when that task ends. Count-only results
+//! go through one batcher (`client::Batcher`), which sends everything that
+//! finished meanwhile in one `ReportBatch` call.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -35,8 +38,8 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::client::{
-    Backoff, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx, ReportGate,
-    Session, WorkerId, outcome_name, report_job,
+    Backoff, Batcher, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx,
+    ReportGate, Session, WorkerId, outcome_name, report_job,
 };
 use crate::pool::WorkerPool;
 use crate::{Config, Error, Exit, Result, Summary};
@@ -107,6 +110,12 @@ pub(crate) struct LeaseLoop<'a> {
     held: BTreeMap<LeaseId, Held>,
     /// One report task per held lease. Aborted when the loop ends.
     tasks: JoinSet<(LeaseId, JobEnd)>,
+    /// Sends the report tasks' count-only results in batches; every report
+    /// task holds a clone.
+    batcher: Batcher,
+    /// The batcher task, aborted when the loop ends (after the report tasks,
+    /// so that none waits on it).
+    batch_task: tokio::task::JoinHandle<()>,
     ttl: Duration,
     /// When to call the coordinator next (Register or Lease).
     next_call: Instant,
@@ -146,7 +155,14 @@ impl<'a> LeaseLoop<'a> {
     ) -> LeaseLoop<'a> {
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
         let now = Instant::now();
+        let vouched = Arc::new(AtomicU64::new(0));
+        let (batcher, batch_task) = Batcher::start(
+            client.clone(),
+            ReportGate::new(&client, Arc::clone(&vouched)),
+        );
         LeaseLoop {
+            batcher,
+            batch_task,
             config,
             pool,
             client,
@@ -157,7 +173,7 @@ impl<'a> LeaseLoop<'a> {
                 run: String::new(),
             }),
             heard: watch::Sender::new(0),
-            vouched: Arc::new(AtomicU64::new(0)),
+            vouched,
             stale_tx,
             stale_rx,
             held: BTreeMap::new(),
@@ -213,6 +229,9 @@ impl<'a> LeaseLoop<'a> {
         }
         // Aborting drops each task's pool output, which also stops its job.
         self.tasks.shutdown().await;
+        // A call it has out is not waited for: its items' tasks are gone.
+        self.batch_task.abort();
+        let _ = (&mut self.batch_task).await;
         // `summary.exit` is only meaningful when the loop ended without error
         // (giving up, for one, is an error, not a drain).
         let exit = match &result {
@@ -548,6 +567,7 @@ impl<'a> LeaseLoop<'a> {
             solutions: shape.solutions,
             backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)
                 .after_failures(failures),
+            batcher: self.batcher.clone(),
         };
         let job_ref = JobRef { job, lease };
         let task = report_job(ctx, job_ref, attempt, Arc::clone(&computed));

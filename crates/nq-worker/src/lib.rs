@@ -10,7 +10,9 @@
 //!            Register ──► Lease (heartbeat + prefetch) ◄─────────────┐
 //!                            │ jobs                                   │
 //!                            ▼                                        │
-//!   pool threads ── bounded mpsc ──► job task ── Report stream ──► ack ┘
+//!   pool threads ── bounded mpsc ──► job task ─┬─ batcher ── ReportBatch ──► acks ┘
+//!                                              └─ Report stream (solutions,
+//!                                                 or an older coordinator)
 //! ```
 //!
 //! # Layout
@@ -19,7 +21,10 @@
 //! * `lease` (private): the lease loop. It owns the registration, the set of
 //!   held leases, the heartbeat, prefetch, revocation, reconnection and drain.
 //! * `client` (private): typed gRPC calls, the sorting of failures into
-//!   retryable and fatal, the retry backoff, and the per-job report task.
+//!   retryable and fatal, the retry backoff, the per-job report task, and the
+//!   batcher that sends count-only results of many jobs per `ReportBatch`
+//!   call (falling back to one `Report` per job against a coordinator
+//!   without it).
 //! * `pool` (private): glue between [`nq_core::pool::Pool`], the one CPU runner
 //!   of nq, and the async side: a `JobSink` that hands results and solution
 //!   batches over bounded channels with `blocking_send`.
@@ -334,6 +339,33 @@ mod tests {
         // Acks still in flight when the run completes are not waited for.
         assert!(summary.jobs <= s.accepted && summary.jobs > 0);
         assert_eq!(summary.conflicts, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn count_only_results_go_in_report_batches() {
+        let fake = Fake::new(10, SplitSpec::new(1, 1).unwrap(), 2, false);
+        run_against(&fake, 2).await.unwrap();
+        let s = fake.state();
+        assert_eq!((s.tally.total, s.tally.unique().unwrap()), (724, 92));
+        assert_eq!(s.accepted, s.jobs.len() as u64);
+        assert_eq!(s.report_calls, 0, "no job needed the Report stream");
+        assert!(s.batch_calls > 0 && s.batch_items >= s.accepted);
+    }
+
+    /// A coordinator without ReportBatch (an older release) answers
+    /// UNIMPLEMENTED: the worker asks once, then reports every job with
+    /// Report, and the totals are exact.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn falls_back_to_report_when_the_coordinator_lacks_report_batch() {
+        let fake = Fake::new(10, SplitSpec::new(1, 1).unwrap(), 2, false);
+        fake.state().no_batch = true;
+        run_against(&fake, 2).await.unwrap();
+        let s = fake.state();
+        assert_eq!((s.tally.total, s.tally.unique().unwrap()), (724, 92));
+        assert_eq!(s.accepted, s.jobs.len() as u64);
+        assert_eq!(s.unimplemented, 1, "asked once, then never again");
+        assert_eq!(s.batch_items, 0);
+        assert!(s.report_calls >= s.accepted);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

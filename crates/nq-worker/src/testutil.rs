@@ -67,6 +67,15 @@ pub(crate) struct State {
     pub(crate) refuse_lease: Option<Status>,
     /// `Job.kernel` of every job handed out.
     pub(crate) job_kernel: String,
+    /// Answer ReportBatch with UNIMPLEMENTED, as a coordinator older than it.
+    pub(crate) no_batch: bool,
+    /// ReportBatch calls answered UNIMPLEMENTED.
+    pub(crate) unimplemented: u64,
+    /// ReportBatch calls read, and the items they carried.
+    pub(crate) batch_calls: u64,
+    pub(crate) batch_items: u64,
+    /// Report streams that carried a result.
+    pub(crate) report_calls: u64,
 }
 
 /// One result chunk as the fake received it.
@@ -86,6 +95,72 @@ impl State {
                 *slot = Slot::Pending;
             }
         }
+    }
+
+    /// Judges one result as the real coordinator would (the part the
+    /// fake models): known worker, this run, denial knob, counts checked.
+    /// Returns the outcome and whether the run is now complete.
+    fn take(
+        &mut self,
+        worker: &str,
+        job: u64,
+        lease: u64,
+        run_id: &str,
+        result: pb::JobResult,
+        rows: &[Vec<u8>],
+    ) -> Result<(Outcome, bool), Status> {
+        let s = self;
+        s.known(worker)?;
+        s.reports.push(Seen {
+            run_id: run_id.to_owned(),
+            job,
+            lease,
+            kernel: result.kernel.clone(),
+        });
+        // What nq-coord answers to a report of another run, or one whose
+        // lease it does not honour.
+        if run_id != s.run_id {
+            return Err(Status::permission_denied(format!(
+                "report of run {run_id:?}; this coordinator runs {:?}",
+                s.run_id
+            )));
+        }
+        if s.deny_reports > 0 {
+            s.deny_reports -= 1;
+            s.denied += 1;
+            return Err(Status::permission_denied("lease not valid for this report"));
+        }
+        let job = usize::try_from(job).unwrap();
+        let subs = s
+            .jobs
+            .get(job)
+            .cloned()
+            .ok_or_else(|| Status::invalid_argument("job"))?;
+        if result.counts.len() != subs.len() {
+            return Err(Status::invalid_argument("wrong number of counts"));
+        }
+        let n = s.shape.board.len();
+        let listed: Vec<Vec<u8>> = rows.concat().chunks(n).map(<[u8]>::to_vec).collect();
+        if listed.len() as u64 != result.solutions_sent {
+            return Err(Status::invalid_argument("solutions_sent mismatch"));
+        }
+        let outcome = if matches!(s.slots[job], Slot::Done) {
+            s.confirmed += 1;
+            Outcome::Confirmed
+        } else {
+            for (sub, c) in subs.iter().zip(result.counts) {
+                let c = SubCounts::try_from(c)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                sub.check(s.shape.spec, &c)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                s.tally.add(sub, &c).unwrap();
+            }
+            s.solutions.extend(listed);
+            s.slots[job] = Slot::Done;
+            s.accepted += 1;
+            Outcome::Accepted
+        };
+        Ok((outcome, s.complete()))
     }
 
     fn complete(&self) -> bool {
@@ -147,6 +222,11 @@ impl Fake {
             denied: 0,
             refuse_lease: None,
             job_kernel: String::new(),
+            no_batch: false,
+            unimplemented: 0,
+            batch_calls: 0,
+            batch_items: 0,
+            report_calls: 0,
         };
         Fake {
             state: Arc::new(Mutex::new(state)),
@@ -305,58 +385,58 @@ impl Coordinator for Fake {
             return Ok(Response::new(pb::ReportAck::default()));
         };
         let mut s = self.state();
-        s.known(&worker)?;
-        s.reports.push(Seen {
-            run_id: run_id.clone(),
-            job,
-            lease,
-            kernel: result.kernel.clone(),
-        });
-        // What nq-coord answers to a report of another run, or one whose
-        // lease it does not honour.
-        if run_id != s.run_id {
-            return Err(Status::permission_denied(format!(
-                "report of run {run_id:?}; this coordinator runs {:?}",
-                s.run_id
-            )));
-        }
-        if s.deny_reports > 0 {
-            s.deny_reports -= 1;
-            s.denied += 1;
-            return Err(Status::permission_denied("lease not valid for this report"));
-        }
-        let job = usize::try_from(job).unwrap();
-        let subs = s
-            .jobs
-            .get(job)
-            .cloned()
-            .ok_or_else(|| Status::invalid_argument("job"))?;
-        if result.counts.len() != subs.len() {
-            return Err(Status::invalid_argument("wrong number of counts"));
-        }
-        let n = s.shape.board.len();
-        let listed: Vec<Vec<u8>> = rows.concat().chunks(n).map(<[u8]>::to_vec).collect();
-        if listed.len() as u64 != result.solutions_sent {
-            return Err(Status::invalid_argument("solutions_sent mismatch"));
-        }
-        let outcome = if matches!(s.slots[job], Slot::Done) {
-            s.confirmed += 1;
-            Outcome::Confirmed
-        } else {
-            for (sub, c) in subs.iter().zip(result.counts) {
-                let c = SubCounts::try_from(c)
-                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
-                sub.check(s.shape.spec, &c)
-                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
-                s.tally.add(sub, &c).unwrap();
-            }
-            s.solutions.extend(listed);
-            s.slots[job] = Slot::Done;
-            s.accepted += 1;
-            Outcome::Accepted
-        };
+        s.report_calls += 1;
+        let (outcome, run_complete) =
+            s.take(&worker, job, lease, &run_id, result, &rows)?;
         Ok(Response::new(pb::ReportAck {
             outcome: outcome.into(),
+            run_complete,
+        }))
+    }
+
+    async fn report_batch(
+        &self,
+        request: Request<pb::ReportBatchRequest>,
+    ) -> Result<Response<pb::ReportBatchResponse>, Status> {
+        let mut s = self.state();
+        if s.no_batch {
+            s.unimplemented += 1;
+            return Err(Status::unimplemented("no ReportBatch in this coordinator"));
+        }
+        if s.fail_reports > 0 {
+            s.fail_reports -= 1;
+            s.failed += 1;
+            return Err(Status::unavailable("injected failure"));
+        }
+        let req = request.into_inner();
+        s.batch_calls += 1;
+        s.batch_items += req.reports.len() as u64;
+        let mut acks = vec![];
+        for item in req.reports {
+            let mut ack = pb::JobReportAck {
+                job_id: item.job_id,
+                lease_id: item.lease_id,
+                ..pb::JobReportAck::default()
+            };
+            let result = item.result.unwrap_or_default();
+            match s.take(
+                &req.worker_id,
+                item.job_id,
+                item.lease_id,
+                &req.run_id,
+                result,
+                &[],
+            ) {
+                Ok((outcome, _)) => ack.outcome = outcome.into(),
+                Err(status) => {
+                    ack.code = status.code() as i32;
+                    ack.message = status.message().to_owned();
+                }
+            }
+            acks.push(ack);
+        }
+        Ok(Response::new(pb::ReportBatchResponse {
+            acks,
             run_complete: s.complete(),
         }))
     }

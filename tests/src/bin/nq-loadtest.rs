@@ -1,26 +1,71 @@
 //! `nq-loadtest`: measures how many job results per second a real `nq-coord`
-//! process makes durable, with a fleet of simulated workers on loopback.
+//! process makes durable, with a fleet of simulated workers on loopback, and
+//! what that costs the coordinator in memory and disk, with faults injected.
 //!
-//! It starts `nq-coord --local-threads 0` on a big split (by default N=22,
-//! `--split 1:2`, grouped into about a million jobs), then runs `--workers` simulated
-//! workers over real gRPC. Each registers, leases jobs and reports synthetic
-//! results at once, without computing: all-zero counts are valid for the
-//! incomplete prefixes of such a split. A completion is counted when its
-//! `ReportAck` arrives, which the coordinator sends only once the result is
-//! durable. The tool samples the coordinator's memory from `/proc`, stops
-//! everything after `--duration` (or `--max-jobs`), and prints the figures.
+//! It starts `nq-coord --local-threads 0 --verify 0` on a big split (by
+//! default N=22, `--split 1:2`, grouped into about a million jobs), then runs
+//! `--workers` simulated workers over real gRPC, sharing `--connections`
+//! HTTP/2 connections. Each registers, leases `--want` jobs per call and
+//! reports synthetic results at once, without computing: ALL-ZERO COUNTS,
+//! which are valid for the incomplete prefixes of such a split. That trick is
+//! only sound with `--verify 0`, which the tool always passes to nq-coord:
+//! with verification on, the coordinator would lease second copies of jobs to
+//! check them, and those copies would inflate the rate and skew the plan (do
+//! not pass another `--verify` after `--`). The totals of such a run are of
+//! course zero.
+//!
+//! A completion is counted when the coordinator acknowledges it, which it
+//! does only once the result is durable: with `--report batch` (the default)
+//! a worker reports all its jobs in one `ReportBatch` call, with `--report
+//! stream` one `Report` stream per job, as releases before `ReportBatch` did.
+//!
+//! Faults:
+//!
+//! * `--vanish SHARE --vanish-at T`: at T after the start of the measurement,
+//!   that share of the simulated workers lease once more and disappear without
+//!   reporting or releasing: their leases expire after the coordinator's
+//!   lease TTL (`--lease-ttl`, passed on) and are reissued to the others.
+//! * `--kill-at T1,T2,...` and `--kill-after N1,N2,...`: SIGKILL the
+//!   coordinator at those times (after the start of the measurement) or
+//!   durable-completion counts, and start it again at once on the same data
+//!   directory and port. The workers see failed calls, an unknown worker id
+//!   (they register again), refused reports of the old session's leases, and
+//!   go on.
+//!
+//! It reports completions per second (overall, and the median and lowest of
+//! the per-second samples), p50/p90/p99/max of the Lease and report round
+//! trips (from histograms, not means), the coordinator's peak RSS over its
+//! whole life (VmHWM of every coordinator process, sampled from `/proc` every
+//! 100 ms and just before each kill, creation included), the time to create
+//! the run and to resume it after each kill, the lease expiries the
+//! coordinators logged (vanished workers' leases, reissued), and the store's
+//! size on disk (`du` of the data directory, after the coordinator stopped).
+//! The coordinator runs with `RUST_LOG=info` (`--coord-log`), as in
+//! production: at `debug` it logs a line per job.
+//!
+//! File descriptors: each connection costs one descriptor here and one in the
+//! coordinator. The tool raises its soft `RLIMIT_NOFILE` to the hard limit
+//! (the coordinator inherits it) and refuses to start when `--connections`
+//! would not fit; by default it opens one connection per 100 workers (at
+//! least 100), which keeps every connection below HTTP/2's usual limit of
+//! concurrent streams. 50,000 workers need 500 connections, so about 600
+//! descriptors per process, which the usual hard limits allow.
 //!
 //! ```text
 //! cargo run --release -p nq-e2e --bin nq-loadtest -- --workers 1000 --duration 30s
+//! # does this split give at least 10^7 jobs?
+//! cargo run --release -p nq-e2e --bin nq-loadtest -- --n 22 --split 1:3 --plan
 //! ```
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use clap::Parser;
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, ValueEnum};
 use nq_e2e::{Coord, binary};
 use nq_proto::pb::coordinator_client::CoordinatorClient;
 use nq_proto::pb::{self, report_chunk::Body};
@@ -28,7 +73,8 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
 /// Load-tests a real nq-coord with simulated workers and reports durable job
-/// completions per second and the coordinator's peak memory.
+/// completions per second, latencies, the coordinator's peak memory and its
+/// store's size, optionally with vanishing workers and coordinator restarts.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -40,24 +86,56 @@ struct Args {
     split: String,
     /// Target number of jobs, passed to `nq-coord --jobs` (sub-problems are
     /// grouped into about this many jobs; at least the number of sub-problems
-    /// gives one sub-problem per job).
+    /// gives one sub-problem per job: see `--plan`).
     #[arg(long, default_value_t = 1_000_000)]
     jobs: u64,
+    /// Print the number of sub-problems of `--n` and `--split` (the most jobs
+    /// the split can make, `nq_core::split::split_len`) and exit.
+    #[arg(long)]
+    plan: bool,
     /// Simulated workers.
     #[arg(long, default_value_t = 1000)]
     workers: usize,
-    /// HTTP/2 connections the workers share (each carries many calls).
-    #[arg(long, default_value_t = 100)]
-    connections: usize,
-    /// Jobs each worker asks for per Lease call.
+    /// HTTP/2 connections the workers share (each carries many calls)
+    /// [default: one per 100 workers, at least 100].
+    #[arg(long)]
+    connections: Option<usize>,
+    /// Jobs each worker asks for per Lease call (a worker with this many
+    /// threads).
     #[arg(long, default_value_t = 2)]
     want: u32,
+    /// How results are reported: `batch` (one ReportBatch call per lease) or
+    /// `stream` (one Report stream per job).
+    #[arg(long, value_enum, default_value_t = ReportMode::Batch)]
+    report: ReportMode,
     /// How long to measure, after the workers have registered.
     #[arg(long, default_value = "30s")]
     duration: String,
     /// Stop after this many durable completions instead.
     #[arg(long)]
     max_jobs: Option<u64>,
+    /// The coordinator's lease lifetime (`nq-coord --lease-ttl`); short, to
+    /// see vanished workers' jobs reissued soon.
+    #[arg(long)]
+    lease_ttl: Option<String>,
+    /// Share of the workers, 0 to 1, that vanish at `--vanish-at`.
+    #[arg(long, default_value_t = 0.0)]
+    vanish: f64,
+    /// When the vanishing workers vanish, after the measurement starts.
+    #[arg(long, default_value = "5s")]
+    vanish_at: String,
+    /// SIGKILL the coordinator (and restart it) at these times after the
+    /// measurement starts, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    kill_at: Vec<String>,
+    /// SIGKILL the coordinator (and restart it) once this many completions
+    /// are durable, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    kill_after: Vec<u64>,
+    /// The coordinator's `RUST_LOG` (`debug` logs a line per job, which
+    /// costs it time).
+    #[arg(long, default_value = "info")]
+    coord_log: String,
     /// Data directory for the coordinator [default: a fresh temporary one].
     #[arg(long)]
     data: Option<PathBuf>,
@@ -66,16 +144,200 @@ struct Args {
     coord_args: Vec<String>,
 }
 
+/// How the simulated workers report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ReportMode {
+    /// One `ReportBatch` call for all the jobs of a lease.
+    Batch,
+    /// One `Report` stream per job.
+    Stream,
+}
+
+/// A latency histogram in microseconds: log-linear buckets (16 per power of
+/// two, so a quantile is within about 6% of the true value), lock-free, so
+/// that tens of thousands of tasks can record into it.
+#[derive(Debug)]
+struct Histogram {
+    buckets: Vec<AtomicU64>,
+}
+
+/// Sub-buckets per power of two, as a power of two.
+const SUB_BITS: u32 = 4;
+
+impl Histogram {
+    fn new() -> Histogram {
+        Histogram {
+            buckets: (0..(64 << SUB_BITS)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn index(us: u64) -> usize {
+        if us < (1 << SUB_BITS) {
+            return us as usize;
+        }
+        let exp = 63 - us.leading_zeros();
+        let sub = (us >> (exp - SUB_BITS)) & ((1 << SUB_BITS) - 1);
+        (((exp - SUB_BITS + 1) << SUB_BITS) as u64 + sub) as usize
+    }
+
+    /// The largest value of bucket `i`.
+    fn upper(i: usize) -> u64 {
+        let i = i as u64;
+        if i < (1 << SUB_BITS) {
+            return i;
+        }
+        let exp = (i >> SUB_BITS) + u64::from(SUB_BITS) - 1;
+        let sub = i & ((1 << SUB_BITS) - 1);
+        let low = (1u64 << exp) + (sub << (exp - u64::from(SUB_BITS)));
+        low + (1 << (exp - u64::from(SUB_BITS))) - 1
+    }
+
+    fn record(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.buckets[Histogram::index(us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The value below which a share `q` of the samples lie, in ms (the
+    /// upper end of its bucket); `None` without samples.
+    fn quantile_ms(&self, q: f64) -> Option<f64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            seen += b.load(Ordering::Relaxed);
+            if seen >= rank {
+                return Some(Histogram::upper(i) as f64 / 1000.0);
+            }
+        }
+        None
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        serde_json::json!({
+            "count": self.count(),
+            "p50_ms": self.quantile_ms(0.50),
+            "p90_ms": self.quantile_ms(0.90),
+            "p99_ms": self.quantile_ms(0.99),
+            "max_ms": self.quantile_ms(1.0),
+        })
+    }
+}
+
 /// Counters shared by the simulated workers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Stats {
+    /// Durable acknowledgements.
     completions: AtomicU64,
     leases: AtomicU64,
     empty_leases: AtomicU64,
+    /// Calls that failed (network, coordinator down).
     errors: AtomicU64,
+    /// Report items the coordinator refused (PERMISSION_DENIED after a
+    /// restart: leases of an earlier session).
+    refused: AtomicU64,
     conflicts: AtomicU64,
-    /// Sum and count of report round trips, in microseconds.
-    report_us: AtomicU64,
+    /// Registrations after the first (a restarted coordinator forgot them).
+    registrations: AtomicU64,
+    /// Workers that vanished, and the jobs they held.
+    vanished: AtomicU64,
+    abandoned: AtomicU64,
+    /// ReportBatch calls (batch mode), and the items they carried.
+    batches: AtomicU64,
+    batch_items: AtomicU64,
+    lease_latency: Histogram,
+    /// One sample per report call (a batch, or one job's stream).
+    report_latency: Histogram,
+    /// Error lines printed so far (capped, so that 50,000 workers meeting a
+    /// restart do not flood the terminal).
+    printed: AtomicU64,
+}
+
+/// What the coordinator logs (at warn) for each lease that expired.
+const LEASE_EXPIRED: &str = "lease expired";
+
+/// Error lines printed at most.
+const MAX_PRINTED: u64 = 20;
+
+impl Stats {
+    fn new() -> Stats {
+        Stats {
+            completions: AtomicU64::new(0),
+            leases: AtomicU64::new(0),
+            empty_leases: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            conflicts: AtomicU64::new(0),
+            registrations: AtomicU64::new(0),
+            vanished: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batch_items: AtomicU64::new(0),
+            lease_latency: Histogram::new(),
+            report_latency: Histogram::new(),
+            printed: AtomicU64::new(0),
+        }
+    }
+
+    fn error(&self, what: &str, status: &tonic::Status, stop: &AtomicBool) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if !stop.load(Ordering::Relaxed)
+            && self.printed.fetch_add(1, Ordering::Relaxed) < MAX_PRINTED
+        {
+            eprintln!("{what}: {:?}: {}", status.code(), status.message());
+        }
+    }
+}
+
+/// What every simulated worker shares.
+#[derive(Debug)]
+struct Fleet {
+    stats: Stats,
+    /// Set when the measurement ends.
+    stop: AtomicBool,
+    /// Set at `--vanish-at`.
+    vanish_now: AtomicBool,
+    want: u32,
+    mode: ReportMode,
+}
+
+/// Peak memory of every coordinator process of the run, sampled.
+#[derive(Debug, Default)]
+struct MemWatch {
+    /// The coordinator process now running.
+    pid: Mutex<Option<u32>>,
+    /// The largest VmHWM seen of any coordinator process, in KiB.
+    peak_kib: AtomicU64,
+    /// The latest VmRSS of the current one.
+    rss_kib: AtomicU64,
+}
+
+impl MemWatch {
+    /// Samples the current process; false once it has exited.
+    fn sample(&self) -> bool {
+        let Some(pid) = *self.pid.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return false;
+        };
+        match proc_status(pid) {
+            Ok(Some(mem)) => {
+                self.peak_kib.fetch_max(mem.hwm_kib, Ordering::Relaxed);
+                self.rss_kib.store(mem.rss_kib, Ordering::Relaxed);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn set(&self, pid: Option<u32>) {
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner()) = pid;
+        self.sample();
+    }
 }
 
 #[tokio::main]
@@ -89,12 +351,56 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// A kill of the coordinator, due at a time or a completion count.
+#[derive(Clone, Copy, Debug)]
+enum Kill {
+    At(Duration),
+    After(u64),
+}
+
 async fn run(args: Args) -> Result<()> {
+    if args.plan {
+        return plan(&args);
+    }
     let duration = nq_worker::parse_duration(&args.duration)?;
+    let vanish_at = nq_worker::parse_duration(&args.vanish_at)?;
+    ensure!(
+        (0.0..=1.0).contains(&args.vanish),
+        "--vanish {} is not a share: give a number from 0 to 1",
+        args.vanish
+    );
+    ensure!(
+        args.want > 0,
+        "--want 0 would lease nothing: give 1 or more"
+    );
+    let mut kills: Vec<Kill> = args
+        .kill_at
+        .iter()
+        .map(|t| nq_worker::parse_duration(t).map(Kill::At))
+        .collect::<Result<_, _>>()?;
+    kills.extend(args.kill_after.iter().map(|&n| Kill::After(n)));
+    let connections = args
+        .connections
+        .unwrap_or_else(|| args.workers.div_ceil(100).max(100))
+        .max(1);
+    let limit = raise_fd_limit()?;
+    // Sockets, plus sled's files, pipes and the like.
+    let needed = connections as u64 + 256;
+    ensure!(
+        needed <= limit,
+        "{connections} connections need about {needed} open files in this process \
+         and in the coordinator, but the hard limit is {limit}: raise it (`ulimit -Hn \
+         {needed}` as root, or in /etc/security/limits.conf) or pass fewer \
+         --connections"
+    );
+
     let tmp = tempfile::tempdir()?;
     let dir = args.data.clone().unwrap_or_else(|| tmp.path().join("run"));
     let coord_bin = binary("nq-coord")?;
-    eprintln!("coordinator: {}", coord_bin.display());
+    eprintln!(
+        "coordinator: {}; open-file limit {limit}, {connections} connections",
+        coord_bin.display()
+    );
 
     let n = args.n.to_string();
     let target = args.jobs.to_string();
@@ -107,45 +413,79 @@ async fn run(args: Args) -> Result<()> {
         &target,
         "--local-threads",
         "0",
+        // The all-zero results are only sound without verification.
+        "--verify",
+        "0",
     ];
+    if let Some(ttl) = &args.lease_ttl {
+        coord_flags.extend(["--lease-ttl", ttl.as_str()]);
+    }
     coord_flags.extend(args.coord_args.iter().map(String::as_str));
+
+    let mem = Arc::new(MemWatch::default());
+    let sampler = {
+        let mem = Arc::clone(&mem);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                mem.sample();
+            }
+        })
+    };
+
+    let env = [("RUST_LOG", args.coord_log.as_str()), ("NO_COLOR", "1")];
     let started = Instant::now();
-    let mut coord = Coord::ephemeral(&dir, &coord_flags).await?;
-    let pid = coord.proc.pid().context("coordinator exited")?;
-    // The coordinator listens at once and creates the run's jobs after.
-    let created = coord.proc.line_containing("created run").await?;
-    let jobs: u64 = field(&created, "jobs").context("no job count in the log")?;
-    let subproblems: u64 =
-        field(&created, "subproblems").context("no sub-problem count")?;
+    let mut coord =
+        Coord::start_with_env(&dir, "127.0.0.1:0", &coord_flags, &env).await?;
+    mem.set(coord.proc.pid());
+    // The coordinator listens at once and creates (or resumes) the run after.
     coord.proc.line_containing("data directory ready").await?;
     let setup = started.elapsed();
-    let setup_mem = proc_status(pid)?.context("the coordinator exited during setup")?;
-    let setup_hwm = setup_mem.hwm_kib;
+    let created = coord
+        .proc
+        .lines_containing("created run")
+        .into_iter()
+        .chain(coord.proc.lines_containing("resuming run"))
+        .next()
+        .context("neither `created run` nor `resuming run` in the log")?;
+    let jobs: u64 = field(&created, "jobs").context("no job count in the log")?;
+    let subproblems: Option<u64> = field(&created, "subproblems");
+    mem.sample();
+    let setup_peak_kib = mem.peak_kib.load(Ordering::Relaxed);
     eprintln!(
-        "coordinator pid {pid} on {} ready after {setup:.2?}: {jobs} jobs of \
-         {subproblems} sub-problems, peak RSS {} MiB",
+        "coordinator on {} ready after {setup:.2?}: {jobs} jobs, peak RSS {} MiB",
         coord.addr,
-        setup_hwm / 1024
+        setup_peak_kib / 1024
     );
+    let addr = coord.addr;
 
-    let endpoint = Endpoint::from_shared(format!("http://{}", coord.addr))?
+    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10));
     let mut channels = vec![];
-    for _ in 0..args.connections.max(1) {
+    for _ in 0..connections {
         channels.push(endpoint.connect().await.context("cannot connect")?);
     }
 
-    let stats = Arc::new(Stats::default());
-    let stop = Arc::new(AtomicBool::new(false));
+    let fleet = Arc::new(Fleet {
+        stats: Stats::new(),
+        stop: AtomicBool::new(false),
+        vanish_now: AtomicBool::new(false),
+        want: args.want,
+        mode: args.report,
+    });
+    let vanishing = (args.workers as f64 * args.vanish).round() as usize;
     let registered = Arc::new(tokio::sync::Barrier::new(args.workers + 1));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..args.workers {
         let channel = channels[i % channels.len()].clone();
-        let (stats, stop, registered) = (stats.clone(), stop.clone(), registered.clone());
-        let want = args.want;
+        let (fleet, registered) = (Arc::clone(&fleet), Arc::clone(&registered));
+        // Workers take the connections in turn, so the vanishing ones are
+        // spread over them.
+        let vanishes = i < vanishing;
         tasks.spawn(async move {
-            let r = simulate(i, channel, want, &stats, &stop, &registered).await;
+            let r = simulate(i, channel, &fleet, &registered, vanishes).await;
             if let Err(e) = &r {
                 eprintln!("worker {i}: {e:#}");
             }
@@ -154,6 +494,7 @@ async fn run(args: Args) -> Result<()> {
     }
     registered.wait().await;
     let t0 = Instant::now();
+    let stats = &fleet.stats;
     let base = stats.completions.load(Ordering::Relaxed);
     eprintln!(
         "{} workers registered after {:.2?}",
@@ -161,33 +502,77 @@ async fn run(args: Args) -> Result<()> {
         started.elapsed()
     );
 
-    // Sample once a second: per-second rates, and the coordinator's memory.
+    // Every 100 ms: kills and vanishing due; every second: the rate.
     let mut per_second = vec![];
-    let mut last = base;
-    let mut peak_rss_kib = 0;
-    let mut last_mem = setup_mem;
+    let mut last = 0;
+    let mut restarts: Vec<serde_json::Value> = vec![];
+    let mut pending_kills: VecDeque<Kill> = kills.into();
+    // Lease expiries logged by the coordinators killed so far.
+    let mut expiries = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut ticks = 0u64;
+    let mut finished = false;
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = stats.completions.load(Ordering::Relaxed);
+        tick.tick().await;
+        ticks += 1;
+        let now = stats.completions.load(Ordering::Relaxed) - base;
+        if !fleet.vanish_now.load(Ordering::Relaxed)
+            && vanishing > 0
+            && t0.elapsed() >= vanish_at
+        {
+            eprintln!(
+                "t={:.1}s {vanishing} workers vanish",
+                t0.elapsed().as_secs_f64()
+            );
+            fleet.vanish_now.store(true, Ordering::Relaxed);
+        }
+        let due = pending_kills.iter().position(|k| match *k {
+            Kill::At(t) => t0.elapsed() >= t,
+            Kill::After(c) => now >= c,
+        });
+        if let Some(i) = due {
+            pending_kills.remove(i);
+            mem.sample();
+            let at = t0.elapsed();
+            coord.proc.kill().await?;
+            mem.set(None);
+            let restarting = Instant::now();
+            expiries += coord.proc.lines_containing(LEASE_EXPIRED).len();
+            coord = restart(&dir, addr, &coord_flags, &env).await?;
+            mem.set(coord.proc.pid());
+            coord.proc.line_containing("data directory ready").await?;
+            let ready = restarting.elapsed();
+            eprintln!(
+                "t={:.1}s coordinator killed after {now} completions; resumed in {ready:.2?}",
+                at.as_secs_f64()
+            );
+            restarts.push(serde_json::json!({
+                "at_seconds": at.as_secs_f64(),
+                "completions_before": now,
+                "resume_seconds": ready.as_secs_f64(),
+            }));
+        }
+        if !ticks.is_multiple_of(10) {
+            continue;
+        }
         per_second.push(now - last);
         last = now;
         // A coordinator that finished the run before `--duration` has exited
         // (a zombie has no memory lines): the measurement ends there.
-        let Some(mem) = proc_status(pid)? else {
+        if !mem.sample() {
             eprintln!("the coordinator finished the run; measuring up to here");
+            finished = true;
             break;
-        };
-        peak_rss_kib = peak_rss_kib.max(mem.rss_kib);
+        }
         eprintln!(
-            "t={:>3}s completions/s={:>6} total={:>8} rss={} MiB hwm={} MiB",
+            "t={:>3}s completions/s={:>6} total={:>9} rss={} MiB peak={} MiB",
             per_second.len(),
-            per_second.last().unwrap(),
-            now - base,
-            mem.rss_kib / 1024,
-            mem.hwm_kib / 1024
+            per_second.last().unwrap_or(&0),
+            now,
+            mem.rss_kib.load(Ordering::Relaxed) / 1024,
+            mem.peak_kib.load(Ordering::Relaxed) / 1024
         );
-        last_mem = mem;
-        let done = args.max_jobs.is_some_and(|m| now - base >= m);
+        let done = args.max_jobs.is_some_and(|m| now >= m);
         if t0.elapsed() >= duration || done {
             break;
         }
@@ -197,97 +582,232 @@ async fn run(args: Args) -> Result<()> {
     }
     let elapsed = t0.elapsed();
     let total = stats.completions.load(Ordering::Relaxed) - base;
-    let mem = proc_status(pid)?.unwrap_or(last_mem);
-    let cpu = proc_cpu_seconds(pid)?;
-    stop.store(true, Ordering::Relaxed);
+    fleet.stop.store(true, Ordering::Relaxed);
     while tasks.join_next().await.is_some() {}
+
+    // The coordinator's own count of settled jobs.
+    let status = if finished {
+        None
+    } else {
+        CoordinatorClient::new(channels[0].clone())
+            .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
+            .status(pb::StatusRequest {})
+            .await
+            .ok()
+            .map(tonic::Response::into_inner)
+    };
 
     // Ask the coordinator to stop as an operator would, then make sure.
     let stopping = Instant::now();
-    coord.proc.terminate()?;
-    let exited = tokio::time::timeout(Duration::from_secs(30), coord.proc.wait()).await;
+    if !finished {
+        coord.proc.terminate()?;
+    }
+    let exited = tokio::time::timeout(Duration::from_secs(60), coord.proc.wait()).await;
     if exited.is_err() {
-        eprintln!("coordinator still running 30 s after SIGTERM; killing it");
+        eprintln!("coordinator still running 60 s after SIGTERM; killing it");
         coord.proc.kill().await?;
     }
     let shutdown = stopping.elapsed();
+    sampler.abort();
+    expiries += coord.proc.lines_containing(LEASE_EXPIRED).len();
+    let store_bytes = du(&dir)?;
     eprintln!("coordinator stopped in {shutdown:.2?}");
 
     per_second.sort_unstable();
-    let median = per_second[per_second.len() / 2];
-    let reports = stats.completions.load(Ordering::Relaxed).max(1);
+    let median = per_second.get(per_second.len() / 2).copied();
+    let batches = stats.batches.load(Ordering::Relaxed);
     let summary = serde_json::json!({
         "n": args.n,
         "split": args.split,
         "workers": args.workers,
-        "connections": args.connections,
+        "connections": connections,
         "want": args.want,
+        "report": format!("{:?}", args.report).to_lowercase(),
         "jobs": jobs,
         "subproblems": subproblems,
         "setup_seconds": setup.as_secs_f64(),
-        "setup_peak_rss_mib": setup_hwm as f64 / 1024.0,
+        "setup_peak_rss_mib": setup_peak_kib as f64 / 1024.0,
         "shutdown_seconds": shutdown.as_secs_f64(),
         "seconds": elapsed.as_secs_f64(),
         "completions": total,
         "completions_per_second": total as f64 / elapsed.as_secs_f64(),
         "median_per_second": median,
         "min_per_second": per_second.first(),
-        "mean_report_ms": stats.report_us.load(Ordering::Relaxed) as f64 / reports as f64 / 1000.0,
+        "lease_latency": stats.lease_latency.summary(),
+        "report_latency": stats.report_latency.summary(),
+        "jobs_per_batch": if batches > 0 {
+            Some(stats.batch_items.load(Ordering::Relaxed) as f64 / batches as f64)
+        } else {
+            None
+        },
         "leases": stats.leases.load(Ordering::Relaxed),
         "empty_leases": stats.empty_leases.load(Ordering::Relaxed),
         "errors": stats.errors.load(Ordering::Relaxed),
+        "refused_reports": stats.refused.load(Ordering::Relaxed),
         "conflicts": stats.conflicts.load(Ordering::Relaxed),
-        "coord_peak_rss_mib": mem.hwm_kib.max(peak_rss_kib) as f64 / 1024.0,
-        "coord_cpu_seconds": cpu,
+        "registrations_again": stats.registrations.load(Ordering::Relaxed),
+        "vanished_workers": stats.vanished.load(Ordering::Relaxed),
+        "abandoned_jobs": stats.abandoned.load(Ordering::Relaxed),
+        "lease_expiries": expiries,
+        "jobs_done": status.as_ref().map(|s| s.jobs_done),
+        "restarts": restarts,
+        "coord_peak_rss_mib": mem.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0,
+        "store_bytes": store_bytes,
+        "store_mib": store_bytes as f64 / (1024.0 * 1024.0),
     });
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(())
 }
 
-/// One simulated worker: register, then lease and report until stopped.
+/// `--plan`: the number of sub-problems of the split, the most jobs a run of
+/// it can have.
+fn plan(args: &Args) -> Result<()> {
+    let board = nq_core::Board::new(u64::from(args.n))
+        .with_context(|| format!("--n {} is not a board size", args.n))?;
+    let (ring, extra) = args
+        .split
+        .split_once(':')
+        .and_then(|(r, e)| Some((r.parse().ok()?, e.parse().ok()?)))
+        .with_context(|| {
+            format!("--split {:?} is not RING:EXTRA, such as 1:2", args.split)
+        })?;
+    let spec = nq_core::split::SplitSpec::new(ring, extra)
+        .with_context(|| format!("--split {} is out of range", args.split))?;
+    let t = Instant::now();
+    let subproblems = nq_core::split::split_len(board, spec);
+    println!(
+        "n={} split={} subproblems={subproblems} (counted in {:.2?}): --jobs {} gives \
+         {} jobs",
+        args.n,
+        args.split,
+        t.elapsed(),
+        args.jobs,
+        args.jobs.min(subproblems)
+    );
+    Ok(())
+}
+
+/// Starts the coordinator again on `dir` and the same address. The port was
+/// the killed process's a moment ago; binding it can fail briefly while the
+/// kernel lets go of it, so a few tries are made.
+async fn restart(
+    dir: &Path,
+    addr: SocketAddr,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Coord> {
+    let mut tries = 0;
+    loop {
+        match Coord::start_with_env(dir, &addr.to_string(), flags, env).await {
+            Ok(c) => return Ok(c),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("restart on {addr} failed ({e:#}); trying again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.context("cannot restart the coordinator")),
+        }
+    }
+}
+
+/// A registration request of simulated worker `i`.
+fn register_request(i: usize, want: u32) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        protocol_version: nq_proto::PROTOCOL_VERSION,
+        name: format!("sim-{i}"),
+        threads: want,
+        program_version: "loadtest".into(),
+    }
+}
+
+/// A wait of 100 ms to 1 s, spread by worker, so that a fleet that meets a
+/// restart does not come back in lockstep.
+fn pause(i: usize, attempt: u32) -> Duration {
+    let spread = (i as u64).wrapping_mul(2_654_435_761) % 400;
+    Duration::from_millis((100 + spread) * u64::from(attempt.clamp(1, 2)))
+}
+
+/// Registers, retrying while the coordinator is down.
+async fn register(
+    i: usize,
+    client: &mut CoordinatorClient<Channel>,
+    fleet: &Fleet,
+) -> Result<Option<(String, String)>> {
+    let mut attempt = 0;
+    loop {
+        match client.register(register_request(i, fleet.want)).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                let run = r.run.map(|r| r.run_id).unwrap_or_default();
+                return Ok(Some((r.worker_id, run)));
+            }
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::FailedPrecondition | Code::InvalidArgument
+                ) =>
+            {
+                bail!("register refused: {s}")
+            }
+            Err(s) => {
+                fleet.stats.error("register", &s, &fleet.stop);
+                if fleet.stop.load(Ordering::Relaxed) {
+                    return Ok(None);
+                }
+                attempt += 1;
+                tokio::time::sleep(pause(i, attempt)).await;
+            }
+        }
+    }
+}
+
+/// One simulated worker: register, then lease and report until stopped (or,
+/// for a vanishing one, until it vanishes holding its last lease).
 async fn simulate(
     i: usize,
     channel: Channel,
-    want: u32,
-    stats: &Stats,
-    stop: &AtomicBool,
+    fleet: &Fleet,
     registered: &tokio::sync::Barrier,
+    vanishes: bool,
 ) -> Result<()> {
+    let stats = &fleet.stats;
     let mut client = CoordinatorClient::new(channel)
         .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
-    let register = || pb::RegisterRequest {
-        protocol_version: nq_proto::PROTOCOL_VERSION,
-        name: format!("sim-{i}"),
-        threads: 1,
-        program_version: "loadtest".into(),
-    };
-    let first = client.register(register()).await;
+    let first = register(i, &mut client, fleet).await;
     registered.wait().await;
-    let first = first.context("register")?.into_inner();
-    let run_id = first.run.map(|r| r.run_id).unwrap_or_default();
-    let mut worker_id = first.worker_id;
-    while !stop.load(Ordering::Relaxed) {
+    let Some((mut worker_id, mut run_id)) = first? else {
+        return Ok(());
+    };
+    let mut failures = 0;
+    while !fleet.stop.load(Ordering::Relaxed) {
+        let sent = Instant::now();
         let lease = client
             .lease(pb::LeaseRequest {
                 worker_id: worker_id.clone(),
-                want,
+                want: fleet.want,
                 held: vec![],
             })
             .await;
         let lease = match lease {
-            Ok(r) => r.into_inner(),
+            Ok(r) => {
+                stats.lease_latency.record(sent.elapsed());
+                failures = 0;
+                r.into_inner()
+            }
             Err(s) if s.code() == Code::FailedPrecondition => {
-                worker_id = client.register(register()).await?.into_inner().worker_id;
+                // A restarted coordinator knows no worker.
+                let Some((id, run)) = register(i, &mut client, fleet).await? else {
+                    break;
+                };
+                stats.registrations.fetch_add(1, Ordering::Relaxed);
+                (worker_id, run_id) = (id, run);
                 continue;
             }
             Err(s) => {
-                stats.errors.fetch_add(1, Ordering::Relaxed);
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                eprintln!("lease: {s}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                stats.error("lease", &s, &fleet.stop);
+                failures += 1;
+                tokio::time::sleep(pause(i, failures)).await;
                 continue;
             }
         };
@@ -301,39 +821,21 @@ async fn simulate(
             tokio::time::sleep(Duration::from_millis(wait)).await;
             continue;
         }
-        for job in lease.jobs {
-            let zero = pb::SubCounts {
-                count: Some(0u128.into()),
-                fixed180: Some(0u128.into()),
-                fixed90: Some(0u128.into()),
-            };
-            let chunk = pb::ReportChunk {
-                worker_id: worker_id.clone(),
-                job_id: job.job_id,
-                lease_id: job.lease_id,
-                body: Some(Body::Result(pb::JobResult {
-                    counts: vec![zero; job.subproblems.len()],
-                    nodes: 0,
-                    solutions_sent: 0,
-                    kernel: String::new(),
-                })),
-                run_id: run_id.clone(),
-            };
-            let sent = Instant::now();
-            match client.report(tokio_stream_once(chunk)).await {
-                Ok(ack) => {
-                    let us = sent.elapsed().as_micros() as u64;
-                    stats.report_us.fetch_add(us, Ordering::Relaxed);
-                    if ack.get_ref().outcome() == pb::report_ack::Outcome::Conflict {
-                        stats.conflicts.fetch_add(1, Ordering::Relaxed);
-                    }
-                    stats.completions.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(s) => {
-                    stats.errors.fetch_add(1, Ordering::Relaxed);
-                    if !stop.load(Ordering::Relaxed) {
-                        eprintln!("report: {s}");
-                    }
+        if vanishes && fleet.vanish_now.load(Ordering::Relaxed) {
+            // Gone without a word: the leases run out at their deadline.
+            stats.vanished.fetch_add(1, Ordering::Relaxed);
+            stats
+                .abandoned
+                .fetch_add(lease.jobs.len() as u64, Ordering::Relaxed);
+            return Ok(());
+        }
+        match fleet.mode {
+            ReportMode::Batch => {
+                report_batch(&mut client, fleet, &worker_id, &run_id, lease.jobs).await
+            }
+            ReportMode::Stream => {
+                for job in lease.jobs {
+                    report_stream(&mut client, fleet, &worker_id, &run_id, job).await;
                 }
             }
         }
@@ -341,18 +843,145 @@ async fn simulate(
     Ok(())
 }
 
-fn tokio_stream_once(
-    chunk: pb::ReportChunk,
-) -> impl tonic::IntoStreamingRequest<Message = pb::ReportChunk> {
-    tonic::Request::new(tokio_stream::once(chunk))
+/// All-zero counts for `job`: valid for an incomplete prefix (see the module
+/// documentation on `--verify 0`).
+fn zero_result(job: &pb::Job) -> pb::JobResult {
+    let zero = pb::SubCounts {
+        count: Some(0u128.into()),
+        fixed180: Some(0u128.into()),
+        fixed90: Some(0u128.into()),
+    };
+    pb::JobResult {
+        counts: vec![zero; job.subproblems.len()],
+        nodes: 0,
+        solutions_sent: 0,
+        kernel: String::new(),
+    }
+}
+
+/// Reports the jobs of one lease in one ReportBatch call.
+async fn report_batch(
+    client: &mut CoordinatorClient<Channel>,
+    fleet: &Fleet,
+    worker_id: &str,
+    run_id: &str,
+    jobs: Vec<pb::Job>,
+) {
+    let stats = &fleet.stats;
+    let request = pb::ReportBatchRequest {
+        worker_id: worker_id.to_owned(),
+        run_id: run_id.to_owned(),
+        reports: jobs
+            .iter()
+            .map(|job| pb::JobReport {
+                job_id: job.job_id,
+                lease_id: job.lease_id,
+                result: Some(zero_result(job)),
+            })
+            .collect(),
+    };
+    let sent = Instant::now();
+    match client.report_batch(request).await {
+        Ok(answer) => {
+            stats.report_latency.record(sent.elapsed());
+            let acks = answer.into_inner().acks;
+            stats.batches.fetch_add(1, Ordering::Relaxed);
+            stats
+                .batch_items
+                .fetch_add(acks.len() as u64, Ordering::Relaxed);
+            for ack in acks {
+                if ack.code != Code::Ok as i32 {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                if ack.outcome() == pb::report_ack::Outcome::Conflict {
+                    stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                }
+                stats.completions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Err(s) => stats.error("report batch", &s, &fleet.stop),
+    }
+}
+
+/// Reports one job in one Report stream.
+async fn report_stream(
+    client: &mut CoordinatorClient<Channel>,
+    fleet: &Fleet,
+    worker_id: &str,
+    run_id: &str,
+    job: pb::Job,
+) {
+    let stats = &fleet.stats;
+    let chunk = pb::ReportChunk {
+        worker_id: worker_id.to_owned(),
+        job_id: job.job_id,
+        lease_id: job.lease_id,
+        body: Some(Body::Result(zero_result(&job))),
+        run_id: run_id.to_owned(),
+    };
+    let sent = Instant::now();
+    match client.report(tokio_stream::once(chunk)).await {
+        Ok(ack) => {
+            stats.report_latency.record(sent.elapsed());
+            if ack.get_ref().outcome() == pb::report_ack::Outcome::Conflict {
+                stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            }
+            stats.completions.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(s) if s.code() == Code::PermissionDenied => {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(s) => stats.error("report", &s, &fleet.stop),
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit (children inherit
+/// it) and returns it.
+fn raise_fd_limit() -> Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write `lim`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            bail!("getrlimit: {}", std::io::Error::last_os_error());
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                bail!("setrlimit: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// Bytes on disk under `dir`, as `du` counts them (allocated blocks).
+fn du(dir: &Path) -> Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)
+            .with_context(|| format!("cannot list {}", d.display()))?
+        {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total += meta.blocks() * 512;
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// The value of `name=VALUE` in a log line.
 fn field<T: std::str::FromStr>(line: &str, name: &str) -> Option<T> {
-    let key = format!("{name}=");
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(&key))
-        .and_then(|v| v.parse().ok())
+    nq_e2e::log_field(line, name).and_then(|v| v.parse().ok())
 }
 
 /// Resident memory of a process, from `/proc/<pid>/status`.
@@ -366,7 +995,9 @@ struct Mem {
 /// `None` once the process has exited (a zombie keeps its status file but no
 /// memory lines).
 fn proc_status(pid: u32) -> Result<Option<Mem>> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Ok(None);
+    };
     let exited = text
         .lines()
         .any(|l| l.starts_with("State:") && l.contains('Z'));
@@ -390,15 +1021,27 @@ fn proc_status(pid: u32) -> Result<Option<Mem>> {
     }))
 }
 
-/// User plus system CPU time of a process, from `/proc/<pid>/stat`.
-fn proc_cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields of the line, in clock ticks.
-    let rest = &stat[stat.rfind(')').context("bad stat")? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok(ticks as f64 / hz)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_are_within_a_bucket() {
+        let h = Histogram::new();
+        for us in 1..=10_000u64 {
+            h.record(Duration::from_micros(us));
+        }
+        for (q, exact) in [(0.5, 5.0), (0.99, 9.9), (1.0, 10.0)] {
+            let got = h.quantile_ms(q).unwrap();
+            assert!(
+                got >= exact && got <= exact * 1.07,
+                "q={q}: {got} vs {exact}"
+            );
+        }
+        for us in [0u64, 1, 15, 16, 17, 1000, 123_456_789] {
+            let i = Histogram::index(us);
+            assert!(Histogram::upper(i) >= us, "{us}");
+            assert!(i == 0 || Histogram::upper(i - 1) < us, "{us}");
+        }
+    }
 }
