@@ -443,7 +443,7 @@ fn check(
 }
 
 /// The acknowledging stage, once a copy of a job of estimated `work` is
-/// towards `worker`'s throughput, and returns whether the run is complete
+/// durable: counts it towards `worker`'s throughput, and returns whether the run is complete
 /// (the worker is then told, which the linger waits for).
 fn acknowledge(session: &Session, worker: &WorkerId, work: u64) -> bool {
     let mut s = session.sched();
