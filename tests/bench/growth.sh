@@ -204,7 +204,7 @@ analyse() {
         m = 0
         for (n = nmin; n <= nmax; n++) { m++; xs[m] = n; ys[m] = log(nodes[k1, n] / total[n]) }
         fit(xs, ys, m)
-        ca = A; cb = B; crsd = RSD
+        ca = A; cb = B; crsd = RSD; cm = m; csxx = SXX; cmx = MX
         m = 0
         for (n = 20; n < 27; n++) { m++; xs[m] = n; ys[m] = log(pubq[n + 1] / pubq[n]) }
         fit(xs, ys, m)
@@ -217,7 +217,9 @@ analyse() {
             q = (t == 27) ? pubq[27] : (t == 28 ? q28 : 0)
             if (q == 0) continue
             pn = q * exp(ca + cb * t)
-            printf "N=%d: nodes %.3e (%.1f nodes per solution)", t, pn, exp(ca + cb * t)
+            # One standard error of the fitted ln s at t (a level, not a
+            # product of ratios, so the band grows only linearly with distance).
+            printf "N=%d: nodes %.3e (%.1f nodes per solution, +-1se x%.3f)", t, pn, exp(ca + cb * t), exp(crsd * sqrt(1 / cm + (t - cmx)^2 / csxx))
             for (i = 1; i <= nk; i++) printf "; %s %.1f core-years", kern[i], pn / (nodes[k1, nmax] / cpu[kern[i], nmax]) / year
             printf "\n"
         }
