@@ -268,7 +268,12 @@ fi
 
 echo "# nq growth bench, $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "# CPU: $(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -1) ($(uname -m), $(nproc) CPUs)"
-echo "# commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- crates 2>/dev/null || echo ' (crates/ modified)')"
+if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD -- crates || commit+=" (crates/ modified)"
+else
+    commit="unknown (not a git checkout)"
+fi
+echo "# commit: $commit"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# kernels: ${kernels[*]}; N = $nmin..$nmax; runs per point under 30 CPU-s: $reps (minimum kept)"
 echo "# raw results: $out"
