@@ -72,7 +72,8 @@ impl CoordinatorService {
             job: admitted.job,
             fault: ReportFault::ItemWithoutResult,
         })?;
-        let (stored, subs) = blocking(|| self.session.subproblems(admitted.job))?;
+        // The caller runs the whole batch off the async threads.
+        let (stored, subs) = self.session.subproblems(admitted.job)?;
         let verified = check(&self.session, &admitted, &subs, result, None)?;
         Ok((admitted, verified, stored.work()))
     }
@@ -169,12 +170,23 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .sched()
             .lease(&worker, req.want, &held, Instant::now())
             .inspect_err(|e| refused(e, peer))?;
+        // Read outside the scheduler lock, in one step off the async threads
+        // (one hand-off per call, not per job). Should it fail, the leases
+        // granted here simply expire and are reissued.
+        let definitions = if grant.jobs.is_empty() {
+            Vec::new()
+        } else {
+            blocking(|| {
+                grant
+                    .jobs
+                    .iter()
+                    .map(|g| self.session.store.job(g.job))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(Error::from)?
+        };
         let mut jobs = Vec::with_capacity(grant.jobs.len());
-        for g in &grant.jobs {
-            // Read outside the scheduler lock. Should it fail, the leases
-            // granted here simply expire and are reissued.
-            let stored =
-                blocking(|| self.session.store.job(g.job)).map_err(Error::from)?;
+        for (g, stored) in grant.jobs.iter().zip(definitions) {
             self.session.persist_lease(g, &worker);
             jobs.push(pb::Job {
                 job_id: g.job.0,
@@ -290,8 +302,16 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         // committer); dropping the set (the caller hung up) aborts the
         // waits, not the commits already queued, as for a dropped Report.
         let mut commits = JoinSet::new();
-        for (i, item) in req.reports.into_iter().enumerate() {
-            match self.batch_item(&req.worker_id, &req.run_id, item) {
+        // Every item's job is read and checked in one step off the async
+        // threads (one hand-off per call, not per item).
+        let checked: Vec<_> = blocking(|| {
+            req.reports
+                .into_iter()
+                .map(|item| self.batch_item(&req.worker_id, &req.run_id, item))
+                .collect()
+        });
+        for (i, item) in checked.into_iter().enumerate() {
+            match item {
                 Ok((admitted, verified, work)) => {
                     let session = Arc::clone(&self.session);
                     commits.spawn(async move {
