@@ -68,16 +68,19 @@
 //! # Exactness
 //!
 //! A lane's sum grows by at most `32 · 32` per step (the closed form counts
-//! pairs of rows) and is moved into a `u128` every [`FLUSH`] steps, so lanes
-//! stay below `2¹² · 2¹⁰`, far from `u32` overflow. Lanes outside a step's
+//! pairs of rows) and is moved into a `u128` at the end of the pass in which
+//! [`FLUSH`] steps have passed since the last move: after fewer than
+//! `FLUSH + CAP` steps, so lanes stay below `2¹³ · 2¹⁰`, far from `u32`
+//! overflow. Lanes outside a step's
 //! vector are kept out of every sum and every store by the same masks.
 //!
 //! # Nodes
 //!
-//! Every step places one queen in each of its `take` lanes, so the walk counts
-//! `take` nodes per step: the queens placed in the searched columns, that is
-//! every column but the last two. The depth-first search counts the same placements
-//! (`search::CountStats::nodes`), so node rates compare across kernels.
+//! A pass places one queen in each node it covers, so the walk counts those
+//! nodes per pass: the queens placed in the searched columns, that is every
+//! column but the last two. The depth-first search counts the same
+//! placements (`search::CountStats::nodes`), so node rates compare across
+//! kernels.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,7 +104,7 @@ const CHUNK: usize = 128;
 /// for it too.
 const CAP: usize = DESCEND + CHUNK + MAX_LANES;
 /// Steps between moves of the lane sums into the `u128` total, and checks of
-/// the stop flag.
+/// the stop flag (at the end of the pass in which they add up to this).
 const FLUSH: u64 = 1 << 12;
 
 /// A SIMD kernel.
@@ -269,7 +272,6 @@ macro_rules! walk {
             macro_rules! pass_step {
                 ($i:ident, $w:ident, $end:expr) => {{
                     let take = ($end - $i).min(LANES);
-                    nodes += take as u64;
                     let lanes = valid(take);
                     // SAFETY: `i + take <= lj`, and `lj + LANES <= CAP` (module
                     // docs), so the loads read written values inside the
@@ -300,12 +302,18 @@ macro_rules! walk {
                     (lanes, or(used, bit), or(up, bit), or(down, bit))
                 }};
             }
-            // Counts a step and, every `FLUSH` steps, moves the lane sums into
-            // the total and reads the stop flag.
-            macro_rules! stepped {
-                () => {
-                    steps += 1;
-                    if steps.is_multiple_of(FLUSH) {
+            // Counts a pass over `$n` nodes (one queen placed in each, one
+            // step per vector) and, once `FLUSH` steps have passed since it
+            // last did, moves the lane sums into the total and reads the stop
+            // flag. Once per pass, not per step: the one-lane walk spent a
+            // tenth of its instructions on per-step counting.
+            macro_rules! passed {
+                ($n:expr) => {
+                    let n: usize = $n;
+                    nodes += n as u64;
+                    steps += n.div_ceil(LANES) as u64;
+                    if steps >= FLUSH {
+                        steps = 0;
                         total += lane_sum(sums);
                         sums = splat(0);
                         if $stop.load(Ordering::Relaxed) {
@@ -333,8 +341,8 @@ macro_rules! walk {
                         );
                         let pairs = sub(both, clash);
                         sums = add_in(sums, lanes, pairs);
-                        stepped!();
                     }
+                    passed!(lj);
                     lj = w;
                 }
                 len[j] = 0;
@@ -371,8 +379,8 @@ macro_rules! walk {
                             compress(c_down.add(ln), live, b);
                         }
                         ln += kept(live);
-                        stepped!();
                     }
+                    passed!(lj - start);
                     lj = w;
                     if ln >= DESCEND || lj == 0 {
                         break;
