@@ -807,7 +807,21 @@ pub fn count_fixed(prefix: &Prefix, g: Symmetry, stop: &AtomicBool) -> Option<u1
         }
     }
     let mut total = 0u128;
-    fixed_walk(&start, &powers, n, stop, &mut total)?;
+    let mut state = Fixed {
+        n,
+        full: prefix.board().full_mask(),
+        cols: 0,
+        rows: 0,
+        rising: 0,
+        falling: 0,
+    };
+    for (x, y) in start.queens() {
+        // `start` is a prefix: its queens do not attack each other.
+        state = state
+            .place(x, y)
+            .expect("queens of a prefix attack no other");
+    }
+    state.walk(&powers, stop, &mut total)?;
     Some(total)
 }
 
@@ -841,29 +855,84 @@ fn place_orbit(p: &mut Prefix, powers: &[Symmetry], n: u8, q: (u8, u8)) -> bool 
     true
 }
 
-fn fixed_walk(
-    p: &Prefix,
-    powers: &[Symmetry],
+/// The search of [`count_fixed`]: a placement made of whole orbits, as
+/// bitmasks of its columns, rows and diagonals (so that a square is checked
+/// in a few instructions, not against every queen).
+#[derive(Clone, Copy)]
+struct Fixed {
     n: u8,
-    stop: &AtomicBool,
-    total: &mut u128,
-) -> Option<()> {
-    let Some(x) = (0..n).find(|&x| p.get(x).is_none()) else {
-        *total += 1;
-        return Some(());
-    };
-    if stop.load(Ordering::Relaxed) {
-        return None;
+    full: u32,
+    cols: u32,
+    rows: u32,
+    /// Bit `x + y` per queen at `(x, y)`.
+    rising: u64,
+    /// Bit `x + (n - 1 - y)`.
+    falling: u64,
+}
+
+impl Fixed {
+    /// The placement with a queen added at `(x, y)`, or `None` when a queen
+    /// attacks that square (or stands on it).
+    fn place(self, x: u8, y: u8) -> Option<Fixed> {
+        let (col, row) = (1u32 << x, 1u32 << y);
+        let rise = 1u64 << (x + y);
+        let fall = 1u64 << (x + (self.n - 1 - y));
+        if self.cols & col != 0
+            || self.rows & row != 0
+            || self.rising & rise != 0
+            || self.falling & fall != 0
+        {
+            return None;
+        }
+        Some(Fixed {
+            cols: self.cols | col,
+            rows: self.rows | row,
+            rising: self.rising | rise,
+            falling: self.falling | fall,
+            ..self
+        })
     }
-    for y in 0..n {
-        if p.allows(x, y) {
-            let mut q = *p;
-            if place_orbit(&mut q, powers, n, (x, y)) {
-                fixed_walk(&q, powers, n, stop, total)?;
+
+    /// Adds to `total` the completions of `self` that are made of whole
+    /// orbits of `powers`, filling the lowest empty column first.
+    ///
+    /// Each image of a square of an empty column is a new queen: were one
+    /// already placed, its orbit, which is placed whole, would hold the
+    /// square. The images are distinct except for the centre of an odd
+    /// board, which every rotation fixes; a repeated image is skipped.
+    fn walk(
+        self,
+        powers: &[Symmetry],
+        stop: &AtomicBool,
+        total: &mut u128,
+    ) -> Option<()> {
+        let empty = self.full & !self.cols;
+        if empty == 0 {
+            *total += 1;
+            return Some(());
+        }
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let x = empty.trailing_zeros() as u8;
+        let mut free = self.full & !self.rows;
+        while free != 0 {
+            let y = free.trailing_zeros() as u8;
+            free &= free - 1;
+            let mut next = Some(self);
+            for (i, h) in powers.iter().enumerate() {
+                let q = h.apply(self.n, (x, y));
+                if powers[..i].iter().any(|g| g.apply(self.n, (x, y)) == q) {
+                    continue;
+                }
+                next = next.and_then(|s| s.place(q.0, q.1));
+            }
+            if let Some(next) = next {
+                next.walk(powers, stop, total)?;
             }
         }
+        Some(())
     }
-    Some(())
 }
 
 #[cfg(test)]
