@@ -425,8 +425,10 @@ impl Plan {
         self.count_with(Kernel::Auto, stop)
     }
 
-    /// Counts on `kernel` as [`Kernel::resolved`] gives it, or on the scalar
-    /// kernel when the search is too small to fill SIMD vectors.
+    /// Counts on `kernel` as [`Kernel::resolved`] gives it (the walk, with
+    /// one lane for `Scalar`), or by the depth-first search when the search
+    /// has fewer than `WIDE_MIN_FREE` free columns or the architecture has
+    /// no walk.
     fn count_with(&self, kernel: Kernel, stop: &AtomicBool) -> Option<CountStats> {
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         {
