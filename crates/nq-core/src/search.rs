@@ -1,6 +1,6 @@
 //! The bitmask search: counting and listing the completions of a prefix.
 //!
-//! # How the count kernel works
+//! # How the depth-first search works
 //!
 //! The search fills the *free* columns of a [`Prefix`] from left to right and
 //! keeps three masks of rows, one bit per row, as seen from the column it is in:
@@ -33,24 +33,27 @@
 //!
 //! # Four kernels, one result
 //!
-//! On x86-64 CPUs with AVX-512 (F and VPOPCNTDQ) or AVX2, and on every aarch64
-//! CPU (NEON), counts run on a SIMD kernel in `crate::wide`, which expands
-//! sixteen or eight nodes of one level at once and has none of the scalar
-//! kernel's unpredictable branches; it is several times faster per core
-//! (BENCHMARKS.md). Other CPUs, and searches with fewer than `WIDE_MIN_FREE`
-//! (6) free columns, use the scalar kernel here, compiled twice on x86-64
-//! (plain and with `popcnt`/BMI) and chosen at run time.
-//! [`Kernel`] picks one explicitly. All walk the same tree and count the same
-//! completions; a test compares them on thousands of plans. Listing always
-//! uses the scalar walk, which visits solutions in lexicographic order.
+//! On x86-64 and aarch64, every count with at least `WIDE_MIN_FREE` (6) free
+//! columns runs the *walk* of `crate::wide`, which expands a run of nodes of
+//! one level per pass and has none of the depth-first search's unpredictable
+//! branches: sixteen or eight nodes per step on the SIMD kernels (AVX-512 F
+//! and VPOPCNTDQ, AVX2, or NEON on every aarch64 CPU), one on the portable
+//! scalar kernel, which is about twice as fast as the depth-first search
+//! (BENCHMARKS.md). Smaller searches, and every search on other
+//! architectures, run the depth-first search here. Both scalar versions are
+//! compiled twice on x86-64 (plain and with `popcnt`/BMI) and chosen at run
+//! time. [`Kernel`] picks one explicitly. All walk the same tree and count
+//! the same completions; a test compares every instance of the walk with the
+//! depth-first search on thousands of plans. Listing always uses a
+//! depth-first search, which visits solutions in lexicographic order.
 //!
 //! # Exactness
 //!
-//! The scalar loop adds at most `32⁵` per step (the completions of five
+//! The depth-first loop adds at most `32⁵` per step (the completions of five
 //! columns) into a `u64`, takes at most `32 · 32` steps between two pops, and
 //! moves that `u64` into a `u128` total every 4096 pops: at most `2⁴⁷` between
 //! moves, far below `2⁶⁴`. The same checkpoint reads the stop flag, so a count
-//! of any size can be cancelled within microseconds. The wide kernel's bound
+//! of any size can be cancelled within microseconds. The walk's bound
 //! is in its own docs.
 
 use std::fmt;
@@ -146,7 +149,9 @@ pub enum Kernel {
     /// Eight nodes per step in pairs of 128-bit registers; needs an aarch64
     /// CPU, all of which have NEON.
     Neon,
-    /// The portable scalar kernel, whatever the CPU.
+    /// The portable scalar kernel, whatever the CPU: the walk with one lane
+    /// (or the depth-first search, for small searches and on architectures
+    /// other than x86-64 and aarch64).
     Scalar,
 }
 
@@ -231,12 +236,10 @@ impl Kernel {
         self.resolved().name()
     }
 
-    /// The SIMD kernel that runs a search with `free` free columns, if any.
+    /// The SIMD kernel that runs a large search, if any (`None`: the scalar
+    /// one).
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    fn isa(self, free: usize) -> Option<crate::wide::Isa> {
-        if free < WIDE_MIN_FREE {
-            return None;
-        }
+    fn isa(self) -> Option<crate::wide::Isa> {
         match self.resolved() {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => Some(crate::wide::Isa::Avx512),
@@ -290,8 +293,9 @@ fn list<S: Sink + ?Sized>(plan: &Plan, prefix: &Prefix, sink: &mut S) -> Outcome
     }
 }
 
-/// The fewest free columns for which a SIMD kernel is used: below this a
-/// search is too small to fill its vectors.
+/// The fewest free columns for which the walk of `crate::wide` is used, on
+/// every kernel: below this a search is too small to fill vectors or to pay
+/// for the walk's set-up, and the depth-first search runs it.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const WIDE_MIN_FREE: usize = 6;
 
@@ -421,13 +425,19 @@ impl Plan {
         self.count_with(Kernel::Auto, stop)
     }
 
-    /// Counts on `kernel` as [`Kernel::resolved`] gives it, or on the scalar
-    /// kernel when the search is too small to fill SIMD vectors.
+    /// Counts on `kernel` as [`Kernel::resolved`] gives it (the walk, with
+    /// one lane for `Scalar`), or by the depth-first search when the search
+    /// has fewer than `WIDE_MIN_FREE` free columns or the architecture has
+    /// no walk.
     fn count_with(&self, kernel: Kernel, stop: &AtomicBool) -> Option<CountStats> {
         #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         {
-            if let Some(isa) = kernel.isa(self.free) {
-                let (count, nodes) = crate::wide::count(isa, &self.wide(), stop)?;
+            if self.free >= WIDE_MIN_FREE {
+                let (count, nodes) = match kernel.isa() {
+                    Some(isa) => crate::wide::count(isa, &self.wide(), stop)?,
+                    // The scalar kernel: the walk with one lane.
+                    None => crate::wide::portable::count(&self.wide(), stop)?,
+                };
                 return Some(CountStats { count, nodes });
             }
         }
@@ -447,8 +457,9 @@ impl Plan {
         }
     }
 
-    /// The scalar count kernel, compiled for the best instruction set this
-    /// CPU has.
+    /// The depth-first count kernel, compiled for the best instruction set
+    /// this CPU has: the scalar kernel for small searches, and the reference
+    /// that the tests compare the walk with.
     ///
     /// Most of the kernel's work is bit counting and variable shifts. The
     /// generic x86-64 target has no `popcnt` instruction, so the same code is
@@ -798,7 +809,21 @@ pub fn count_fixed(prefix: &Prefix, g: Symmetry, stop: &AtomicBool) -> Option<u1
         }
     }
     let mut total = 0u128;
-    fixed_walk(&start, &powers, n, stop, &mut total)?;
+    let mut state = Fixed {
+        n,
+        full: prefix.board().full_mask(),
+        cols: 0,
+        rows: 0,
+        rising: 0,
+        falling: 0,
+    };
+    for (x, y) in start.queens() {
+        // `start` is a prefix: its queens do not attack each other.
+        state = state
+            .place(x, y)
+            .expect("queens of a prefix attack no other");
+    }
+    state.walk(&powers, stop, &mut total)?;
     Some(total)
 }
 
@@ -832,29 +857,84 @@ fn place_orbit(p: &mut Prefix, powers: &[Symmetry], n: u8, q: (u8, u8)) -> bool 
     true
 }
 
-fn fixed_walk(
-    p: &Prefix,
-    powers: &[Symmetry],
+/// The search of [`count_fixed`]: a placement made of whole orbits, as
+/// bitmasks of its columns, rows and diagonals (so that a square is checked
+/// in a few instructions, not against every queen).
+#[derive(Clone, Copy)]
+struct Fixed {
     n: u8,
-    stop: &AtomicBool,
-    total: &mut u128,
-) -> Option<()> {
-    let Some(x) = (0..n).find(|&x| p.get(x).is_none()) else {
-        *total += 1;
-        return Some(());
-    };
-    if stop.load(Ordering::Relaxed) {
-        return None;
+    full: u32,
+    cols: u32,
+    rows: u32,
+    /// Bit `x + y` per queen at `(x, y)`.
+    rising: u64,
+    /// Bit `x + (n - 1 - y)`.
+    falling: u64,
+}
+
+impl Fixed {
+    /// The placement with a queen added at `(x, y)`, or `None` when a queen
+    /// attacks that square (or stands on it).
+    fn place(self, x: u8, y: u8) -> Option<Fixed> {
+        let (col, row) = (1u32 << x, 1u32 << y);
+        let rise = 1u64 << (x + y);
+        let fall = 1u64 << (x + (self.n - 1 - y));
+        if self.cols & col != 0
+            || self.rows & row != 0
+            || self.rising & rise != 0
+            || self.falling & fall != 0
+        {
+            return None;
+        }
+        Some(Fixed {
+            cols: self.cols | col,
+            rows: self.rows | row,
+            rising: self.rising | rise,
+            falling: self.falling | fall,
+            ..self
+        })
     }
-    for y in 0..n {
-        if p.allows(x, y) {
-            let mut q = *p;
-            if place_orbit(&mut q, powers, n, (x, y)) {
-                fixed_walk(&q, powers, n, stop, total)?;
+
+    /// Adds to `total` the completions of `self` that are made of whole
+    /// orbits of `powers`, filling the lowest empty column first.
+    ///
+    /// Each image of a square of an empty column is a new queen: were one
+    /// already placed, its orbit, which is placed whole, would hold the
+    /// square. The images are distinct except for the centre of an odd
+    /// board, which every rotation fixes; a repeated image is skipped.
+    fn walk(
+        self,
+        powers: &[Symmetry],
+        stop: &AtomicBool,
+        total: &mut u128,
+    ) -> Option<()> {
+        let empty = self.full & !self.cols;
+        if empty == 0 {
+            *total += 1;
+            return Some(());
+        }
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let x = empty.trailing_zeros() as u8;
+        let mut free = self.full & !self.rows;
+        while free != 0 {
+            let y = free.trailing_zeros() as u8;
+            free &= free - 1;
+            let mut next = Some(self);
+            for (i, h) in powers.iter().enumerate() {
+                let q = h.apply(self.n, (x, y));
+                if powers[..i].iter().any(|g| g.apply(self.n, (x, y)) == q) {
+                    continue;
+                }
+                next = next.and_then(|s| s.place(q.0, q.1));
+            }
+            if let Some(next) = next {
+                next.walk(powers, stop, total)?;
             }
         }
+        Some(())
     }
-    Some(())
 }
 
 #[cfg(test)]
@@ -911,17 +991,17 @@ mod tests {
         }
     }
 
-    /// The SIMD kernels against the scalar one, on prefixes with queens in
+    /// Every instance of the walk (the portable one and each SIMD kernel this
+    /// CPU runs) against the depth-first search, on prefixes with queens in
     /// scattered columns and with random forbidden squares: every shape of
     /// plan (gaps between free columns, blocked rows, 4 to 13 free columns).
     #[test]
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    fn simd_kernels_agree_with_scalar() {
+    fn walk_kernels_agree_with_depth_first() {
         use crate::wide::Isa;
         let isas: Vec<Isa> = Isa::ALL.iter().copied().filter(|i| i.available()).collect();
         if isas.is_empty() {
-            eprintln!("no SIMD kernel on this CPU to compare");
-            return;
+            eprintln!("no SIMD kernel on this CPU to compare: the portable walk only");
         }
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut random = move || {
@@ -950,13 +1030,21 @@ mod tests {
                         if plan.free < 4 {
                             continue;
                         }
-                        let scalar = plan.count_impl(&never()).unwrap();
+                        let dfs = plan.count_impl(&never()).unwrap();
+                        let (count, nodes) =
+                            crate::wide::portable::count(&plan.wide(), &never()).unwrap();
+                        assert_eq!(
+                            CountStats { count, nodes },
+                            dfs,
+                            "portable n={n} prefix={p:?} forbidden={forbidden:?}"
+                        );
+                        compared += 1;
                         for &isa in &isas {
                             let (count, nodes) =
                                 crate::wide::count(isa, &plan.wide(), &never()).unwrap();
                             assert_eq!(
                                 CountStats { count, nodes },
-                                scalar,
+                                dfs,
                                 "{isa:?} n={n} prefix={p:?} forbidden={forbidden:?}"
                             );
                             compared += 1;

@@ -1,63 +1,86 @@
-//! The SIMD count kernels: sixteen (AVX-512) or eight (AVX2, NEON) search
+//! The count kernels that walk the search tree level by level: sixteen
+//! (AVX-512), eight (AVX2, NEON) or one (the portable scalar kernel) search
 //! nodes per step.
 //!
-//! The scalar kernel in [`crate::search`] spends most of its time on branches
-//! it cannot predict: whether a column still has a free row, whether a
-//! placement leaves the next column empty. These kernels remove those branches
-//! by expanding a vector of nodes of the same search level at once, one SIMD
-//! lane each, and turning every such decision into a lane mask.
+//! A depth-first search ([`crate::search`]'s reference kernel) spends most of
+//! its time on branches it cannot predict: whether a column still has a free
+//! row, whether a placement leaves the next column empty. These kernels remove
+//! those branches by expanding a run of nodes of the same search level, one
+//! vector of them (one SIMD lane each) per step, and turning every such
+//! decision into a lane mask and a store whose index advances by the mask.
+//! With one lane the same walk is the portable scalar kernel: branch-free, it
+//! is about twice as fast as the depth-first search (BENCHMARKS.md).
 //!
 //! # Traversal
 //!
 //! Each level `j` of the search (free column `j` of the plan) has a buffer of
 //! nodes, stored as four arrays: the free rows left to try (`rem`), and the
 //! `used`, `up` and `down` masks as seen from column `j` (the same state the
-//! scalar kernel keeps, see its module docs). One *step* at level `j` takes up
-//! to one vector of nodes off the end of its buffer and, in every lane at once,
+//! depth-first search keeps, see its module docs). One *step* at level `j`
+//! takes up to one vector of nodes of its buffer and, in every lane at once,
 //! places a queen on the lowest row of `rem`:
 //!
-//! * the node goes back to level `j` if it has rows left (compress-store);
+//! * the node stays at level `j` if it has rows left (compress-store);
 //! * the child goes to level `j + 1` if its column has a free row;
 //! * at the deepest searched level (`last`, three columns from the end) the
 //!   child is not stored: its completions over the last two columns are
 //!   counted in closed form (`pairs`, as in the scalar kernel) and added to
 //!   the lane's running sum.
 //!
+//! Steps come in *passes*. A pass reads a run of nodes of one level in order,
+//! one vector per step, and writes the nodes with rows left back over those
+//! already read, compacted, so that it takes one queen of every node in the
+//! run. The loads run ahead of the stores and never read what a recent store
+//! wrote. (The first version of the walk took each step's vector off the end
+//! of the buffer and so reloaded, at another offset, the slots that the step
+//! before had just compress-stored; store-to-load forwarding cannot serve such
+//! a load, and the CPU waited for the store on every step. Passes made AVX2
+//! 1.9× and AVX-512 1.4× faster on AMD Zen 4, and are what makes the one-lane
+//! walk fast.)
+//!
 //! Every node of the tree is taken exactly once and every placement is tried
-//! exactly once, so the counts equal the scalar kernel's; only the order of
-//! the walk differs. The walk is depth-first over levels: it moves down as
-//! soon as the next level holds [`DESCEND`] nodes (enough for full vectors), or
-//! when the current level is empty, and moves up when the current level is
-//! empty. Hence the invariant the stores rely on: while the walk is at level
-//! `j`, the levels deeper than `j + 1` are empty and level `j + 1` holds fewer
-//! than `DESCEND` nodes (it moved down as soon as it reached that, and
-//! returns only once the deeper level is empty). So each buffer holds fewer
-//! than `DESCEND` plus one vector of nodes, and memory stays around a hundred
-//! kilobytes for the levels in use, in L2 cache.
+//! exactly once, so the counts equal the depth-first search's; only the order
+//! of the walk differs. The walk is depth-first over levels. Above `last`, a
+//! pass covers the last [`CHUNK`] nodes of the level, and the walk repeats
+//! such passes until the next level holds [`DESCEND`] nodes (enough for full
+//! vectors and long passes) or the current level is empty, then moves down.
+//! At `last`, passes cover the whole level until it is empty. The walk moves
+//! up when the current level is empty. Hence the invariant the stores rely
+//! on: while the walk is at level `j`, the levels deeper than `j + 1` are
+//! empty and, when a pass starts, level `j + 1` holds fewer than `DESCEND`
+//! nodes (the walk moved down as soon as it reached that, and returns only
+//! once the deeper level is empty); a pass adds at most `CHUNK`. So each
+//! buffer holds fewer than `DESCEND + CHUNK` plus one vector of nodes: about
+//! 10 KB per level, 340 KB of stack in all, of which a search touches only
+//! the levels it reaches.
 //!
 //! The walk is written once, in the `walk!` macro, and expanded inside each
 //! kernel's module, whose functions (all compiled for that instruction set)
-//! provide the vector operations. AVX2 has no compress-store and no vector
+//! provide the vector operations; the portable module's "vectors" are plain
+//! `u32`s. AVX2 has no compress-store and no vector
 //! popcount: its module builds them from a permutation table and a nibble
 //! lookup. NEON (aarch64) has a byte popcount (`cnt`) but neither
 //! compress-stores, masked loads nor lane masks as bits: its module works on
 //! pairs of 128-bit registers, compresses each half through a `tbl` byte
-//! permutation from a 16-entry table, and reads lane masks with an add across
-//! the vector.
+//! permutation from a 16-entry table, reads lane masks with an add across
+//! the vector, and loads the short last step of a pass through a copy.
 //!
 //! # Exactness
 //!
 //! A lane's sum grows by at most `32 · 32` per step (the closed form counts
-//! pairs of rows) and is moved into a `u128` every [`FLUSH`] steps, so lanes
-//! stay below `2¹² · 2¹⁰`, far from `u32` overflow. Lanes outside a step's
+//! pairs of rows) and is moved into a `u128` at the end of the pass in which
+//! [`FLUSH`] steps have passed since the last move: after fewer than
+//! `FLUSH + CAP` steps, so lanes stay below `2¹³ · 2¹⁰`, far from `u32`
+//! overflow. Lanes outside a step's
 //! vector are kept out of every sum and every store by the same masks.
 //!
 //! # Nodes
 //!
-//! Every step places one queen in each of its `take` lanes, so the walk counts
-//! `take` nodes per step: the queens placed in the searched columns, that is
-//! every column but the last two. The scalar kernel counts the same placements
-//! (`search::CountStats::nodes`), so node rates compare across kernels.
+//! A pass places one queen in each node it covers, so the walk counts those
+//! nodes per pass: the queens placed in the searched columns, that is every
+//! column but the last two. The depth-first search counts the same
+//! placements (`search::CountStats::nodes`), so node rates compare across
+//! kernels.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,17 +91,20 @@ use crate::board::MAX_N;
 const MAX_LANES: usize = 16;
 /// The walk moves down a level once the next level holds this many nodes.
 /// Larger values fill more vectors completely near the turns of the walk and
-/// make the runs of steps at one level longer; 256 (16 AVX-512 vectors) beat
-/// 128 on AVX-512 and tied on AVX2 (BENCHMARKS.md). The buffers of a search
-/// then take about 140 KB of stack.
-const DESCEND: usize = 256;
+/// make the runs of steps at one level longer. With passes, 512 beat 256 by
+/// 4–7 % on every kernel and larger values gained nothing (BENCHMARKS.md).
+const DESCEND: usize = 512;
+/// The nodes of a level that one pass above `last` takes a queen of: the
+/// bound on what a pass adds to the next level. 128 and 256 tied; 64 and
+/// below were slower (shorter passes).
+const CHUNK: usize = 128;
 /// Capacity of a level's buffer: see the module docs for the bound. Every
 /// kernel's compress-store writes a whole vector, of which the lanes past the
 /// kept ones are junk beyond the buffer's length; this capacity leaves room
 /// for it too.
-const CAP: usize = DESCEND + MAX_LANES;
+const CAP: usize = DESCEND + CHUNK + MAX_LANES;
 /// Steps between moves of the lane sums into the `u128` total, and checks of
-/// the stop flag.
+/// the stop flag (at the end of the pass in which they add up to this).
 const FLUSH: u64 = 1 << 12;
 
 /// A SIMD kernel.
@@ -171,15 +197,14 @@ pub(crate) fn count(isa: Isa, p: &Problem<'_>, stop: &AtomicBool) -> Option<(u12
 
 /// The walk of the module docs, expanded inside a kernel's module: `LANES`,
 /// the vector functions (`splat`, `valid`, `load`, `nonzero`, `compress`,
-/// `popcnt3`, …),
-/// `lane_sum` and `prepare` come from there.
+/// `popcnt3`, …) and `lane_sum` come from there.
 macro_rules! walk {
     ($p:ident, $stop:ident) => {{
         let p: &Problem<'_> = $p;
         let free = p.shift.len();
         assert!(
             (4..=MAX_N as usize).contains(&free) && p.blocked.len() == free,
-            "the SIMD kernels need 4 to 32 free columns"
+            "the walk needs 4 to 32 free columns"
         );
         // The deepest level that is stored; its children are counted in
         // closed form together with the last two columns.
@@ -190,8 +215,8 @@ macro_rules! walk {
         let (b1, b2) = (splat(p.blocked[free - 2]), splat(p.blocked[free - 1]));
 
         // The buffers are not initialised: every value is written before it
-        // is read (a level's values below its `len`), and masked loads read no
-        // lane outside their mask, so a search of any size starts at no cost.
+        // is read (a level's values below its `len`), and loads read no lane
+        // outside their step, so a search of any size starts at no cost.
         let mut store = MaybeUninit::<[Level; MAX_N as usize]>::uninit();
         let levels: *mut Level = store.as_mut_ptr().cast();
         // The four arrays of level `j`: rem, used, up, down.
@@ -209,10 +234,6 @@ macro_rules! walk {
                 ]
             }
         };
-        for j in 0..free {
-            // SAFETY: `arrays` gives the addresses of level `j`'s arrays.
-            unsafe { prepare(arrays(j)) };
-        }
         let mut len = [0usize; MAX_N as usize];
         let root = p.full & !p.blocked[0];
         // SAFETY: index 0 of level 0's arrays.
@@ -230,7 +251,7 @@ macro_rules! walk {
         let mut steps = 0u64;
         let mut nodes = 0u64;
         let mut j = 0usize;
-        // The walk's steps come in runs at one level, in two inner loops
+        // The walk's passes come in runs at one level, in two inner loops
         // (one for `last`, one for the levels above it) that keep the
         // level's length, its arrays and its next level's constants in
         // registers; the order of the steps is the module docs' walk.
@@ -245,50 +266,54 @@ macro_rules! walk {
             }
             let [h_rem, h_used, h_up, h_down] = arrays(j);
             let mut lj = len[j];
-            // Takes one step's nodes off level `j` and puts back those with
-            // rows left; gives the lanes taken and their masks with the new
-            // queen placed.
-            macro_rules! pop {
-                () => {{
-                    let take = lj.min(LANES);
-                    let start = lj - take;
-                    nodes += take as u64;
+            // One step of a pass: takes the nodes `i..i + take` of level `j`,
+            // stores those with rows left at `w` (compacted: `w <= i`), and
+            // gives the lanes taken and their masks with the new queen placed.
+            macro_rules! pass_step {
+                ($i:ident, $w:ident, $end:expr) => {{
+                    let take = ($end - $i).min(LANES);
                     let lanes = valid(take);
-                    // SAFETY: `start + take <= lj <= CAP`, so the loads read
-                    // written values inside the arrays; the compress-stores
-                    // write at most one vector from `start`, and
-                    // `start + LANES <= CAP` (either `take == LANES` and
-                    // `start + LANES == lj`, or `start == 0`).
+                    // SAFETY: `i + take <= lj`, and `lj + LANES <= CAP` (module
+                    // docs), so the loads read written values inside the
+                    // arrays. The compress-stores write one vector from
+                    // `w <= i`: inside the arrays too, and over no node not
+                    // yet read (they end at most at `i + LANES`, and nodes
+                    // past `i + take` exist only when `take == LANES`).
                     let (rem, used, up, down) = unsafe {
                         (
-                            load(h_rem.add(start), lanes),
-                            load(h_used.add(start), lanes),
-                            load(h_up.add(start), lanes),
-                            load(h_down.add(start), lanes),
+                            load(h_rem.add($i), lanes),
+                            load(h_used.add($i), lanes),
+                            load(h_up.add($i), lanes),
+                            load(h_down.add($i), lanes),
                         )
                     };
                     let bit = and(rem, neg(rem));
                     let rest = xor(rem, bit);
-                    // Nodes with rows left go back where they were taken from.
                     let back = nonzero(rest, lanes);
-                    // SAFETY: see the loads above; the values just loaded are
-                    // in registers, so overwriting their slots is fine.
+                    // SAFETY: see the loads above.
                     unsafe {
-                        compress(h_rem.add(start), back, rest);
-                        compress(h_used.add(start), back, used);
-                        compress(h_up.add(start), back, up);
-                        compress(h_down.add(start), back, down);
+                        compress(h_rem.add($w), back, rest);
+                        compress(h_used.add($w), back, used);
+                        compress(h_up.add($w), back, up);
+                        compress(h_down.add($w), back, down);
                     }
-                    lj = start + kept(back);
+                    $w += kept(back);
+                    $i += take;
                     (lanes, or(used, bit), or(up, bit), or(down, bit))
                 }};
             }
-            // Counts a step and, every `FLUSH` steps, moves the lane sums into
-            // the total and reads the stop flag.
-            macro_rules! stepped {
-                () => {
-                    steps += 1;
-                    if steps.is_multiple_of(FLUSH) {
+            // Counts a pass over `$n` nodes (one queen placed in each, one
+            // step per vector) and, once `FLUSH` steps have passed since it
+            // last did, moves the lane sums into the total and reads the stop
+            // flag. Once per pass, not per step: the one-lane walk spent a
+            // tenth of its instructions on per-step counting.
+            macro_rules! passed {
+                ($n:expr) => {
+                    let n: usize = $n;
+                    nodes += n as u64;
+                    steps += n.div_ceil(LANES) as u64;
+                    if steps >= FLUSH {
+                        steps = 0;
                         total += lane_sum(sums);
                         sums = splat(0);
                         if $stop.load(Ordering::Relaxed) {
@@ -298,18 +323,27 @@ macro_rules! walk {
                 };
             }
             if j == last {
-                // Children are counted, not stored: drain the level.
+                // Children are counted, not stored: passes over the whole
+                // level until it is empty.
                 while lj > 0 {
-                    let (lanes, u, a, b) = pop!();
-                    let f1 = andnot(or(or(u, b1), or(shl(a, c1), shr(b, c1))), full);
-                    let f2 = andnot(or(or(u, b2), or(shl(a, c12), shr(b, c12))), full);
-                    let both = mul(popcnt(f1), popcnt(f2));
-                    // The pairs that collide on a row or a diagonal.
-                    let clash =
-                        popcnt3(and(f1, f2), and(f1, shr(f2, c2)), and(f1, shl(f2, c2)));
-                    let pairs = sub(both, clash);
-                    sums = add_in(sums, lanes, pairs);
-                    stepped!();
+                    let (mut i, mut w) = (0usize, 0usize);
+                    while i < lj {
+                        let (lanes, u, a, b) = pass_step!(i, w, lj);
+                        let f1 = andnot(or(or(u, b1), or(shl(a, c1), shr(b, c1))), full);
+                        let f2 =
+                            andnot(or(or(u, b2), or(shl(a, c12), shr(b, c12))), full);
+                        let both = mul(popcnt(f1), popcnt(f2));
+                        // The pairs that collide on a row or a diagonal.
+                        let clash = popcnt3(
+                            and(f1, f2),
+                            and(f1, shr(f2, c2)),
+                            and(f1, shl(f2, c2)),
+                        );
+                        let pairs = sub(both, clash);
+                        sums = add_in(sums, lanes, pairs);
+                    }
+                    passed!(lj);
+                    lj = w;
                 }
                 len[j] = 0;
             } else {
@@ -318,29 +352,36 @@ macro_rules! walk {
                 let blocked = splat(p.blocked[next]);
                 let [c_rem, c_used, c_up, c_down] = arrays(next);
                 let mut ln = len[next];
-                // Steps until the next level holds `DESCEND` nodes or this
-                // one is empty; then the walk moves down.
+                // Passes over the last `CHUNK` nodes of the level until the
+                // next level holds `DESCEND` nodes or this one is empty.
                 loop {
-                    let (lanes, u, a, b) = pop!();
-                    let a = shl(a, s);
-                    let b = shr(b, s);
-                    let f = andnot(or(or(u, blocked), or(a, b)), full);
-                    let live = nonzero(f, lanes);
+                    // A pass adds at most `CHUNK` children, plus the junk of
+                    // one vector, to a level below `DESCEND`: within `CAP`.
                     // The walk is at `j` only while `ln < DESCEND` (module
-                    // docs), so the vector written from `ln` stays below
-                    // `CAP`. Checked anyway: memory safety rests on it, and
-                    // the branch is never taken.
+                    // docs); checked anyway, as memory safety rests on it
+                    // (the branch is never taken).
                     assert!(ln < DESCEND, "the walk's level invariant broke");
-                    // SAFETY: as the line above explains, the stores stay
-                    // inside.
-                    unsafe {
-                        compress(c_rem.add(ln), live, f);
-                        compress(c_used.add(ln), live, u);
-                        compress(c_up.add(ln), live, a);
-                        compress(c_down.add(ln), live, b);
+                    let start = lj.saturating_sub(CHUNK);
+                    let (mut i, mut w) = (start, start);
+                    while i < lj {
+                        let (lanes, u, a, b) = pass_step!(i, w, lj);
+                        let a = shl(a, s);
+                        let b = shr(b, s);
+                        let f = andnot(or(or(u, blocked), or(a, b)), full);
+                        let live = nonzero(f, lanes);
+                        // SAFETY: `ln < DESCEND + CHUNK` (this pass added at
+                        // most `CHUNK`), so the vector from `ln` ends within
+                        // `CAP`.
+                        unsafe {
+                            compress(c_rem.add(ln), live, f);
+                            compress(c_used.add(ln), live, u);
+                            compress(c_up.add(ln), live, a);
+                            compress(c_down.add(ln), live, b);
+                        }
+                        ln += kept(live);
                     }
-                    ln += kept(live);
-                    stepped!();
+                    passed!(lj - start);
+                    lj = w;
                     if ln >= DESCEND || lj == 0 {
                         break;
                     }
@@ -363,17 +404,14 @@ mod avx512 {
         __m128i, __m512i, _mm_cvtsi32_si128, _mm512_add_epi32, _mm512_and_si512,
         _mm512_andnot_si512, _mm512_mask_add_epi32, _mm512_mask_test_epi32_mask,
         _mm512_maskz_compress_epi32, _mm512_maskz_loadu_epi32, _mm512_mullo_epi32,
-        _mm512_or_si512, _mm512_popcnt_epi32, _mm512_set1_epi32, _mm512_setzero_si512,
-        _mm512_sll_epi32, _mm512_srl_epi32, _mm512_storeu_si512, _mm512_sub_epi32,
-        _mm512_xor_si512,
+        _mm512_or_si512, _mm512_permutexvar_epi32, _mm512_popcnt_epi32,
+        _mm512_set1_epi32, _mm512_setr_epi32, _mm512_setzero_si512, _mm512_sll_epi32,
+        _mm512_srl_epi32, _mm512_storeu_si512, _mm512_sub_epi32, _mm512_xor_si512,
     };
 
     use super::*;
 
     const LANES: usize = 16;
-
-    /// Nothing to prepare: masked loads read no lane past a level's length.
-    unsafe fn prepare(_: [*mut i32; 4]) {}
 
     /// Counts on this kernel; see [`super::count`].
     #[target_feature(enable = "avx512f,avx512vpopcntdq,popcnt")]
@@ -410,16 +448,25 @@ mod avx512 {
         sel.count_ones() as usize
     }
 
-    /// Stores the lanes of `sel`, contiguously, from `p`, followed by zeros
-    /// up to a whole vector (sixteen values are always written).
+    /// Stores the lanes of `sel`, contiguously, from `p`, followed by junk
+    /// (copies of lane 0) up to a whole vector (sixteen values are always
+    /// written).
     ///
-    /// A compress into a register and a plain store, not the compress-store
-    /// instruction: AMD Zen 4 runs `vpcompressd` to memory as microcode, some
-    /// ten times slower than the register form (BENCHMARKS.md).
+    /// A permutation and a plain store, not the compress-store instruction:
+    /// AMD Zen 4 runs `vpcompressd` to memory as microcode, some ten times
+    /// slower than the register form (BENCHMARKS.md). The permutation's
+    /// indices are the lane numbers compressed by `sel`, the same for the
+    /// four arrays of a step, so the compiler computes them once: one
+    /// register compress and four `vpermd` per step and side, instead of
+    /// four compresses, which Zen 4 runs more slowly (1–8 % faster at
+    /// N = 15 and 16, over several interleaved runs).
     #[target_feature(enable = "avx512f")]
     unsafe fn compress(p: *mut i32, sel: u16, v: __m512i) {
+        let lanes =
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let idx = _mm512_maskz_compress_epi32(sel, lanes);
         // SAFETY: the caller's; sixteen values are written.
-        unsafe { _mm512_storeu_si512(p.cast(), _mm512_maskz_compress_epi32(sel, v)) }
+        unsafe { _mm512_storeu_si512(p.cast(), _mm512_permutexvar_epi32(idx, v)) }
     }
 
     /// `acc + x` in the lanes of `lanes`, `acc` elsewhere.
@@ -526,9 +573,6 @@ mod avx2 {
     use super::*;
 
     const LANES: usize = 8;
-
-    /// Nothing to prepare: masked loads read no lane past a level's length.
-    unsafe fn prepare(_: [*mut i32; 4]) {}
 
     /// `COMPRESS[m]`: the lanes set in `m`, in order, then zeros: the
     /// permutation that packs those lanes at the front of a vector.
@@ -716,10 +760,10 @@ mod avx2 {
 /// compress-stores are `tbl` byte permutations from a 16-entry table, one per
 /// half; popcounts are byte counts (`cnt`) widened by pairwise adds.
 ///
-/// NEON has no masked load: the walk's loads read whole vectors, and the first
-/// vector of every level is zeroed by `prepare`, so that the lanes past a
-/// short level's length hold written values (zeros or old nodes). The masks
-/// keep those lanes out of every sum and store, as on AVX2.
+/// NEON has no masked load: the walk's loads read whole vectors, except the
+/// short last step of a pass, whose values are copied into a zeroed vector
+/// first (the slots past it may never have been written). The masks keep the
+/// lanes past a step out of every sum and store, as on AVX2.
 #[cfg(target_arch = "aarch64")]
 mod neon {
     use std::arch::aarch64::{
@@ -792,19 +836,6 @@ mod neon {
         walk!(p, stop)
     }
 
-    /// Zeroes the first vector of a level's four arrays (see the module docs).
-    ///
-    /// # Safety
-    ///
-    /// Each pointer must be valid for writing `LANES` values.
-    #[target_feature(enable = "neon")]
-    unsafe fn prepare(arrays: [*mut i32; 4]) {
-        for a in arrays {
-            // SAFETY: the caller's.
-            unsafe { a.cast::<[i32; LANES]>().write([0; LANES]) };
-        }
-    }
-
     /// `f` on both halves.
     #[target_feature(enable = "neon")]
     fn map2(a: V, b: V, f: impl Fn(uint32x4_t, uint32x4_t) -> uint32x4_t) -> V {
@@ -817,26 +848,51 @@ mod neon {
         V(v, v)
     }
 
-    /// The first `take` lanes, as a vector mask (all ones in those lanes).
+    /// The lanes of a step: the first `take`, and as a vector mask (all ones
+    /// in those lanes).
+    #[derive(Clone, Copy)]
+    struct Lanes {
+        mask: V,
+        take: usize,
+    }
+
     #[target_feature(enable = "neon")]
-    fn valid(take: usize) -> V {
+    fn valid(take: usize) -> Lanes {
         let t = vdupq_n_u32(take as u32);
         // SAFETY: `IOTA` holds eight values.
         let (lo, hi) =
             unsafe { (vld1q_u32(IOTA.as_ptr()), vld1q_u32(IOTA.as_ptr().add(4))) };
-        V(vcltq_u32(lo, t), vcltq_u32(hi, t))
+        Lanes {
+            mask: V(vcltq_u32(lo, t), vcltq_u32(hi, t)),
+            take,
+        }
     }
 
-    /// Eight values from `p`; the lanes outside `lanes` are read but ignored.
+    /// The values of `lanes` from `p`, zeros in the other lanes.
     ///
     /// # Safety
     ///
-    /// `p` must be valid for reading eight initialised values.
+    /// `p` must be valid for reading `lanes.take` initialised values, and
+    /// for reading eight when `lanes.take` is eight.
     #[target_feature(enable = "neon")]
-    unsafe fn load(p: *const i32, _lanes: V) -> V {
-        // SAFETY: the caller's; the walk's reads stay below `CAP` and every
-        // value read was written (by `prepare` or by a store).
-        unsafe { V(vld1q_u32(p.cast()), vld1q_u32(p.add(4).cast())) }
+    unsafe fn load(p: *const i32, lanes: Lanes) -> V {
+        if lanes.take == LANES {
+            // SAFETY: the caller's.
+            unsafe { V(vld1q_u32(p.cast()), vld1q_u32(p.add(4).cast())) }
+        } else {
+            // The short last step of a pass: the slots past it may never
+            // have been written, so only `take` values are read.
+            let mut buf = [0u32; LANES];
+            // SAFETY: the caller's; `take < LANES`, the length of `buf`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    p.cast::<u32>(),
+                    buf.as_mut_ptr(),
+                    lanes.take,
+                );
+                V(vld1q_u32(buf.as_ptr()), vld1q_u32(buf.as_ptr().add(4)))
+            }
+        }
     }
 
     /// A four-lane mask vector as bits.
@@ -848,8 +904,8 @@ mod neon {
 
     /// The lanes of `lanes` where `v` is not zero, as bits.
     #[target_feature(enable = "neon")]
-    fn nonzero(v: V, lanes: V) -> u32 {
-        let m = map2(v, lanes, |v, l| vandq_u32(vtstq_u32(v, v), l));
+    fn nonzero(v: V, lanes: Lanes) -> u32 {
+        let m = map2(v, lanes.mask, |v, l| vandq_u32(vtstq_u32(v, v), l));
         bits(m.0) | bits(m.1) << 4
     }
 
@@ -886,8 +942,8 @@ mod neon {
 
     /// `acc + x` in the lanes of `lanes`, `acc` elsewhere.
     #[target_feature(enable = "neon")]
-    fn add_in(acc: V, lanes: V, x: V) -> V {
-        add(acc, and(x, lanes))
+    fn add_in(acc: V, lanes: Lanes, x: V) -> V {
+        add(acc, and(x, lanes.mask))
     }
 
     #[target_feature(enable = "neon")]
@@ -979,5 +1035,172 @@ mod neon {
     #[target_feature(enable = "neon")]
     fn lane_sum(v: V) -> u128 {
         u128::from(vaddlvq_u32(v.0)) + u128::from(vaddlvq_u32(v.1))
+    }
+}
+
+/// The portable scalar kernel: the walk with one lane, a plain `u32`.
+///
+/// Nothing here needs an instruction set beyond the baseline; the lane mask
+/// of a step is 0 or 1, and a "compress-store" is a store whose index
+/// advances by that mask, so the walk has no branch on the search's data.
+/// On x86-64 the walk is also compiled with `popcnt`, BMI1 and BMI2 and that
+/// copy is chosen at run time where the CPU has them (the generic target has
+/// no `popcnt` instruction), as the depth-first search does.
+pub(crate) mod portable {
+    use super::*;
+
+    const LANES: usize = 1;
+
+    /// Counts on the portable kernel; see [`super::count`], which this is but
+    /// for any CPU.
+    ///
+    /// # Panics
+    ///
+    /// When `p` has fewer than four free columns.
+    pub(crate) fn count(p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("popcnt")
+                && std::arch::is_x86_feature_detected!("bmi1")
+                && std::arch::is_x86_feature_detected!("bmi2")
+            {
+                // SAFETY: the features this function is compiled with were
+                // just detected on the running CPU.
+                return unsafe { count_bmi(p, stop) };
+            }
+        }
+        walk_here(p, stop)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "popcnt,bmi1,bmi2")]
+    fn count_bmi(p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
+        walk_here(p, stop)
+    }
+
+    /// The walk, inlined into each caller so that it is compiled for the
+    /// caller's instruction set (as are the functions below, for the same
+    /// reason: an outlined call would lose the caller's target features).
+    #[inline(always)]
+    fn walk_here(p: &Problem<'_>, stop: &AtomicBool) -> Option<(u128, u64)> {
+        walk!(p, stop)
+    }
+
+    #[inline(always)]
+    fn splat(x: u32) -> u32 {
+        x
+    }
+
+    /// The lane mask of a step of `take` nodes (always one here).
+    #[inline(always)]
+    fn valid(take: usize) -> u32 {
+        u32::from(take > 0)
+    }
+
+    /// # Safety
+    ///
+    /// `p` must be valid for reading one initialised value (every step
+    /// takes one node).
+    #[inline(always)]
+    unsafe fn load(p: *const i32, _lanes: u32) -> u32 {
+        // SAFETY: the caller's.
+        unsafe { p.read() as u32 }
+    }
+
+    #[inline(always)]
+    fn nonzero(v: u32, lanes: u32) -> u32 {
+        u32::from(v != 0) & lanes
+    }
+
+    #[inline(always)]
+    fn kept(sel: u32) -> usize {
+        sel as usize
+    }
+
+    /// Writes `v` at `p`, kept or not: the caller advances its index by
+    /// `sel`, so a value not kept is overwritten by the next.
+    ///
+    /// # Safety
+    ///
+    /// `p` must be valid for writing one value.
+    #[inline(always)]
+    unsafe fn compress(p: *mut i32, _sel: u32, v: u32) {
+        // SAFETY: the caller's.
+        unsafe { p.write(v as i32) }
+    }
+
+    /// `acc + x` if the lane is in the step, `acc` otherwise.
+    #[inline(always)]
+    fn add_in(acc: u32, lanes: u32, x: u32) -> u32 {
+        acc.wrapping_add(x & lanes.wrapping_neg())
+    }
+
+    #[inline(always)]
+    fn and(a: u32, b: u32) -> u32 {
+        a & b
+    }
+
+    #[inline(always)]
+    fn or(a: u32, b: u32) -> u32 {
+        a | b
+    }
+
+    #[inline(always)]
+    fn xor(a: u32, b: u32) -> u32 {
+        a ^ b
+    }
+
+    /// `!a & b`.
+    #[inline(always)]
+    fn andnot(a: u32, b: u32) -> u32 {
+        !a & b
+    }
+
+    #[inline(always)]
+    fn neg(a: u32) -> u32 {
+        a.wrapping_neg()
+    }
+
+    #[inline(always)]
+    fn sub(a: u32, b: u32) -> u32 {
+        a.wrapping_sub(b)
+    }
+
+    #[inline(always)]
+    fn mul(a: u32, b: u32) -> u32 {
+        a.wrapping_mul(b)
+    }
+
+    #[inline(always)]
+    fn count_of(s: u32) -> u32 {
+        s
+    }
+
+    /// Shift left by `s` bits, 0 for `32 ≤ s < 64` as the vector shifts give
+    /// (shift distances are below 64).
+    #[inline(always)]
+    fn shl(a: u32, s: u32) -> u32 {
+        (u64::from(a) << s) as u32
+    }
+
+    /// Shift right by `s` bits, 0 for `32 ≤ s < 64`.
+    #[inline(always)]
+    fn shr(a: u32, s: u32) -> u32 {
+        (u64::from(a) >> s) as u32
+    }
+
+    #[inline(always)]
+    fn popcnt(a: u32) -> u32 {
+        a.count_ones()
+    }
+
+    #[inline(always)]
+    fn popcnt3(a: u32, b: u32, c: u32) -> u32 {
+        a.count_ones() + b.count_ones() + c.count_ones()
+    }
+
+    #[inline(always)]
+    fn lane_sum(v: u32) -> u128 {
+        u128::from(v)
     }
 }
