@@ -111,7 +111,7 @@ struct CountArgs {
     #[arg(long, value_name = "RING:EXTRA", value_parser = parse_split)]
     split: Option<SplitSpec>,
     /// The count kernel: `auto` takes the fastest this CPU has (`avx512`,
-    /// then `avx2`; `neon` on aarch64); `scalar` runs the portable one, an independent second
+    /// then `avx2`; `neon` on aarch64); `scalar` runs the portable one (no vector code), a second
     /// computation to check a result with.
     #[arg(long, default_value = "auto", value_parser = kernel_parser())]
     kernel: Kernel,

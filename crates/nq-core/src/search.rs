@@ -134,6 +134,19 @@ pub fn count_masked(
     Plan::masked(prefix, forbidden).count_with(kernel, stop)
 }
 
+/// [`count_masked`] on the depth-first search: the reference that every
+/// kernel is checked against ([`crate::split::check_kernel`] and the tests).
+/// A different algorithm from the walk that the SIMD kernels and the scalar
+/// kernel share, so that a fault in the walk's logic shows as a difference
+/// instead of being repeated by every kernel.
+pub fn count_masked_reference(
+    prefix: &Prefix,
+    forbidden: &[u32],
+    stop: &AtomicBool,
+) -> Option<CountStats> {
+    Plan::masked(prefix, forbidden).count_scalar(stop)
+}
+
 /// Which count kernel runs a search (see the module docs). All count the same
 /// completions; the choice exists so that one machine can check a result with
 /// a second, independent computation, and so that benchmarks can compare them.
