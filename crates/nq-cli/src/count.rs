@@ -73,7 +73,7 @@ struct Counted {
     subproblems: usize,
     /// Search nodes over every sub-problem (`nq_core::search::CountStats`):
     /// the same number on every kernel, so their rates compare.
-    nodes: u64,
+    nodes: u128,
 }
 
 /// A finished count and how it ran, for printing.
@@ -219,13 +219,14 @@ fn count(
     let mut progress = Progress::new(work, start);
     let mut tally = Tally::default();
     let mut solved = 0usize;
-    let mut total_nodes = 0u64;
+    // u128: a whole count at N = 28 visits more than 2^64 nodes.
+    let mut total_nodes = 0u128;
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             // Folded as they come, for the running total on the bar; each is
             // checked first, so an impossible count stops the run.
             Ok(Event::Solved { sub, counts, nodes }) => {
-                total_nodes += nodes;
+                total_nodes += u128::from(nodes);
                 let sub_problem = &subs[sub];
                 sub_problem.check(spec, &counts)?;
                 tally.add(sub_problem, &counts)?;

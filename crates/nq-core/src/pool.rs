@@ -290,7 +290,9 @@ fn run_one(running: &Arc<Running>, i: usize) {
     let Some(p) = state.as_mut() else { return };
     p.counts[i] = Some(counts);
     p.left -= 1;
-    p.nodes += stats.nodes;
+    // A figure for throughput only; a job's nodes fit u64 many times over,
+    // and saturating keeps even an absurd one from wrapping.
+    p.nodes = p.nodes.saturating_add(stats.nodes);
     p.solutions += listed;
     if p.left == 0 {
         drop(state);
