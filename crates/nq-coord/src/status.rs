@@ -160,21 +160,29 @@ struct Sample {
     jobs: u64,
     /// Their estimated work.
     work: u128,
-    /// Per worker: copies reported and their work.
-    workers: HashMap<WorkerId, (u64, u128)>,
+    /// Per worker: copies reported and their work. Taken only every
+    /// [`WORKER_SAMPLE_EVERY`]: with 50,000 workers a copy costs megabytes,
+    /// and one a second over the window held hundreds of them.
+    workers: Option<HashMap<WorkerId, (u64, u128)>>,
 }
 
+/// How often the per-worker counters are sampled (the run's counters are
+/// sampled every [`SAMPLE_EVERY`]).
+const WORKER_SAMPLE_EVERY: Duration = Duration::from_secs(10);
+
 impl Sample {
-    fn of(sched: &Scheduler, at: Instant) -> Sample {
+    fn of(sched: &Scheduler, at: Instant, with_workers: bool) -> Sample {
         let p = sched.progress(at);
         Sample {
             at,
             jobs: p.jobs_done,
             work: p.work_done,
-            workers: sched
-                .workers()
-                .map(|(id, w)| (id.clone(), (w.jobs_reported, w.work_reported)))
-                .collect(),
+            workers: with_workers.then(|| {
+                sched
+                    .workers()
+                    .map(|(id, w)| (id.clone(), (w.jobs_reported, w.work_reported)))
+                    .collect()
+            }),
         }
     }
 }
@@ -194,7 +202,7 @@ impl History {
     pub(crate) fn new(sched: &Scheduler, now: Instant) -> History {
         History {
             started: now,
-            samples: VecDeque::from([Sample::of(sched, now)]),
+            samples: VecDeque::from([Sample::of(sched, now, true)]),
         }
     }
 
@@ -208,7 +216,13 @@ impl History {
         {
             return;
         }
-        self.samples.push_back(Sample::of(sched, now));
+        let with_workers = self
+            .samples
+            .iter()
+            .rev()
+            .find(|s| s.workers.is_some())
+            .is_none_or(|s| now.saturating_duration_since(s.at) >= WORKER_SAMPLE_EVERY);
+        self.samples.push_back(Sample::of(sched, now, with_workers));
         // Keep the newest sample at or before the window's start: it is the
         // base of every rate.
         while self.samples.len() > 1
@@ -223,6 +237,17 @@ impl History {
         let base = self.samples.front()?;
         let secs = now.saturating_duration_since(base.at).as_secs_f64();
         (secs > 0.0).then_some((base, secs))
+    }
+
+    /// The base of per-worker rates at `now`: the oldest sample with the
+    /// workers' counters, their counters, and the time since it.
+    fn worker_base(
+        &self,
+        now: Instant,
+    ) -> Option<(&HashMap<WorkerId, (u64, u128)>, f64)> {
+        let base = self.samples.iter().find(|s| s.workers.is_some())?;
+        let secs = now.saturating_duration_since(base.at).as_secs_f64();
+        (secs > 0.0).then_some((base.workers.as_ref()?, secs))
     }
 }
 
@@ -270,12 +295,13 @@ impl Snapshot {
         } else {
             None
         };
+        let worker_base = history.worker_base(now);
         let mut workers: Vec<WorkerStatus> = sched
             .workers()
             .map(|(id, w)| {
-                let (jobs_then, work_then, secs) = match base {
+                let (jobs_then, work_then, secs) = match worker_base {
                     Some((b, secs)) => {
-                        let (j, wk) = b.workers.get(id).copied().unwrap_or_default();
+                        let (j, wk) = b.get(id).copied().unwrap_or_default();
                         (j, wk, secs)
                     }
                     None => (0, 0, 0.0),
