@@ -411,6 +411,22 @@ pub const LOG_ENV: &[(&str, &str)] = &[
     ("NO_COLOR", "1"),
 ];
 
+/// The flags of a coordinator driven by hand-written protocol clients
+/// ([`crate::client::ProtocolWorker`]): N = 12, no local threads, no
+/// verification (so that any confirmation comes from a report that should
+/// have been refused), and a short linger, because hand-driven workers never
+/// ask whether the run is over.
+pub const HAND_DRIVEN: &[&str] = &[
+    "--n",
+    "12",
+    "--local-threads",
+    "0",
+    "--verify",
+    "0",
+    "--linger",
+    "1s",
+];
+
 /// A running `nq-coord` process.
 #[derive(Debug)]
 pub struct Coord {

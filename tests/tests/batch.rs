@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use nq_e2e::client::ProtocolWorker;
-use nq_e2e::{Coord, within, worker};
+use nq_e2e::{Coord, HAND_DRIVEN, within, worker};
 use nq_proto::pb::{self, report_ack::Outcome};
 use tonic::Code;
 
@@ -27,20 +27,7 @@ async fn lease_jobs(w: &mut ProtocolWorker, k: usize) -> Result<Vec<pb::Job>> {
 async fn a_batch_item_under_another_workers_lease_is_refused_alone() -> Result<()> {
     within(LIMIT, "batch with a stolen item", async {
         let tmp = tempfile::tempdir()?;
-        // Verification off, so that any confirmation would come from an item
-        // that should have been refused; a short linger because the
-        // hand-driven workers never ask whether the run is over.
-        let args = [
-            "--n",
-            "12",
-            "--local-threads",
-            "0",
-            "--verify",
-            "0",
-            "--linger",
-            "1s",
-        ];
-        let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+        let mut coord = Coord::ephemeral(&data_dir(&tmp), HAND_DRIVEN).await?;
         let mut honest = ProtocolWorker::register(coord.addr, "honest").await?;
         let mut thief = ProtocolWorker::register(coord.addr, "thief").await?;
         let mine = lease_jobs(&mut thief, 2).await?;
@@ -172,17 +159,7 @@ async fn a_batch_is_durable_when_answered() -> Result<()> {
     within(LIMIT, "batch durable across kill -9", async {
         let tmp = tempfile::tempdir()?;
         let dir = data_dir(&tmp);
-        let args = [
-            "--n",
-            "12",
-            "--local-threads",
-            "0",
-            "--verify",
-            "0",
-            "--linger",
-            "1s",
-        ];
-        let mut coord = Coord::ephemeral(&dir, &args).await?;
+        let mut coord = Coord::ephemeral(&dir, HAND_DRIVEN).await?;
         let mut w = ProtocolWorker::register(coord.addr, "batcher").await?;
         let jobs = lease_jobs(&mut w, 4).await?;
         let mut items = vec![];
@@ -200,7 +177,7 @@ async fn a_batch_is_durable_when_answered() -> Result<()> {
         );
         coord.proc.kill().await?;
 
-        let mut coord = Coord::ephemeral(&dir, &args).await?;
+        let mut coord = Coord::ephemeral(&dir, HAND_DRIVEN).await?;
         // Logged after the stored results are restored, always.
         coord.proc.line_containing("data directory ready").await?;
         let done: u64 = coord

@@ -12,7 +12,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail, ensure};
 use nq_e2e::client::ProtocolWorker;
 use nq_e2e::reliability::Trial;
-use nq_e2e::{Coord, LOG_ENV, Proc, Report, within, worker};
+use nq_e2e::{Coord, HAND_DRIVEN, LOG_ENV, Proc, Report, within, worker};
 use tonic::Code;
 
 use crate::{LIMIT, data_dir};
@@ -247,21 +247,7 @@ async fn refused(
 
 async fn forged_reports(t: &mut Trial) -> Result<Report> {
     let tmp = tempfile::tempdir()?;
-    // Verification off, so that every confirmation would come from a report
-    // that should have been refused. The two hand-driven workers never ask
-    // whether the run is over, so the coordinator must not wait for them
-    // after the last job (a short linger).
-    let args = [
-        "--n",
-        "12",
-        "--local-threads",
-        "0",
-        "--verify",
-        "0",
-        "--linger",
-        "1s",
-    ];
-    let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+    let mut coord = Coord::ephemeral(&data_dir(&tmp), HAND_DRIVEN).await?;
     t.watch(&coord.proc);
     let mut honest = ProtocolWorker::register(coord.addr, "honest").await?;
     let mut thief = ProtocolWorker::register(coord.addr, "thief").await?;

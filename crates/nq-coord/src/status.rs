@@ -163,8 +163,11 @@ struct Sample {
     /// Per worker: copies reported and their work. Taken only every
     /// [`WORKER_SAMPLE_EVERY`]: with 50,000 workers a copy costs megabytes,
     /// and one a second over the window held hundreds of them.
-    workers: Option<HashMap<WorkerId, (u64, u128)>>,
+    workers: Option<WorkerCounters>,
 }
+
+/// Per worker: copies reported and their estimated work.
+type WorkerCounters = HashMap<WorkerId, (u64, u128)>;
 
 /// How often the per-worker counters are sampled (the run's counters are
 /// sampled every [`SAMPLE_EVERY`]).
@@ -241,10 +244,7 @@ impl History {
 
     /// The base of per-worker rates at `now`: the oldest sample with the
     /// workers' counters, their counters, and the time since it.
-    fn worker_base(
-        &self,
-        now: Instant,
-    ) -> Option<(&HashMap<WorkerId, (u64, u128)>, f64)> {
+    fn worker_base(&self, now: Instant) -> Option<(&WorkerCounters, f64)> {
         let base = self.samples.iter().find(|s| s.workers.is_some())?;
         let secs = now.saturating_duration_since(base.at).as_secs_f64();
         (secs > 0.0).then_some((base.workers.as_ref()?, secs))
