@@ -36,6 +36,9 @@ async fn a_creation_killed_midway_resumes_without_losing_or_repeating_a_subprobl
             "0",
         ];
         let mut first = Coord::ephemeral(&dir, &args).await?;
+        // A batch's checkpoint is durable once the next batch is flushed:
+        // after the second batch's line, at least one checkpoint is.
+        first.proc.line_containing("job batch stored").await?;
         first.proc.line_containing("job batch stored").await?;
         first.proc.kill().await?;
         ensure!(

@@ -9,8 +9,9 @@
 //!    made, and the plan's parameters) before any job.
 //! 2. [`Store::append_jobs`] writes whole job chunks, flushes them, then
 //!    advances the [`Checkpoint`] (sub-problems consumed, jobs written, their
-//!    work). A crash between the two loses only the checkpoint's advance: the
-//!    batch is written again with the same ids, an idempotent overwrite.
+//!    work), which the next flush makes durable. A crash before that loses
+//!    only the checkpoint's advance: the batch is written again with the
+//!    same ids, an idempotent overwrite.
 //! 3. [`Store::finish_creation`] re-scans every stored job (count and work
 //!    must equal the checkpoint's), builds the hand-out order, and writes the
 //!    manifest last: a run exists only once it is complete.
@@ -284,8 +285,9 @@ impl Store {
         }
         self.meta.remove(CHECKPOINT)?;
         self.meta.remove(ORDER_BUILT)?;
+        // Durable with the first batch's flush: a crash before it leaves
+        // nothing worth resuming.
         self.meta.insert(CREATION, creation.encode())?;
-        self.db.flush()?;
         Ok(())
     }
 
@@ -324,9 +326,11 @@ impl Store {
                 .insert(key.to_be_bytes(), job::encode_chunk(chunk))?;
         }
         // The jobs must be durable before the checkpoint that counts them.
+        // The checkpoint itself becomes durable with the next batch's flush
+        // (or the creation's last): losing it only means writing this batch
+        // again, with the same ids and contents.
         self.db.flush()?;
         self.meta.insert(CHECKPOINT, next.encode())?;
-        self.db.flush()?;
         Ok(())
     }
 
