@@ -4,9 +4,9 @@
 # screenshot of each as a CI artifact: target/status-page.png (a run
 # going) and target/status-page-complete.png (a run with its result).
 #
-# The running run: the debug nq-coord for N = 17 with no local threads and
+# The running run: the debug nq-coord for N = 18 with no local threads and
 # `--metrics 127.0.0.1:0`, and one nq-worker with one thread (about a minute
-# of work, far more than the check needs). The complete one: N = 12, held
+# of work with the faster kernels, far more than the check needs). The complete one: N = 12, held
 # open after its last job by the coordinator's linger. Every wait is on a
 # real signal: the coordinator's `metrics on ADDR` and `every job is done`
 # lines, the workers' `registered` and `job reported` lines, exits. Installs Chromium from Debian's packages when it is missing (needs
@@ -64,7 +64,7 @@ wait_line() {
 }
 
 echo "== start a run"
-RUST_LOG=info NO_COLOR=1 "$bin/nq-coord" --n 17 --local-threads 0 \
+RUST_LOG=info NO_COLOR=1 "$bin/nq-coord" --n 18 --local-threads 0 \
     --listen 127.0.0.1:0 --metrics 127.0.0.1:0 --data "$work/run" \
     >"$work/coord.out" 2>"$work/coord.log" &
 coord=$!
@@ -97,7 +97,7 @@ check() {
     }
     echo "ok: $1"
 }
-check "board size" 'id="n">17<'
+check "board size" 'id="n">18<'
 check "running state" 'id="state" class="badge running">running<'
 check "progress percentage" 'id="percent">[0-9]+\.[0-9]%<'
 check "progress bar width" 'id="bar-fill" style="width: [0-9.]+%'
