@@ -411,9 +411,29 @@ impl Store {
     /// [`Error::Corrupt`] when a chunk does not decode or a chunk is missing.
     pub fn job_works(&self) -> Result<Vec<u64>> {
         let mut works = Vec::new();
+        self.for_each_job_work(|_, w| {
+            works.push(w);
+            Ok(())
+        })?;
+        Ok(works)
+    }
+
+    /// Calls `f` with every job's id and estimated work, in id order, from
+    /// a scan of the job chunks (whose keys must follow each other with no
+    /// gap). Returns the number of jobs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] when a chunk does not decode or one is missing;
+    /// what `f` returns.
+    fn for_each_job_work(
+        &self,
+        mut f: impl FnMut(JobId, u64) -> Result<()>,
+    ) -> Result<u64> {
+        let mut count = 0u64;
         for entry in self.jobs.iter() {
             let (k, v) = entry?;
-            if key_u64("jobs", &k)? * JOBS_PER_CHUNK != works.len() as u64 {
+            if key_u64("jobs", &k)? * JOBS_PER_CHUNK != count {
                 return Err(Error::Corrupt {
                     tree: "jobs",
                     what: Corruption::Field { field: "chunk key" },
@@ -421,10 +441,11 @@ impl Store {
             }
             let chunk = job::Chunk::decode(&v)?;
             for i in 0..chunk.len() {
-                works.push(chunk.work(i)?);
+                f(JobId(count), chunk.work(i)?)?;
+                count += 1;
             }
         }
-        Ok(works)
+        Ok(count)
     }
 
     /// The record of `id` (pending with no attempts when none is stored).

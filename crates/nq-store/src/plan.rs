@@ -400,23 +400,11 @@ impl Store {
         self.order.clear()?;
         self.meta.remove(ORDER_BUILT)?;
         let mut writer = OrderWriter::default();
-        let (mut count, mut work) = (0u64, 0u128);
-        for entry in self.jobs.iter() {
-            let (k, v) = entry?;
-            if crate::key_u64("jobs", &k)? * JOBS_PER_CHUNK != count {
-                return Err(Error::Corrupt {
-                    tree: "jobs",
-                    what: Corruption::Field { field: "chunk key" },
-                });
-            }
-            let chunk = job::Chunk::decode(&v)?;
-            for i in 0..chunk.len() {
-                let w = chunk.work(i)?;
-                writer.push(&self.order, JobId(count), w)?;
-                work += u128::from(w);
-                count += 1;
-            }
-        }
+        let mut work = 0u128;
+        let count = self.for_each_job_work(|id, w| {
+            work += u128::from(w);
+            writer.push(&self.order, id, w)
+        })?;
         writer.finish(&self.order)?;
         self.meta.insert(ORDER_BUILT, &count.to_be_bytes())?;
         Ok((count, work))
