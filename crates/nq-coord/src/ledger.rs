@@ -48,6 +48,9 @@ pub(crate) struct Report {
     pub(crate) worker: String,
     pub(crate) counts: Vec<SubCounts>,
     pub(crate) nodes: u64,
+    /// The job's estimated work (from its stored definition, which the
+    /// caller read to check the report).
+    pub(crate) work: u64,
     /// `solutions_sent` of the result chunk.
     pub(crate) solutions_sent: u64,
     /// Solutions received per sub-problem (solutions mode), from the
@@ -69,6 +72,8 @@ pub(crate) struct Verified {
     pub(crate) lease: LeaseId,
     /// Solutions mode: true when its solutions are the stored ones.
     pub(crate) stored_solutions: bool,
+    /// The job's estimated work.
+    pub(crate) work: u64,
     pub(crate) result: StoredResult,
 }
 
@@ -159,6 +164,7 @@ pub(crate) fn verify(
         job,
         lease: report.lease,
         stored_solutions: report.stored_solutions,
+        work: report.work,
         result: StoredResult {
             counts: report.counts,
             solutions,
@@ -244,10 +250,9 @@ struct JobCopies {
 }
 
 impl JobCopies {
-    /// Reads a job's stored copies.
-    fn load(session: &Session, job: JobId) -> Result<JobCopies> {
+    /// Reads the stored copies of `job`, whose estimated work is `work`.
+    fn load(session: &Session, job: JobId, work: u64) -> Result<JobCopies> {
         let record = session.store.job_record(job)?;
-        let work = session.store.job(job)?.work();
         let mut copies = Vec::new();
         let mut done = None;
         if let JobState::Done(result) = record.state {
@@ -467,7 +472,7 @@ async fn commit_group(session: &Session, group: &mut Vec<CommitRequest>) -> Resu
             let jc = match overlay.entry(v.job) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(JobCopies::load(session, v.job)?)
+                    e.insert(JobCopies::load(session, v.job, v.work)?)
                 }
             };
             let mut s = session.sched();
@@ -662,7 +667,9 @@ pub(crate) async fn rejudge(session: &Session, mut fallout: Fallout) -> Result<(
         let mut batch = CommitBatch::new();
         let mut settlements = Vec::with_capacity(jobs.len());
         for &job in &jobs {
-            let mut jc = blocking(|| JobCopies::load(session, job))?;
+            let mut jc = blocking(|| {
+                JobCopies::load(session, job, session.store.job(job)?.work())
+            })?;
             if jc.copies.is_empty() {
                 continue;
             }
@@ -856,10 +863,10 @@ pub(crate) fn restore(
     shape: &nq_proto::convert::RunShape,
     sched: &mut Scheduler,
 ) -> Result<()> {
-    // Two streaming passes over the jobs with their records and duplicates
-    // (all three in job order), so that memory does not grow with the run.
-    // The first checks every copy and finds the reputations and the
-    // machines; the second judges every job with them.
+    // Streaming passes in job order, so that memory does not grow with the
+    // run: the copies' machines (records and duplicates), the lost conflicts
+    // (the jobs with duplicates), then every copy checked against its job's
+    // definition and every job judged with the reputations found.
     let (mut confirmations, mut conflicts) = (0, 0);
     for entry in store.duplicates() {
         match entry?.1.kind {
@@ -869,7 +876,7 @@ pub(crate) fn restore(
     }
     let mut machines: Vec<String> = Vec::new();
     let ban_after = sched.policy().ban_after;
-    for_each_done(store, shape, true, &mut |_, copies, _, _| {
+    for_each_done(store, None, &mut |_, copies, _, _| {
         for c in copies.iter() {
             // The local threads are one machine.
             let m = if c.identity.starts_with("local:") {
@@ -913,8 +920,9 @@ pub(crate) fn restore(
             sched.restore_loss(loser);
         }
     }
-    // Judge every job with the reputations as they stand.
-    for_each_done(store, shape, false, &mut |job, copies, attempts, work| {
+    // Check every copy, and judge every job with the reputations as they
+    // stand.
+    for_each_done(store, Some(shape), &mut |job, copies, attempts, work| {
         // Solutions mode: the stored solutions must be the recorded copy's.
         let stored = if shape.solutions {
             let n = usize::from(shape.board.n()).max(1);
@@ -981,30 +989,21 @@ type DoneJobVisitor<'a> =
     dyn FnMut(JobId, &mut Vec<StoredResult>, u32, u64) -> Result<()> + 'a;
 
 /// Calls `f` with every done job of the store, in job order: its copies (the
-/// Done record's first, then the duplicates), its attempts and its work. With
-/// `check`, each copy's tally is first derived again from its counts and
-/// must equal the stored one.
+/// Done record's first, then the duplicates), its attempts and its work.
+/// With the run's `shape`, each job's definition is read too: every copy's
+/// tally is first derived again from its counts and must equal the stored
+/// one. Without it the definitions are not read, and the work passed is 0.
 fn for_each_done(
     store: &nq_store::Store,
-    shape: &nq_proto::convert::RunShape,
-    check: bool,
+    shape: Option<&nq_proto::convert::RunShape>,
     f: &mut DoneJobVisitor<'_>,
 ) -> Result<()> {
-    let mut jobs = store.stored_jobs();
+    let mut jobs = shape.map(|_| store.stored_jobs());
     let mut dups = store.duplicates().peekable();
     for entry in store.job_records() {
         let (job, record) = entry?;
         let JobState::Done(result) = record.state else {
             continue;
-        };
-        // The job's definition: the jobs iterator runs ahead to it.
-        let stored = loop {
-            match jobs.next() {
-                Some(Ok((id, stored))) if id == job => break stored,
-                Some(Ok((id, _))) if id < job => continue,
-                Some(Err(e)) => return Err(e.into()),
-                _ => return Err(Error::DamagedResult { job }),
-            }
         };
         let mut copies = vec![*result];
         loop {
@@ -1025,7 +1024,18 @@ fn for_each_done(
                 _ => break,
             }
         }
-        if check {
+        let mut work = 0;
+        if let (Some(shape), Some(jobs)) = (shape, jobs.as_mut()) {
+            // The job's definition: the jobs iterator runs ahead to it.
+            let stored = loop {
+                match jobs.next() {
+                    Some(Ok((id, stored))) if id == job => break stored,
+                    Some(Ok((id, _))) if id < job => continue,
+                    Some(Err(e)) => return Err(e.into()),
+                    _ => return Err(Error::DamagedResult { job }),
+                }
+            };
+            work = stored.work();
             let subs = crate::session::subproblems_in(&stored, shape, job)?;
             for c in &copies {
                 let mut tally = Tally::default();
@@ -1039,7 +1049,7 @@ fn for_each_done(
                 }
             }
         }
-        f(job, &mut copies, record.attempts, stored.work())?;
+        f(job, &mut copies, record.attempts, work)?;
     }
     Ok(())
 }

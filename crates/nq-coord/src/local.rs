@@ -339,6 +339,7 @@ fn finish(
                     worker: worker.clone(),
                     counts,
                     nodes,
+                    work: r.work,
                     solutions_sent: solutions,
                     listed: f.writer.as_ref().map(|w| w.listed()),
                     kernel: r.kernel.resolved_name().to_owned(),

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use nq_core::split::SubProblem;
 use nq_proto::pb;
-use nq_store::JobId;
+use nq_store::{JobId, StoredJob};
 use tokio::task::JoinSet;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, error, info, instrument, warn};
@@ -66,7 +66,7 @@ impl CoordinatorService {
         worker: &str,
         run: &str,
         item: pb::JobReport,
-    ) -> Result<(Admitted, Verified, u64), Error> {
+    ) -> Result<(Admitted, Verified), Error> {
         let admitted = admit(&self.session, worker, item.job_id, item.lease_id, run)?;
         let result = item.result.ok_or(Error::BadReport {
             job: admitted.job,
@@ -74,8 +74,8 @@ impl CoordinatorService {
         })?;
         // The caller runs the whole batch off the async threads.
         let (stored, subs) = self.session.subproblems(admitted.job)?;
-        let verified = check(&self.session, &admitted, &subs, result, None)?;
-        Ok((admitted, verified, stored.work()))
+        let verified = check(&self.session, &admitted, &stored, &subs, result, None)?;
+        Ok((admitted, verified))
     }
 }
 
@@ -251,14 +251,22 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             None
         };
         let result = receive(first, &mut stream, writer.as_ref()).await?;
-        let verified = check(&self.session, &admitted, &subs, result, writer.as_ref())?;
+        let verified = check(
+            &self.session,
+            &admitted,
+            &stored,
+            &subs,
+            result,
+            writer.as_ref(),
+        )?;
+        let work = verified.work;
         // Returns once the copy is judged and durable: the ack below is the
         // worker's permission to forget the job.
         let outcome = self.session.commit(verified).await?;
         // The claim on the job's solutions ends only now that the result is
         // durable.
         drop(writer);
-        let run_complete = acknowledge(&self.session, &admitted.worker, stored.work());
+        let run_complete = acknowledge(&self.session, &admitted.worker, work);
         Ok(Response::new(pb::ReportAck {
             outcome: outcome_pb(outcome).into(),
             run_complete,
@@ -312,7 +320,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         });
         for (i, item) in checked.into_iter().enumerate() {
             match item {
-                Ok((admitted, verified, work)) => {
+                Ok((admitted, verified)) => {
+                    let work = verified.work;
                     let session = Arc::clone(&self.session);
                     commits.spawn(async move {
                         (i, admitted, work, session.commit(verified).await)
@@ -427,7 +436,7 @@ fn admit(
 }
 
 /// The checking stage: the result's counts, converted from the wire and
-/// verified against the job's sub-problems `subs` by [`ledger::verify`]
+/// verified against the job `stored` and its sub-problems `subs` by [`ledger::verify`]
 /// (with the solutions `writer` received, in solutions mode).
 ///
 /// # Errors
@@ -437,6 +446,7 @@ fn admit(
 fn check(
     session: &Session,
     admitted: &Admitted,
+    stored: &StoredJob,
     subs: &[SubProblem],
     result: pb::JobResult,
     writer: Option<&SolutionWriter>,
@@ -453,6 +463,7 @@ fn check(
         worker: admitted.worker.0.clone(),
         counts,
         nodes: result.nodes,
+        work: stored.work(),
         solutions_sent: result.solutions_sent,
         listed: writer.map(SolutionWriter::listed),
         kernel: result.kernel,
