@@ -13,12 +13,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use nq_proto::convert::RunShape;
-use nq_store::{JobState, Store, StoreOptions};
+use nq_store::{JobState, Scan, Store, StoreOptions};
 
+use crate::core::quorum::{Fraction, Policy};
+use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
-use crate::ledger;
-use crate::quorum::{Fraction, Policy};
-use crate::scheduler::Scheduler;
+use crate::restore::restore;
 
 /// What an audit found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,10 +69,10 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
     let policy = Policy {
         secret: store.verify_secret(rand::random())?,
         fraction: verify,
-        ban_after: crate::quorum::DEFAULT_BAN_AFTER,
+        ban_after: crate::core::quorum::DEFAULT_BAN_AFTER,
     };
     let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
-    ledger::restore(&store, &shape, &mut sched)?;
+    restore(&store, &shape, &mut sched)?;
     let io = |source| Error::Io {
         context: "cannot write the audit".into(),
         source,
@@ -87,30 +87,14 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
     // machines of its copies) may want checks that the run rightly skipped
     // once a single machine was left.
     let finished = store.summary()?.is_some();
-    let mut records = store.job_records().peekable();
-    for (i, &work) in works.iter().enumerate() {
-        let job = nq_store::JobId(i as u64);
-        let mut record = None;
-        while let Some(Ok((j, _))) = records.peek() {
-            if *j < job {
-                records.next();
-            } else {
-                break;
-            }
-        }
-        if let Some(Ok((j, _))) = records.peek()
-            && *j == job
-        {
-            record = records.next().and_then(|r| r.ok()).map(|(_, r)| r);
-        }
-        let record = record.unwrap_or_default();
-        let subs = store.job(job)?.len();
+    for entry in store.scan_jobs(Scan::Every) {
+        let entry = entry?;
+        let job = entry.job;
+        let work = works[job.0 as usize];
+        let subs = entry.definition.as_ref().map_or(0, |d| d.len());
         let needed = if sched.selected(job) { 2 } else { 1 };
-        let mut copies = Vec::new();
-        if let JobState::Done(r) = &record.state {
-            copies.push((**r).clone());
-            copies.extend(store.job_duplicates(job)?.into_iter().map(|d| d.result));
-        }
+        let record = entry.record.clone();
+        let copies = entry.into_copies();
         let state = match (&record.state, sched.is_done(job)) {
             (_, true) | (JobState::Done(_), false) if finished => "settled",
             (_, true) => "settled",

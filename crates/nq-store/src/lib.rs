@@ -63,6 +63,7 @@ pub mod job;
 pub mod manifest;
 pub mod plan;
 pub mod result;
+mod scan;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -77,6 +78,7 @@ pub use job::{
 pub use manifest::{Manifest, RunKey};
 pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
+pub use scan::{JobScan, Scan, ScannedJob};
 
 use codec::{Reader, key_u64};
 
