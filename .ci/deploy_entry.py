@@ -41,6 +41,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -154,12 +155,20 @@ def k8s_expand(arg: str, env: dict[str, str]) -> str:
     )
 
 
-def set_n(argv: list[str], where: str) -> list[str]:
-    """The test's one change: --n 10 instead of the deployment's board."""
+def set_n(argv: list[str], where: str, n: str = N_TEST) -> list[str]:
+    """The test's one change: --n 10 (or n) instead of the deployment's board."""
     if "--n" not in argv:
         raise Failure(f"{where}: the coordinator command has no --n: {argv}")
     i = argv.index("--n")
-    return argv[: i + 1] + [N_TEST] + argv[i + 2 :]
+    return argv[: i + 1] + [n] + argv[i + 2 :]
+
+
+def shown(cmd: list[str]) -> str:
+    """A command for the log; a `/bin/sh -c SCRIPT NAME ARGS...` wrapper
+    shows as NAME ARGS... with a note."""
+    if cmd[:2] == ["/bin/sh", "-c"] and len(cmd) > 3:
+        return shlex.join(cmd[3:]) + "  (under the manifest's /bin/sh wrapper)"
+    return shlex.join(cmd)
 
 
 # ---------------------------------------------------------------- the sandbox
@@ -316,9 +325,9 @@ def health(jail: Jail, name: str, cmd: list[str], workdir: str, want_ok: bool) -
 
 
 def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
-                checks: list[tuple]) -> None:
+                checks: list[tuple]) -> str:
     """coord and each worker: (cmd, env, workdir); checks: health commands
-    (name, cmd, workdir)."""
+    (name, cmd, workdir). Returns the coordinator's result line."""
     print(f"== {label}")
     jail.reset_data()
     for name, cmd, wd in checks:
@@ -336,7 +345,7 @@ def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
         for name, hcmd, hwd in checks:
             health(jail, name, hcmd, hwd, want_ok=True)
         for i, (cmd, env, wd) in enumerate(workers):
-            print(f"  worker {i}: {shlex.join(cmd)}"
+            print(f"  worker {i}: {shown(cmd)}"
                   + (f"  (NQ_THREADS={env['NQ_THREADS']})" if "NQ_THREADS" in env else ""))
             procs.append(Proc(f"{label} worker {i}", jail.argv(cmd, env, wd)))
         for p in procs[1:]:
@@ -356,6 +365,7 @@ def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
             raise Failure(f"{report} is not owned by uid {UID}")
         print(f"  ok: {result}")
         print(f"  ok: every process exited 0; {report.name} written by uid {UID}")
+        return result
     except Failure:
         for p in procs:
             p.kill()
@@ -399,6 +409,88 @@ def compose_runs(jail: Jail) -> None:
     run_cluster(jail, "compose: nq-coord + 2 x nq-worker", coord, workers, checks)
 
 
+def ignored_exit_codes(job: dict, container: str) -> set[int]:
+    """The exit codes of `container` that the Job's podFailurePolicy ignores
+    (a new pod, not counted as a failure)."""
+    codes: set[int] = set()
+    for rule in job["spec"].get("podFailurePolicy", {}).get("rules", []):
+        req = rule.get("onExitCodes")
+        if rule["action"] == "Ignore" and req and req.get("operator") == "In" \
+                and req.get("containerName", container) == container:
+            codes.update(req["values"])
+    return codes
+
+
+def rerun_finished(jail: Jail, label: str, coord: tuple, result: str) -> None:
+    """The coordinator's Job created again on the finished volume: it prints
+    the stored result and exits 0 at once, without serving."""
+    cmd, env, wd = coord
+    c = Proc(f"{label} coordinator (finished volume)", jail.argv(cmd, env, wd))
+    try:
+        if (rc := c.wait()) != 0:
+            raise Failure(f"{c.name} exited {rc}")
+        again = next((l for l in c.out if l.startswith("n=")), None)
+        # The same line but for `seconds` (the live report rounds it, the
+        # stored one keeps milliseconds).
+        strip = lambda line: re.sub(r" seconds=[0-9.]+ ", " ", line or "")
+        if strip(again) != strip(result):
+            raise Failure(f"{c.name}: printed {again!r}, not the stored {result!r}")
+        if any("serving workers" in l for l in c.err):
+            raise Failure(f"{c.name}: served workers again")
+        print(f"  ok: on the finished volume the coordinator printed the stored result "
+              f"and exited 0 without serving (the Job completes at once)")
+    except Failure:
+        print(c.log(), file=sys.stderr)
+        raise
+    finally:
+        c.kill()
+
+
+def drain(jail: Jail, coord: tuple, worker: tuple, coord_job: dict,
+          worker_job: dict) -> None:
+    """SIGTERM mid-run, as a node drain or an eviction sends it: the worker's
+    wrapper exits 143 (not 0, which would end a work-queue Job) and the
+    coordinator 3; both codes are ones the Jobs' podFailurePolicy ignores, so
+    each pod is replaced and the run goes on."""
+    print("== kubernetes: SIGTERM mid-run (a drain): the exits the Jobs replace")
+    jail.reset_data()
+    # N = 20: minutes of work for one debug worker; the signal comes as soon
+    # as it registered.
+    cmd, env, wd = coord
+    cmd = set_n(cmd, "Job nq-coord", "20")
+    procs: list[Proc] = []
+    try:
+        c = Proc("drain coordinator", jail.argv(cmd, env, wd))
+        procs.append(c)
+        c.expect("err", r"serving workers")
+        wcmd, wenv, wwd = worker
+        w = Proc("drain worker", jail.argv(wcmd, wenv, wwd))
+        procs.append(w)
+        c.expect("err", r"worker registered")
+        w.p.send_signal(signal.SIGTERM)
+        rc = w.wait()
+        if rc != 143 or rc not in ignored_exit_codes(worker_job, "worker"):
+            raise Failure(f"the drained worker exited {rc}: expected 143, which "
+                          "Job nq-worker's podFailurePolicy ignores")
+        if not any("drained" in l for l in w.err):
+            raise Failure("the drained worker's log does not say that it drained")
+        print(f"  ok: the worker drained and its wrapper exited {rc} (ignored: a new pod)")
+        c.p.send_signal(signal.SIGTERM)
+        rc = c.wait()
+        if rc != 3 or rc not in ignored_exit_codes(coord_job, "coordinator"):
+            raise Failure(f"the stopped coordinator exited {rc}: expected 3, which "
+                          "Job nq-coord's podFailurePolicy ignores")
+        print(f"  ok: the stopped coordinator exited {rc} (ignored: a new pod resumes)")
+    except Failure:
+        for p in procs:
+            p.kill()
+            print(p.log(), file=sys.stderr)
+        raise
+    finally:
+        for p in procs:
+            p.kill()
+
+
 def k8s_runs(jail: Jail) -> None:
     coord_df = dockerfile(DEPLOY / "Dockerfile.coord")
     worker_df = dockerfile(DEPLOY / "Dockerfile.worker")
@@ -407,8 +499,8 @@ def k8s_runs(jail: Jail) -> None:
         for d in yaml.safe_load_all(f.read_text()):
             if d and "metadata" in d:
                 docs[(d["kind"], d["metadata"]["name"])] = d
-    sts = docs[("StatefulSet", "nq-coord")]["spec"]["template"]["spec"]
-    dep = docs[("Deployment", "nq-worker")]["spec"]["template"]["spec"]
+    coord_job = docs[("Job", "nq-coord")]
+    worker_job = docs[("Job", "nq-worker")]
     svc = docs[("Service", "nq-coord")]["spec"]
 
     def container(spec: dict, image: str, df: dict) -> tuple:
@@ -419,8 +511,10 @@ def k8s_runs(jail: Jail) -> None:
         cmd = c.get("command", df["entrypoint"]) + c.get("args", [])
         return c, [k8s_expand(str(a), env) for a in cmd], env, df.get("workdir", ["/"])[0]
 
-    cc, ccmd, cenv, cwd = container(sts, "nq-coord", coord_df)
-    wc, wcmd, wenv, wwd = container(dep, "nq-worker", worker_df)
+    cc, ccmd, cenv, cwd = container(coord_job["spec"]["template"]["spec"], "nq-coord",
+                                    coord_df)
+    wc, wcmd, wenv, wwd = container(worker_job["spec"]["template"]["spec"], "nq-worker",
+                                    worker_df)
     port = svc["ports"][0]["port"]
     listen = ccmd[ccmd.index("--listen") + 1]
     if not listen.endswith(f":{port}"):
@@ -434,9 +528,11 @@ def k8s_runs(jail: Jail) -> None:
             raise Failure(f"{kind}: expected grpc service {SERVICE} on {port}: {probe}")
     checks.append((f"probe equivalent (grpc :{port} {SERVICE})",
                    ["nq-coord", "health", "--connect", f"127.0.0.1:{port}"], cwd))
-    run_cluster(jail, "kubernetes: StatefulSet nq-coord + 2 x Deployment nq-worker",
-                (set_n(ccmd, "StatefulSet nq-coord"), cenv, cwd),
-                [(wcmd, wenv, wwd)] * 2, checks)
+    label = "kubernetes: Job nq-coord + 2 pods of Job nq-worker"
+    coord = (set_n(ccmd, "Job nq-coord"), cenv, cwd)
+    result = run_cluster(jail, label, coord, [(wcmd, wenv, wwd)] * 2, checks)
+    rerun_finished(jail, label, coord, result)
+    drain(jail, (ccmd, cenv, cwd), (wcmd, wenv, wwd), coord_job, worker_job)
 
 
 def main() -> int:
