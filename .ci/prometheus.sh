@@ -183,9 +183,9 @@ echo "ok: promtool check metrics"
 # The rules must read series that exist: every nq_* name in nq-alerts.yml is
 # a sample of the live output.
 missing=()
-for name in $(grep -oE '\bnq_[a-z_]+' "$DIR/nq-alerts.yml" | sort -u); do
+while read -r name; do
     grep -qE "^$name(\{| )" "$work/metrics.om" || missing+=("$name")
-done
+done < <(grep -oE '\bnq_[a-z_]+' "$DIR/nq-alerts.yml" | sort -u)
 [ ${#missing[@]} = 0 ] || fail "series the rules read but /metrics lacks: ${missing[*]}"
 echo "ok: every nq_* series the rules read is served"
 echo "prometheus: PASS"
