@@ -102,9 +102,12 @@ def dockerfile(path: Path) -> dict[str, list[str]]:
 
 
 def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} forms."""
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} forms, and $$ for
+    a literal $."""
 
     def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
         name, op, arg = m.group(1), m.group(2), m.group(3)
         if env.get(name):
             return env[name]
@@ -114,7 +117,7 @@ def interpolate(value: str, env: dict[str, str]) -> str:
             raise Failure(f"compose: {name} must be set: {arg}")
         return ""
 
-    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
+    return re.sub(r"\$\$|\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
 
 
 def k8s_env(container: dict) -> dict[str, str]:
@@ -205,8 +208,9 @@ class Jail:
 
         r = self.root
         mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", str(r))
-        for d in ("usr", "etc", "dev", "proc", "sys", "data"):
+        for d in ("usr", "etc", "dev", "proc", "sys", "data", "run"):
             (r / d).mkdir()
+        (r / "run/secrets").mkdir()
         # Merged /usr (as in Debian): /bin, /lib... are links into /usr.
         for d in ("bin", "sbin", "lib", "lib64"):
             if Path("/" + d).is_symlink():
@@ -221,6 +225,10 @@ class Jail:
         for d in ("dev", "proc", "sys"):
             mount("--rbind", "/" + d, str(r / d))
         self.bind(str(self.data), r / "data", ro=False)
+        # Compose's secrets: files bind-mounted read-only under /run/secrets.
+        self.secrets = base / "secrets"
+        self.secrets.mkdir()
+        self.bind(str(self.secrets), r / "run/secrets", ro=True)
         mount("-o", "remount,ro", str(r))
 
     @staticmethod
@@ -324,6 +332,22 @@ def health(jail: Jail, name: str, cmd: list[str], workdir: str, want_ok: bool) -
     print(f"  ok: {name} `{shlex.join(cmd)}` exits {p.returncode} ({last})")
 
 
+def protected(jail: Jail, workdir: str) -> None:
+    """The coordinator got the token: a call without it is refused, a call
+    with it is answered (the Status rpc, which needs the token like any
+    worker call)."""
+    status = ["nq-coord", "status", "--connect", "127.0.0.1:50051"]
+    p = subprocess.run(jail.argv(status, {}, workdir), capture_output=True, text=True,
+                       timeout=WAIT_S)
+    if p.returncode == 0 or "token" not in p.stderr:
+        raise Failure(f"the coordinator answered a call without the token: {p.stderr.strip()}")
+    p = subprocess.run(jail.argv(status, {"NQ_TOKEN": TOKEN}, workdir),
+                       capture_output=True, text=True, timeout=WAIT_S)
+    if p.returncode != 0:
+        raise Failure(f"the coordinator refused the token: {p.stderr.strip()}")
+    print("  ok: the coordinator refuses a call without the token, answers one with it")
+
+
 def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
                 checks: list[tuple]) -> str:
     """coord and each worker: (cmd, env, workdir); checks: health commands
@@ -337,13 +361,14 @@ def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
         cmd, env, wd = coord
         if "--local-threads" not in cmd or cmd[cmd.index("--local-threads") + 1] != "0":
             raise Failure(f"{label}: expected a coordinator that only serves: {cmd}")
-        print(f"  coordinator: {shlex.join(cmd)}")
+        print(f"  coordinator: {shown(cmd)}")
         c = Proc(f"{label} coordinator", jail.argv(cmd, env, wd))
         procs.append(c)
         c.expect("out", r"^listening on ")
         c.expect("err", r"serving workers")
         for name, hcmd, hwd in checks:
             health(jail, name, hcmd, hwd, want_ok=True)
+        protected(jail, wd)
         for i, (cmd, env, wd) in enumerate(workers):
             print(f"  worker {i}: {shown(cmd)}"
                   + (f"  (NQ_THREADS={env['NQ_THREADS']})" if "NQ_THREADS" in env else ""))
@@ -381,7 +406,24 @@ def compose_runs(jail: Jail) -> None:
     worker_df = dockerfile(DEPLOY / "Dockerfile.worker")
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     sc, sw = compose["services"]["nq-coord"], compose["services"]["nq-worker"]
-    host_env = {**os.environ, "NQ_TOKEN": TOKEN}
+    # The token file as deploy/README.md has the operator make it: owned by
+    # the images' user, mode 0400, named by NQ_TOKEN_FILE.
+    token_src = jail.secrets.parent / "token-on-the-host"
+    token_src.write_text(TOKEN + "\n")
+    os.chown(token_src, UID, GID)
+    token_src.chmod(0o400)
+    host_env = {**os.environ, "NQ_TOKEN_FILE": str(token_src)}
+    for service in (sc, sw):
+        if "NQ_TOKEN" in service.get("environment", {}):
+            raise Failure("compose: NQ_TOKEN in environment: (docker inspect shows it); "
+                          "the token is the secret nq_token")
+    # Each secret a service names, as Compose mounts it: the file itself,
+    # owner and mode kept, at /run/secrets/NAME.
+    for name in {n for service in (sc, sw) for n in service.get("secrets", [])}:
+        src = Path(interpolate(compose["secrets"][name]["file"], host_env))
+        shutil.copy2(src, jail.secrets / name)
+        st = src.stat()
+        os.chown(jail.secrets / name, st.st_uid, st.st_gid)
 
     def env_of(service: dict) -> dict[str, str]:
         env = service.get("environment", {})
@@ -396,11 +438,15 @@ def compose_runs(jail: Jail) -> None:
 
     coord_wd = coord_df.get("workdir", ["/"])[0]
     worker_wd = worker_df.get("workdir", ["/"])[0]
-    coord = (set_n(coord_df["entrypoint"] + [str(a) for a in sc["command"]],
-                   "compose nq-coord"),
-             env_of(sc), coord_wd)
-    workers = [(worker_df["entrypoint"] + [str(a) for a in sw["command"]], env_of(sw),
-                worker_wd)] * 2
+    def entry(service: dict, df: dict) -> list[str]:
+        """The service's entrypoint (the image's unless it sets one) and
+        command, interpolated as Compose does."""
+        argv = [str(a) for a in service.get("entrypoint", df["entrypoint"])]
+        argv += [str(a) for a in service["command"]]
+        return [interpolate(a, host_env) for a in argv]
+
+    coord = (set_n(entry(sc, coord_df), "compose nq-coord"), env_of(sc), coord_wd)
+    workers = [(entry(sw, worker_df), env_of(sw), worker_wd)] * 2
     checks = [
         ("Dockerfile.coord HEALTHCHECK", coord_df["healthcheck"], coord_wd),
         ("compose healthcheck", check_of(sc["healthcheck"]["test"], "compose nq-coord"),
