@@ -78,7 +78,7 @@ echo "ok: every alert has a test ($(echo "$alerts" | wc -l) alerts)"
 
 echo "== live /metrics: promtool check metrics"
 cargo build -q --locked -p nq-coord -p nq-worker
-bin=target/debug
+bin=${CARGO_TARGET_DIR:-target}/debug
 work=$(mktemp -d)
 pids=()
 cleanup() {
