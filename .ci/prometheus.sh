@@ -128,8 +128,10 @@ pids+=("$worker")
 # The first acknowledged job: every family, the per-worker ones included,
 # has a series.
 wait_line "$work/worker.log" 'job reported' "$worker"
-curl -sS --fail --max-time 10 "http://$http/metrics" >"$work/metrics.om" ||
-    fail "GET http://$http/metrics failed"
+# (Python's urllib rather than curl, which a fresh machine may lack.)
+"$PY" -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' \
+    "http://$http/metrics" >"$work/metrics.om" || fail "GET http://$http/metrics failed"
 # The worker first (it hands its jobs back within --grace), then the
 # coordinator; both were only needed for the scrape.
 kill "$worker"
