@@ -86,6 +86,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunReport> {
     let started = Instant::now();
+    config.validate()?;
+    // Every caller's memory stays bounded, in-process runs included.
+    nq_process::alloc::tune();
+    let _trimmer = nq_process::alloc::Trimmer::start();
     // `stop` is cancelled by the shutdown future; `returned` by our return,
     // which ends the task that waits for the shutdown future.
     let stop = CancellationToken::new();
@@ -213,7 +217,7 @@ fn policy(config: &Config, store: &Store) -> Result<Policy> {
     Ok(Policy {
         secret: store.verify_secret(rand::random())?,
         fraction: config.verify,
-        ban_after: config.ban_after.max(1),
+        ban_after: config.ban_after.get(),
     })
 }
 
