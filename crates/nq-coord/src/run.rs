@@ -77,7 +77,9 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 ///
-/// A data directory that is locked, corrupt or made for another run
+/// A `config` field out of range ([`Error::Option`], from
+/// [`Config::validate`]), before anything is opened. A data directory that
+/// is locked, corrupt or made for another run
 /// ([`Error::Store`]), threads that cannot start, a server that fails, or a
 /// store that cannot flush (results could no longer be made durable).
 pub async fn run(
