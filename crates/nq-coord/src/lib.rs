@@ -19,8 +19,10 @@
 //!   storage.
 //! * [`service`]: [`service::CoordinatorService`], the gRPC service, and the
 //!   one mapping of errors to `tonic::Status`.
-//! * `security` (private): the token check on every call and the warning
-//!   for an unprotected port.
+//! * `security` (private): who may call (a token, TLS, or protected mode:
+//!   loopback peers only) and what the coordinator says about its port.
+//! * `in_flight` (private): counts the calls in flight, so that shutdown
+//!   waits for calls and not for idle connections.
 //! * `local` (private): the embedded worker on `nq_core::pool::Pool`.
 //! * [`progress`]: progress snapshots for displays.
 //! * [`report`]: [`RunReport`], its stdout line and `report.json`.
@@ -41,6 +43,7 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod http;
+mod in_flight;
 pub mod lease;
 mod ledger;
 mod local;

@@ -142,12 +142,18 @@ struct RunArgs {
     /// addresses: bind it to a private address.
     #[arg(long, value_name = "ADDR", env = "NQ_METRICS")]
     metrics: Option<String>,
+    /// Without --token or TLS the coordinator serves workers on this machine
+    /// only (protected mode) and refuses every other caller. This flag opens
+    /// the port to ANYONE who can reach it: every such caller can register
+    /// and report counts into the run. Prefer NQ_TOKEN on both sides.
+    #[arg(long, env = "NQ_INSECURE_OPEN_PORT")]
+    insecure_open_port: bool,
     #[command(flatten)]
     security: SecurityArgs,
 }
 
-/// Who may join the run. Without --token and TLS, anyone who reaches the
-/// port can; the coordinator says so loudly when it listens beyond loopback.
+/// Who may join the run. Without --token and TLS, workers on this machine
+/// only (protected mode; see --insecure-open-port).
 #[derive(clap::Args, Debug, Default)]
 struct SecurityArgs {
     /// Shared secret that every worker must send (`authorization: Bearer
@@ -424,6 +430,7 @@ impl TryFrom<RunArgs> for Config {
             });
         }
         config.ban_after = a.ban_after;
+        config.insecure_open_port = a.insecure_open_port;
         config.progress_log = match a.progress {
             ProgressMode::Log => Some(parse_duration(&a.progress_interval)?),
             ProgressMode::Auto if !std::io::stderr().is_terminal() => {

@@ -32,10 +32,11 @@ use tokio_util::task::TaskTracker;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::{Config, default_split, default_target_jobs};
 use crate::error::{Error, Result};
+use crate::in_flight::InFlight;
 use crate::ledger;
 use crate::local;
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
@@ -43,7 +44,7 @@ use crate::progress::Progress;
 use crate::quorum::Policy;
 use crate::report::{FaultyWorker, REPORT_FILE, RunReport};
 use crate::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler};
-use crate::security::{self, TokenCheck};
+use crate::security::{self, Admission, CallerCheck};
 use crate::service::CoordinatorService;
 use crate::session::{Session, unix_ms};
 
@@ -459,6 +460,7 @@ async fn session(
     ));
     let (health, health_service) = tonic_health::server::health_reporter();
     let serve_token = CancellationToken::new();
+    let in_flight = InFlight::default();
     let mut server = tokio::spawn(serve(
         Arc::clone(&session),
         listener,
@@ -466,7 +468,9 @@ async fn session(
         Guard {
             token: config.token.clone(),
             tls: config.tls.clone(),
+            insecure_open_port: config.insecure_open_port,
         },
+        in_flight.clone(),
         serve_token.clone(),
     ));
     health
@@ -553,15 +557,27 @@ async fn session(
             Err(e) => error!(error = %e, "local threads panicked"),
         }
     }
-    // 3. Let in-flight RPCs finish.
+    // 3. Let in-flight RPCs finish. The server's own graceful end also waits
+    // for every client to acknowledge the close, which a half-open
+    // connection never does: once no call is in flight, the connections
+    // left are dropped (see `in_flight`).
     serve_token.cancel();
     if !server_done {
-        match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => error!(error = %e, "gRPC server failed"),
-            Ok(Err(e)) => error!(error = %e, "gRPC server panicked"),
-            Err(_) => {
-                warn!("in-flight requests did not finish in time; dropping them");
+        tokio::select! {
+            r = &mut server => match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => error!(error = %e, "gRPC server failed"),
+                Err(e) => error!(error = %e, "gRPC server panicked"),
+            },
+            () = in_flight.idle() => {
+                debug!("no call in flight; closing the connections left");
+                server.abort();
+            }
+            () = tokio::time::sleep(DRAIN_TIMEOUT) => {
+                warn!(
+                    calls = in_flight.count(),
+                    "in-flight requests did not finish in time; dropping them"
+                );
                 server.abort();
             }
         }
@@ -675,14 +691,17 @@ fn http_listener(l: &std::net::TcpListener) -> Result<TcpListener> {
 struct Guard {
     token: Option<nq_proto::auth::Token>,
     tls: Option<nq_proto::tls::ServerTls>,
+    /// See [`Config::insecure_open_port`].
+    insecure_open_port: bool,
 }
 
 /// Serves the coordinator, health and reflection services until `token` is
-/// cancelled, then lets in-flight RPCs finish.
+/// cancelled, then lets in-flight RPCs finish; `in_flight` counts them.
 ///
-/// With `guard.token`, every call of the coordinator's service must carry it
-/// (health and reflection stay open, for probes and `grpcurl list`); with
-/// `guard.tls`, the port speaks TLS only.
+/// `guard` decides who may call the coordinator's service
+/// ([`security::Admission`]: the token, or TLS, or loopback peers only unless
+/// the port was opened by hand); health and reflection stay open, for probes
+/// and `grpcurl list`. With `guard.tls`, the port speaks TLS only.
 async fn serve(
     session: Arc<Session>,
     listener: TcpListener,
@@ -690,10 +709,13 @@ async fn serve(
         impl tonic_health::pb::health_server::Health,
     >,
     guard: Guard,
+    in_flight: InFlight,
     token: CancellationToken,
 ) -> Result<()> {
+    let admission =
+        Admission::new(guard.token, guard.tls.is_some(), guard.insecure_open_port);
     if let Ok(addr) = listener.local_addr() {
-        security::warn_if_exposed(addr, guard.token.is_some(), guard.tls.is_some());
+        security::announce_exposure(addr, &admission, guard.tls.is_some());
     }
     if let Some(tls) = &guard.tls {
         info!(mutual = tls.mutual(), "serving TLS");
@@ -701,7 +723,7 @@ async fn serve(
     let service = CoordinatorServer::new(CoordinatorService::new(session))
         .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
-    let service = InterceptedService::new(service, TokenCheck::new(guard.token));
+    let service = InterceptedService::new(service, CallerCheck::new(admission));
     // The descriptor set is compiled from our own proto at build time, and a
     // test lists the services through it: decoding it cannot fail at run time.
     let reflection = || {
@@ -726,6 +748,7 @@ async fn serve(
         // worker does not hold its job's claim forever.
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .layer(in_flight)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
