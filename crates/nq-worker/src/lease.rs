@@ -304,9 +304,17 @@ impl<'a> LeaseLoop<'a> {
                     return Err(Error::Tls { reason });
                 }
                 // Plain HTTP/2 to a TLS port fails as an HTTP/2 protocol error
-                // (the TLS alert read as a frame): ask the port what it speaks,
-                // rather than retry until --give-up.
+                // (the TLS alert read as a frame, INTERNAL) or a closed
+                // connection: ask the port what it speaks, rather than retry
+                // until --give-up. A refused connection (UNAVAILABLE) is a
+                // coordinator not up yet, and costs no probe.
                 if !self.config.coordinator.tls()
+                    && matches!(
+                        status.code(),
+                        tonic::Code::Internal
+                            | tonic::Code::Cancelled
+                            | tonic::Code::Unknown
+                    )
                     && crate::client::speaks_tls(&self.config.coordinator).await
                 {
                     return Err(Error::SpeaksTls {
