@@ -93,6 +93,27 @@ pub enum Error {
         /// The coordinator's message.
         message: String,
     },
+    /// The coordinator is in protected mode (it has neither a token nor TLS)
+    /// and serves workers on its own machine only; this worker is on another.
+    /// The coordinator's message says how to open the run.
+    #[error("the coordinator refused this worker ({rpc}): {message}")]
+    LoopbackOnly {
+        /// The rpc that was refused.
+        rpc: &'static str,
+        /// The coordinator's message.
+        message: String,
+    },
+    /// The worker spoke plain HTTP/2 to a coordinator that answered with TLS.
+    #[error(
+        "the coordinator at {coordinator} speaks TLS, and this worker connected in \
+         plain text: connect to {} instead, with --ca FILE (the CA that signed the \
+         coordinator's certificate) unless a public CA signed it",
+        coordinator.clone().with_tls()
+    )]
+    SpeaksTls {
+        /// The address the worker was given.
+        coordinator: CoordinatorAddress,
+    },
     /// TLS with the coordinator cannot work: settings rustls refuses, or a
     /// handshake that failed on a certificate.
     #[error(
@@ -171,6 +192,19 @@ impl std::fmt::Display for Silence {
     }
 }
 
+impl Error {
+    /// The error for an UNAUTHENTICATED answer to `rpc`: a refusal by
+    /// protected mode ([`nq_proto::auth::is_loopback_only`]) or of the token.
+    pub(crate) fn unauthenticated(rpc: &'static str, status: &tonic::Status) -> Error {
+        let message = status.message().to_owned();
+        if nq_proto::auth::is_loopback_only(status) {
+            Error::LoopbackOnly { rpc, message }
+        } else {
+            Error::Unauthenticated { rpc, message }
+        }
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -220,7 +254,9 @@ pub struct Summary {
 /// the coordinator refuses the registration (protocol version mismatch) or
 /// this worker (PERMISSION_DENIED on Register or Lease, e.g. after lost
 /// verification conflicts), the coordinator refuses the token
-/// ([`Error::Unauthenticated`]), TLS fails ([`Error::Tls`]), its run cannot
+/// ([`Error::Unauthenticated`]) or, in protected mode, this worker's machine
+/// ([`Error::LoopbackOnly`]), TLS fails ([`Error::Tls`]) or the coordinator
+/// speaks TLS to a plain-text worker ([`Error::SpeaksTls`]), its run cannot
 /// be joined (unknown split version), or it sends an invalid job.
 pub async fn run(
     config: Config,
@@ -664,6 +700,23 @@ mod tests {
                 .contains("the coordinator refused the token"),
             "{err}"
         );
+    }
+
+    /// A coordinator in protected mode refuses a worker from another machine:
+    /// the worker stops with the coordinator's message (how to open the run),
+    /// not with a claim that its token was wrong.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_refused_by_protected_mode_stops_with_how_to_open_the_run() {
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().refuse_lease = Some(nq_proto::auth::loopback_only_status());
+        let err = run_against(&fake, 1).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::LoopbackOnly { rpc: "Lease", .. }),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("--insecure-open-port"), "{msg}");
+        assert!(!msg.contains("refused the token"), "{msg}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
