@@ -36,6 +36,7 @@
 
 mod client;
 pub mod config;
+mod gpu;
 mod lease;
 mod pool;
 
@@ -65,6 +66,10 @@ pub enum Error {
     /// (`nq_core::split::check_kernel`): its counts cannot be trusted here.
     #[error("the count kernel failed its startup check")]
     Kernel(#[source] nq_core::Error),
+    /// `--gpu` was asked for and the GPU cannot count: no driver, no device,
+    /// no compiler, or a failed startup check. The message names which.
+    #[error(transparent)]
+    Gpu(nq_gpu::Error),
     /// A duration that cannot be parsed.
     #[error(transparent)]
     Duration(#[from] nq_proto::duration::DurationError),
@@ -233,6 +238,10 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
+    // The GPU and its own check first, before anything is logged or leased:
+    // a machine without a usable GPU stops here with one line naming what is
+    // missing.
+    let gpu = config.gpu.map(gpu::GpuRunner::start).transpose()?;
     tracing::info!(
         threads = config.threads.get(),
         kernel = config.kernel.resolved_name(),
@@ -243,7 +252,10 @@ pub async fn run(
     // Before any thread starts: TLS files that rustls refuses stop the worker
     // here.
     let client = client::Client::new(&config)?;
-    let pool = pool::WorkerPool::new(config.threads)?;
+    let mut pool = pool::WorkerPool::new(config.threads)?;
+    if let Some(gpu) = gpu {
+        pool = pool.with_gpu(gpu);
+    }
     let result = lease::LeaseLoop::new(&config, &pool, client)
         .run(shutdown)
         .await;

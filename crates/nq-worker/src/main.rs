@@ -35,6 +35,18 @@ struct Args {
     /// shares no kernel code with the first.
     #[arg(long, default_value = "auto", env = "NQ_KERNEL", value_parser = kernel_parser())]
     kernel: Kernel,
+    /// Count on an NVIDIA GPU as well (needs the NVIDIA driver; NVRTC is used
+    /// when installed, else a PTX built into the binary). Jobs that leave the
+    /// kernel to the worker run on the GPU and are reported as kernel `cuda`;
+    /// checks that ask for a CPU kernel, and solution listings, stay on the
+    /// CPU threads. Before leasing, the GPU counts N = 12 against the CPU;
+    /// without a usable GPU, or on any difference, the worker exits 1 with one
+    /// line saying why.
+    #[arg(long, env = "NQ_GPU")]
+    gpu: bool,
+    /// The CUDA device for --gpu, numbered from 0.
+    #[arg(long, value_name = "I", env = "NQ_GPU_DEVICE", requires = "gpu")]
+    gpu_device: Option<usize>,
     /// Name shown in the coordinator's logs [default: the host name].
     #[arg(long, env = "NQ_NAME")]
     name: Option<String>,
@@ -85,6 +97,9 @@ impl TryFrom<Args> for nq_worker::Config {
             config = config.with_threads(threads);
         }
         config.kernel = args.kernel;
+        if args.gpu {
+            config = config.with_gpu(args.gpu_device.unwrap_or(0));
+        }
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
         config.give_up = nq_worker::config::parse_give_up(&args.give_up)?;
