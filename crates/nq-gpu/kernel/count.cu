@@ -37,6 +37,21 @@
 //   read-only path: every task of a sub-problem reads the same 66 words, so
 //   they stay in L1. (A table in shared memory per block would need a barrier
 //   to fill, and this subset has none.)
+//
+// MEMORY ACCESSES PER NODE (a node = one queen placed). The shared-memory
+// accesses are what limits ygch's kernel: one 16-byte load and one 4-byte
+// store every node, and a 16-byte store whenever it pushes. Here a node
+// touches the stack only:
+// * with a 16-byte store, when it descends and its parent still has rows
+//   left to try;
+// * with a 16-byte load, for the pop that later resumes that parent.
+// A node of the last searched column never descends: it counts the two
+// columns after it in closed form. Most nodes are such nodes, so the stack
+// traffic is well below one access per node. Every node reads two table words
+// (shift, blocked) through L1; a third and fourth in the last searched column.
+// Those L1 reads are the kernel's main memory traffic. They take few
+// wavefronts only while the lanes of a warp work on tasks of one sub-problem,
+// whose tasks are contiguous. Neither count has been measured on a GPU.
 
 #ifndef NQ_N
 #error "compile with -DNQ_N=<board size>"
