@@ -28,6 +28,9 @@
 //! * `pool` (private): glue between [`nq_core::pool::Pool`], the one CPU runner
 //!   of nq, and the async side: a `JobSink` that hands results and solution
 //!   batches over bounded channels with `blocking_send`.
+//! * `gpu` (private): with `--gpu`, the thread that owns the GPU and counts
+//!   the jobs that leave the kernel to the worker through [`nq_gpu`],
+//!   handing their outcomes back like the CPU pool.
 //!
 //! The CPU work never runs on tokio's threads; the async side only moves
 //! messages.
