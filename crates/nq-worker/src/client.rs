@@ -881,7 +881,9 @@ async fn stream_job(
     attempt: Attempt,
     computed: Arc<AtomicBool>,
 ) -> JobEnd {
-    let Attempt { mut output, stop } = attempt;
+    let Attempt {
+        mut output, stop, ..
+    } = attempt;
     // Waiting for the first output keeps queued jobs from holding idle streams.
     let first = match output.recv().await {
         None | Some(Produced::Done(JobOutcome::Cancelled)) => return JobEnd::Cancelled,

@@ -580,7 +580,7 @@ impl<'a> LeaseLoop<'a> {
             heard: self.heard.subscribe(),
             gate: ReportGate::new(&self.client, Arc::clone(&self.vouched)),
             run: run.id.clone(),
-            kernel: kernel.resolved_name(),
+            kernel: attempt.kernel,
             stale: self.stale_tx.clone(),
             solutions: shape.solutions,
             backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)

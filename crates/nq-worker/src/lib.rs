@@ -29,6 +29,9 @@
 //! * `pool` (private): glue between [`nq_core::pool::Pool`], the one CPU runner
 //!   of nq, and the async side: a `JobSink` that hands results and solution
 //!   batches over bounded channels with `blocking_send`.
+//! * `gpu` (private): with `--gpu`, the thread that owns the GPU and counts
+//!   the jobs that leave the kernel to the worker through [`nq_gpu`],
+//!   handing their outcomes back like the CPU pool.
 //!
 //! The CPU work never runs on tokio's threads; the async side only moves
 //! messages.
@@ -37,6 +40,7 @@
 
 mod client;
 pub mod config;
+mod gpu;
 mod lease;
 mod pool;
 
@@ -58,6 +62,10 @@ pub enum Error {
     /// (`nq_core::split::check_kernel`): its counts cannot be trusted here.
     #[error("the count kernel failed its startup check")]
     Kernel(#[source] nq_core::Error),
+    /// `--gpu` was asked for and the GPU cannot count: no driver, no device,
+    /// no compiler, or a failed startup check. The message names which.
+    #[error(transparent)]
+    Gpu(nq_gpu::Error),
     /// A duration that cannot be parsed.
     #[error(transparent)]
     Duration(#[from] nq_proto::duration::DurationError),
@@ -262,6 +270,10 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
+    // The GPU and its own check first, before anything is logged or leased:
+    // a machine without a usable GPU stops here with one line naming what is
+    // missing.
+    let gpu = config.gpu.map(gpu::GpuRunner::start).transpose()?;
     tracing::info!(
         threads = config.threads.get(),
         kernel = config.kernel.resolved_name(),
@@ -272,7 +284,10 @@ pub async fn run(
     // Before any thread starts: TLS files that rustls refuses stop the worker
     // here.
     let client = client::Client::new(&config)?;
-    let pool = pool::WorkerPool::new(config.threads)?;
+    let mut pool = pool::WorkerPool::new(config.threads)?;
+    if let Some(gpu) = gpu {
+        pool = pool.with_gpu(gpu);
+    }
     let result = lease::LeaseLoop::new(&config, &pool, client)
         .run(shutdown)
         .await;

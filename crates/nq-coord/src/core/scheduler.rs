@@ -1490,6 +1490,13 @@ mod tests {
             other_kernel(&["neon".into()]),
             KernelRequest::Named(Kernel::Scalar)
         );
+        // A GPU copy (`nq-worker --gpu` reports `cuda`) is checked on a CPU
+        // kernel that every worker has, so a GPU worker cannot take the check
+        // back to its GPU (issue 16).
+        assert_eq!(
+            other_kernel(&["cuda".into()]),
+            KernelRequest::Named(Kernel::Scalar)
+        );
         let ib = s.worker(&b).unwrap().identity;
         let two_votes = Settlement {
             lease: Some(check.lease),
