@@ -328,7 +328,12 @@ fn decide(
         });
     }
     let ban_after = sched.policy().ban_after;
-    let verdict = judge(&votes, sched.selected(job), sched.identities(), ban_after);
+    let verdict = judge(
+        &votes,
+        sched.selected(job),
+        sched.identities(),
+        sched.rules(),
+    );
     // The copy the Done record should hold: the leader's first voting copy,
     // or in solutions mode the leader's copy whose solutions are stored.
     let stored_leads = jc
@@ -430,6 +435,8 @@ fn decide(
         losers,
         disputed: verdict.conflict,
         solutions_missing,
+        confirmed: verdict.confirmed,
+        unchecked: verdict.unchecked,
     };
     jc.counted = counted;
     jc.settled = settlement.settled;
@@ -875,7 +882,6 @@ pub(crate) fn restore(
         }
     }
     let mut machines: Vec<String> = Vec::new();
-    let ban_after = sched.policy().ban_after;
     for_each_done(store, None, &mut |_, copies, _, _| {
         for c in copies.iter() {
             // The local threads are one machine.
@@ -915,9 +921,18 @@ pub(crate) fn restore(
         };
         copies.insert(0, *counted);
         let votes = votes_of(sched, &copies);
-        let verdict = judge(&votes, sched.selected(job), &Default::default(), ban_after);
+        let verdict = judge(
+            &votes,
+            sched.selected(job),
+            &Default::default(),
+            sched.rules(),
+        );
         for loser in verdict.losers {
             sched.restore_loss(loser);
+        }
+        // Probation records, from the confirmations stored as duplicates.
+        for confirmed in verdict.confirmed {
+            sched.restore_confirmation(confirmed);
         }
     }
     // Check every copy, and judge every job with the reputations as they
@@ -948,6 +963,7 @@ pub(crate) fn restore(
         // The losses were charged in the first pass; the record is rewritten
         // by the next copy if the leader changed.
         d.settlement.losers.clear();
+        d.settlement.confirmed.clear();
         sched.settle(&d.settlement, false)?;
         Ok(())
     })?;

@@ -398,6 +398,9 @@ fn finished_report(
         data_dir: config.data_dir.clone(),
         faulty_workers: faulty_workers(&sched),
         disputed: 0,
+        // Every job settled in the finished run; those that judging now
+        // leaves waiting for a check settled without one too.
+        unchecked: sched.jobs_unchecked() + sched.jobs_in_check(),
     })
 }
 
@@ -621,6 +624,7 @@ async fn session(
             data_dir: config.data_dir.clone(),
             faulty_workers: faulty_workers(&s),
             disputed: s.jobs_disputed(),
+            unchecked: s.jobs_unchecked(),
         };
         let summary = complete.then(|| RunSummary {
             total: tally.total,

@@ -877,6 +877,8 @@ mod tests {
             losers: vec![],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         s.settle(&settlement, true).unwrap();
         s.note_copy(w, [30, 10][job as usize]);
