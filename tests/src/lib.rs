@@ -503,6 +503,45 @@ impl Coord {
         self.proc.success().await?;
         Report::read(&self.dir)
     }
+
+    /// Waits for the exit of a run whose jobs a lone remote worker computed
+    /// (`--local-threads 0`): no second machine could check them, so the run
+    /// ends as `unchecked`, exit code 6 (issue 15, item 7), and its totals
+    /// must still be the published ones. Returns `DIR/report.json`.
+    ///
+    /// # Errors
+    ///
+    /// On another exit code, another status, no unchecked jobs, or totals
+    /// that are not the published ones.
+    pub async fn finish_unchecked(&mut self) -> Result<Report> {
+        let status = self.proc.wait().await?;
+        if status.code() != Some(6) {
+            bail!(
+                "{} exited with {status}, not 6 (unchecked):\n{}",
+                self.proc.name,
+                self.proc.output()
+            );
+        }
+        let report = Report::read(&self.dir)?;
+        if report.json["status"] != "unchecked"
+            || report.json["exit_code"] != 6
+            || !report.json["unchecked"].as_u64().is_some_and(|u| u > 0)
+        {
+            bail!("report.json does not say unchecked: {}", report.json);
+        }
+        let n = u8::try_from(report.n)?;
+        let (q, u) = nq_core::published::published(n)
+            .with_context(|| format!("no published value for N={n}"))?;
+        if (report.total, report.unique) != (q, u) || report.published_match != Some(true)
+        {
+            bail!(
+                "n={n}: got {} / {}, published {q} / {u}",
+                report.total,
+                report.unique
+            );
+        }
+        Ok(report)
+    }
 }
 
 /// The fields of `DIR/report.json` the tests check.
