@@ -511,8 +511,7 @@ impl Coord {
     ///
     /// # Errors
     ///
-    /// On another exit code, another status, no unchecked jobs, or totals
-    /// that are not the published ones.
+    /// On another exit code, or as [`Report::check_unchecked`].
     pub async fn finish_unchecked(&mut self) -> Result<Report> {
         let status = self.proc.wait().await?;
         if status.code() != Some(6) {
@@ -523,23 +522,7 @@ impl Coord {
             );
         }
         let report = Report::read(&self.dir)?;
-        if report.json["status"] != "unchecked"
-            || report.json["exit_code"] != 6
-            || !report.json["unchecked"].as_u64().is_some_and(|u| u > 0)
-        {
-            bail!("report.json does not say unchecked: {}", report.json);
-        }
-        let n = u8::try_from(report.n)?;
-        let (q, u) = nq_core::published::published(n)
-            .with_context(|| format!("no published value for N={n}"))?;
-        if (report.total, report.unique) != (q, u) || report.published_match != Some(true)
-        {
-            bail!(
-                "n={n}: got {} / {}, published {q} / {u}",
-                report.total,
-                report.unique
-            );
-        }
+        report.check_unchecked()?;
         Ok(report)
     }
 }
@@ -595,6 +578,36 @@ impl Report {
             conflicts: u64::try_from(int("conflicts")?)?,
             json,
         })
+    }
+
+    /// Fails unless the run ended `unchecked` (issue 15, item 7: a lone
+    /// remote worker's run, which no second machine checked), with unchecked
+    /// jobs, no conflict, and the published totals.
+    ///
+    /// # Errors
+    ///
+    /// Naming what differs.
+    pub fn check_unchecked(&self) -> Result<()> {
+        if self.json["status"] != "unchecked"
+            || self.json["exit_code"] != 6
+            || !self.json["unchecked"].as_u64().is_some_and(|u| u > 0)
+        {
+            bail!("report.json does not say unchecked: {}", self.json);
+        }
+        if self.conflicts != 0 {
+            bail!("n={}: {} conflicting results", self.n, self.conflicts);
+        }
+        let n = u8::try_from(self.n)?;
+        let (q, u) = nq_core::published::published(n)
+            .with_context(|| format!("no published value for N={n}"))?;
+        if (self.total, self.unique) != (q, u) || self.published_match != Some(true) {
+            bail!(
+                "n={n}: got {} / {}, published {q} / {u}",
+                self.total,
+                self.unique
+            );
+        }
+        Ok(())
     }
 
     /// Fails unless the totals are the published ones and nothing conflicted.

@@ -431,6 +431,10 @@ pub struct Scheduler {
     /// verification checks jobs only then, since a check needs a second
     /// machine, and a run whose second machine left must not wait for one.
     two_machines: bool,
+    /// True when a second machine was seen at registration or lease, ahead
+    /// of the ticker: the next [`Scheduler::refresh_machines`] reports the
+    /// change, so that the jobs it affects are judged again.
+    machines_unreported: bool,
     rng: rand::rngs::StdRng,
     session: u64,
     next_worker: u64,
@@ -499,6 +503,7 @@ impl Scheduler {
             identities: Identities::default(),
             policy,
             two_machines: false,
+            machines_unreported: false,
             rng: rand::rngs::StdRng::from_os_rng(),
             session,
             next_worker: 1,
@@ -580,6 +585,33 @@ impl Scheduler {
     /// probation, which `--verify 0` turns off): the caller then judges the
     /// affected jobs again.
     pub fn refresh_machines(&mut self, now: Instant) -> bool {
+        // Once every job is settled the run is over: a machine that starts
+        // then checks nothing, and must not make a complete run incomplete.
+        let two =
+            self.machines_at_work(now) && (self.two_machines || !self.all_settled());
+        let unreported = std::mem::take(&mut self.machines_unreported);
+        if two == self.two_machines && !unreported {
+            return false;
+        }
+        self.two_machines = two;
+        self.policy.share(true) != self.policy.share(false) || self.policy.probation() > 0
+    }
+
+    /// Notes a second machine as soon as a worker registers or calls in,
+    /// not at the next tick: copies judged in between would count unchecked,
+    /// and a short run could end on them with a second machine at work. Only
+    /// the start of a second machine is noted here (cheaply: only while one
+    /// is at work); the ticker notes the end of one.
+    fn note_machine(&mut self, now: Instant) {
+        if !self.two_machines && !self.all_settled() && self.machines_at_work(now) {
+            self.two_machines = true;
+            self.machines_unreported = true;
+        }
+    }
+
+    /// True when two machines are at work at `now` (see
+    /// [`Scheduler::refresh_machines`]).
+    fn machines_at_work(&self, now: Instant) -> bool {
         let mut machines: Vec<Option<IdentityId>> = self
             .workers
             .values()
@@ -588,12 +620,7 @@ impl Scheduler {
             .collect();
         machines.sort_unstable();
         machines.dedup();
-        let two = machines.len() >= 2;
-        if two == self.two_machines {
-            return false;
-        }
-        self.two_machines = two;
-        self.policy.share(true) != self.policy.share(false) || self.policy.probation() > 0
+        machines.len() >= 2
     }
 
     /// Sets whether two machines are at work (on startup: whether the stored
@@ -695,6 +722,7 @@ impl Scheduler {
                 work_reported: 0,
             },
         );
+        self.note_machine(now);
         id
     }
 
@@ -756,6 +784,7 @@ impl Scheduler {
         if complete {
             w.told_complete = true;
         }
+        self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
         // overflow (found by tests/fuzz_messages.rs).
         let cap = threads.saturating_mul(4).max(16) as usize;
@@ -1214,8 +1243,15 @@ impl Scheduler {
         self.closed
     }
 
-    /// True when every job is settled.
+    /// True when every job is settled, and none settled unchecked while a
+    /// second machine is at work to check it (the caller judges those again
+    /// once [`Scheduler::refresh_machines`] reports the second machine).
     pub fn is_complete(&self) -> bool {
+        self.all_settled() && !(self.two_machines && self.unchecked.ones > 0)
+    }
+
+    /// True when every job is settled (checked or not).
+    fn all_settled(&self) -> bool {
         self.done_jobs == self.table.len
     }
 
