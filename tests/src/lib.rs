@@ -590,7 +590,7 @@ impl Report {
     pub fn check_unchecked(&self) -> Result<()> {
         if self.json["status"] != "unchecked"
             || self.json["exit_code"] != 6
-            || !self.json["unchecked"].as_u64().is_some_and(|u| u > 0)
+            || self.json["unchecked"].as_u64().is_none_or(|u| u == 0)
         {
             bail!("report.json does not say unchecked: {}", self.json);
         }

@@ -86,7 +86,7 @@ async fn a_killed_workers_leases_expire_and_are_reissued() -> Result<()> {
         let mut survivor = worker("survivor", &addr, &["--threads", "2"])?;
         // One worker after the other, never two computing together: as
         // for a lone worker, the run ends `unchecked` (issue 15, item 7).
-        let report = coord.finish_unchecked().await?;
+        coord.finish_unchecked().await?;
         survivor.success().await?;
         let log = coord.proc.output();
         ensure!(
@@ -126,7 +126,7 @@ async fn a_killed_coordinator_resumes_from_its_data_directory() -> Result<()> {
         // Its only machine is one remote worker (`--local-threads 0`): since probation
         // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
         // with the published totals, where it ended `complete` unchecked before.
-        let report = second.finish_unchecked().await?;
+        second.finish_unchecked().await?;
         ensure!(
             second.proc.output().contains("resuming run"),
             "the second coordinator did not resume:\n{}",
