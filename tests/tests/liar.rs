@@ -543,3 +543,53 @@ async fn lone_worker() -> Result<Report> {
     println!("exit 6, status unchecked: {line}");
     Ok(report)
 }
+
+/// Probation records are rebuilt from the stored copies (confirmations are
+/// stored as duplicates): a finished two-worker run, read again by a new
+/// coordinator process, is still `complete`. Were the records lost, every job
+/// its workers settled alone after leaving probation would now want a check,
+/// and the run would read as `unchecked`. See: issue 15, item 7.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probation_records_survive_a_restart() -> Result<()> {
+    within(LIMIT, "probation after restart", async {
+        let tmp = tempfile::tempdir()?;
+        let dir = data_dir(&tmp);
+        let args = [
+            "--n",
+            "16",
+            "--split",
+            "0:1",
+            "--jobs",
+            "100",
+            "--local-threads",
+            "0",
+        ];
+        let mut coord = Coord::ephemeral(&dir, &args).await?;
+        let addr = coord.addr.to_string();
+        let mut a = worker("a", &addr, &["--threads", "1"])?;
+        let mut b = worker("b", &addr, &["--threads", "1"])?;
+        let report = coord.finish().await?;
+        report.check_published()?;
+        a.success().await?;
+        b.success().await?;
+        let confirmations = report.json["confirmations"].as_u64().unwrap_or(0);
+        ensure!(
+            confirmations >= 10 && confirmations < report.jobs,
+            "expected both workers to leave probation and then count jobs alone \
+             ({confirmations} confirmations of {} jobs)",
+            report.jobs
+        );
+        // A new process judges every stored copy again.
+        let mut again = Coord::ephemeral(&dir, &args).await?;
+        let line = again
+            .proc
+            .line(|pipe, l| pipe == nq_e2e::Pipe::Stdout && l.starts_with("n=16 "))
+            .await?;
+        ensure!(
+            line.contains("status=complete") && !line.contains("unchecked"),
+            "the finished run reads differently after a restart: {line}"
+        );
+        again.finish().await?.check_published()
+    })
+    .await
+}
