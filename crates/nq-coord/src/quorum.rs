@@ -1,10 +1,10 @@
 //! Verification: which jobs are computed twice, who may compute a copy, and
 //! which copy of a job's result counts.
 //!
-//! No worker is trusted, the coordinator's own threads included: a faulty
-//! DIMM or a lying program returns counts that pass every invariant check
-//! (`SubProblem::check`), so the only defence is to compute again, somewhere
-//! else, and compare. This module is the rule book, pure and synchronous; the
+//! No worker is trusted, the coordinator's own threads included (they only
+//! skip probation, see below): a faulty DIMM or a lying program returns
+//! counts that pass every invariant check (`SubProblem::check`), so the only
+//! defence is to compute again, somewhere else, and compare. This module is the rule book, pure and synchronous; the
 //! ledger applies it to stored copies, and the scheduler hands out the copies
 //! it asks for.
 //!
