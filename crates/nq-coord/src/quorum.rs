@@ -89,9 +89,10 @@ pub const DEFAULT_BAN_AFTER: u32 = 3;
 /// count of consecutive valid results is below 10). The number trades two
 /// costs. Each result on probation is computed twice, so a run pays about
 /// `PROBATION` extra jobs per machine, plus the jobs the machine leased before
-/// its tenth confirmation came back (BENCHMARKS.md: about 10,000 to 30,000
-/// extra jobs at 1,000 machines, against the millions of jobs of a run at
-/// N = 26 or 27, where a cluster of that size is worth having). Against that,
+/// its tenth confirmation came back, about two rounds of its threads
+/// (BENCHMARKS.md §9: at 1,000 machines, 10,000 to 32,000 extra jobs against
+/// the half million of a run at N = 27, where a cluster of that size is worth
+/// having; a small run on a few machines pays much more). Against that,
 /// a machine that lies on every result never leaves probation, so none of
 /// its copies ever counts alone; a liar must compute ten jobs honestly before
 /// it may lie, and then it is still spot-checked, and each lost check
