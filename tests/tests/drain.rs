@@ -28,7 +28,9 @@ async fn sigterm_drains_a_worker_and_hands_its_leases_back() -> Result<()> {
         w.success().await?;
         coord.proc.line_containing("worker released leases").await?;
         let mut rest = worker("rest", &addr, &["--threads", "2"])?;
-        coord.finish().await?.check_published()?;
+        // One worker after the other, never two computing together: as
+        // for a lone worker, the run ends `unchecked` (issue 15, item 7).
+        coord.finish_unchecked().await?;
         rest.success().await
     })
     .await

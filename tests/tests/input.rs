@@ -157,7 +157,10 @@ async fn the_health_check_tells_serving_from_gone() -> Result<()> {
         );
 
         let mut w = worker("w", &addr, &["--threads", "1"])?;
-        coord.finish().await?.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        coord.finish_unchecked().await?;
         w.success().await?;
         let mut gone = health(&addr)?;
         let status = gone.wait().await?;

@@ -76,7 +76,10 @@ async fn a_wrong_token_is_refused_and_the_right_one_completes_the_run() -> Resul
             .map(|a| (*a).to_owned())
             .collect();
         let mut right = Proc::spawn("right", &binary("nq-worker")?, &args, &env)?;
-        coord.finish().await?.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        coord.finish_unchecked().await?;
         right.success().await?;
         let log = coord.proc.output();
         ensure!(
@@ -121,7 +124,10 @@ async fn a_tls_run_completes_exactly() -> Result<()> {
             .await?;
         ensure!(h.output().contains("SERVING"), "health:\n{}", h.output());
         let mut w = worker("tls", &https, &["--ca", path(&pki.ca), "--threads", "2"])?;
-        coord.finish().await?.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        coord.finish_unchecked().await?;
         w.success().await
     })
     .await
@@ -193,7 +199,10 @@ async fn a_mutual_tls_run_completes_and_refuses_clients_without_certificate() ->
                 "2",
             ],
         )?;
-        coord.finish().await?.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        coord.finish_unchecked().await?;
         w.success().await
     })
     .await
