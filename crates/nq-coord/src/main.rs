@@ -25,7 +25,8 @@ use tracing_subscriber::fmt::MakeWriter;
 ///
 /// Prints `listening on ADDR` on stdout once bound, then one result line:
 /// `n=N status=complete total=Q unique=U seconds=S jobs=J conflicts=C
-/// published=match|MISMATCH|unknown` (or `status=interrupted ...`).
+/// audit=sha256:HEX published=match|MISMATCH|unknown` (or `status=interrupted
+/// ...`). `audit` is the digest that ends `nq-coord audit`'s output.
 ///
 /// Every flag can also be set from the environment variable shown with it
 /// (`NQ_N=12 NQ_DATA=/scratch/nq-12 nq-coord` runs like `nq-coord --n 12
@@ -218,6 +219,10 @@ enum Command {
     /// it was verified, as CSV (to stdout or --output); then adds all counted
     /// results up again from their stored counts and compares the totals with
     /// the stored ones. Exits non-zero on any difference or damaged record.
+    ///
+    /// The CSV (format `nq-audit v2`) also names the board, the split and
+    /// each job's sub-problems, and ends with its own SHA-256, the `audit=`
+    /// of the run's final line: `nq recheck` re-computes a sample of it.
     Audit(AuditArgs),
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their
@@ -694,13 +699,14 @@ fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())
     };
     stderr_line(format_args!(
-        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {})",
+        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {}); digest {}",
         report.settled,
         report.jobs,
         report.total,
         stored(report.stored_total),
         report.unique.map_or("-".into(), |u| u.to_string()),
         stored(report.stored_unique),
+        report.digest,
     ));
     if !report.agrees() {
         bail!(

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use nq_core::split::SplitSpec;
 
+use crate::audit::AuditDigest;
 use crate::error::{Error, Result};
 use nq_core::published::published;
 
@@ -47,6 +48,9 @@ pub struct RunReport {
     /// Jobs whose copies disagree, waiting for a deciding copy (only when the
     /// run stopped before it completed).
     pub disputed: u64,
+    /// The digest of the run's audit ([`crate::audit::digest`]), the last
+    /// line of what `nq-coord audit` writes: set when the run is complete.
+    pub audit_digest: Option<AuditDigest>,
 }
 
 /// A worker that lost at least one verification conflict: one of its results
@@ -205,10 +209,11 @@ impl RunReport {
     /// by spaces:
     ///
     /// ```text
-    /// n=16 status=complete total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 published=match
+    /// n=16 status=complete total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 audit=sha256:9f86… published=match
     /// n=16 status=interrupted total=1234 jobs_done=12 jobs=256
     /// ```
     ///
+    /// `audit` is the digest of the run's audit (absent when unknown);
     /// `published` is `match`, `MISMATCH` or `unknown` (N > 27).
     pub fn summary_line(&self) -> String {
         if !self.complete {
@@ -226,9 +231,13 @@ impl RunReport {
             Some(false) => "MISMATCH",
             None => "unknown",
         };
+        // Before `published`, which ends the line (scripts anchor on it).
+        let audit = self
+            .audit_digest
+            .map_or_else(String::new, |d| format!(" audit={d}"));
         format!(
-            "n={} status=complete total={} unique={} seconds={:.3} jobs={} conflicts={} \
-             published={published}",
+            "n={} status=complete total={} unique={} seconds={:.3} jobs={} conflicts={}\
+             {audit} published={published}",
             self.n, self.total, self.unique, self.seconds, self.jobs, self.conflicts
         )
     }
@@ -268,13 +277,16 @@ impl RunReport {
             })
             .collect();
         let faulty = serde_json::Value::Array(faulty).to_string();
+        let audit_digest = self
+            .audit_digest
+            .map_or_else(|| "null".to_owned(), |d| format!("\"{d}\""));
         format!(
             "{{\"n\":{},\"total\":{},\"unique\":{},\"seconds\":{seconds},\"jobs\":{},\
              \"split\":{{\"version\":{},\"ring\":{},\"extra\":{}}},\
              \"published_match\":{published_match},\"conflicts\":{},\
              \"confirmations\":{},\"complete\":{},\"jobs_done\":{},\"run_id\":{run_id},\
              \"status\":\"{}\",\"exit_code\":{},\"why\":{why},\"faulty_workers\":{faulty},\
-             \"disputed\":{}}}\n",
+             \"disputed\":{},\"audit_digest\":{audit_digest}}}\n",
             self.n,
             self.total,
             self.unique,
@@ -334,6 +346,7 @@ mod tests {
             data_dir: PathBuf::from("d"),
             faulty_workers: vec![FaultyWorker::from_identity("liar@127.0.0.1", 2, true)],
             disputed: 0,
+            audit_digest: Some(AuditDigest([0xab; 32])),
         }
     }
 
@@ -354,6 +367,7 @@ mod tests {
         assert_eq!(v["faulty_workers"][0]["name"], "liar");
         assert_eq!(v["faulty_workers"][0]["address"], "127.0.0.1");
         assert_eq!(v["faulty_workers"][0]["banned"], true);
+        assert_eq!(v["audit_digest"], format!("sha256:{}", "ab".repeat(32)));
         let ok = report(8, 92, 12);
         let v: serde_json::Value = serde_json::from_str(&ok.to_json()).unwrap();
         assert_eq!(v["published_match"], true);
@@ -371,6 +385,11 @@ mod tests {
             report(8, 93, 12)
                 .summary_line()
                 .ends_with("published=MISMATCH")
+        );
+        assert!(
+            report(8, 92, 12)
+                .summary_line()
+                .contains(&format!(" audit=sha256:{} published=", "ab".repeat(32)))
         );
         let mut r = report(8, 40, 0);
         r.complete = false;

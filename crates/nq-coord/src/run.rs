@@ -398,6 +398,7 @@ fn finished_report(
         data_dir: config.data_dir.clone(),
         faulty_workers: faulty_workers(&sched),
         disputed: 0,
+        audit_digest: Some(crate::audit::digest(store)?),
     })
 }
 
@@ -591,7 +592,7 @@ async fn session(
     }
 
     // 5. The report.
-    let (report, summary) = {
+    let (mut report, summary) = {
         let s = session.sched();
         if let Some(tx) = &progress {
             let mut last = s.progress(Instant::now());
@@ -621,6 +622,7 @@ async fn session(
             data_dir: config.data_dir.clone(),
             faulty_workers: faulty_workers(&s),
             disputed: s.jobs_disputed(),
+            audit_digest: None,
         };
         let summary = complete.then(|| RunSummary {
             total: tally.total,
@@ -640,6 +642,10 @@ async fn session(
     // report file says that the run is finished.
     store.flush_async().await?;
     if summary.is_some() {
+        // Read back as `nq-coord audit` reads it, so that the two agree.
+        let store = Arc::clone(&store);
+        let digest = tokio::task::spawn_blocking(move || crate::audit::digest(&store));
+        report.audit_digest = Some(digest.await??);
         let path = report.write_json(&config.data_dir)?;
         info!(report = %path.display(), "run finished");
         if report.conflicts > 0 {
