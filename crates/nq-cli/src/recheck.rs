@@ -743,8 +743,12 @@ fn solve(
         };
         writeln!(
             out,
-            "job {}: {} sub-problems from {}, count_total {} count_burnside {}: {verdict}",
-            row.job, row.subproblems, row.first, tally.total, tally.burnside
+            "job {} (sub-problems {}..{}): count_total {} count_burnside {}: {verdict}",
+            row.job,
+            row.first,
+            row.first + row.subproblems,
+            tally.total,
+            tally.burnside
         )?;
         out.flush()?;
     }

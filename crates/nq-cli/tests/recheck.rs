@@ -28,16 +28,22 @@ fn publish(n: u64) -> Published {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("run");
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let report = runtime.block_on(async {
-        let mut config = Config::new(n, &data).unwrap();
-        config.local_threads = 2;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let run = nq_coord::run(config, listener, std::future::pending());
-        tokio::time::timeout(Duration::from_secs(120), run)
-            .await
-            .expect("the run finishes within two minutes")
-            .unwrap()
-    });
+    let run = || {
+        runtime.block_on(async {
+            let mut config = Config::new(n, &data).unwrap();
+            config.local_threads = 2;
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let run = nq_coord::run(config, listener, std::future::pending());
+            tokio::time::timeout(Duration::from_secs(120), run)
+                .await
+                .expect("the run finishes within two minutes")
+                .unwrap()
+        })
+    };
+    let report = run();
+    // Started again on the finished directory, the coordinator prints the
+    // stored result: with the same digest, found again from the store.
+    assert_eq!(run().audit_digest, report.audit_digest);
     assert!(report.complete, "{}", report.summary_line());
     let digest = report
         .audit_digest
