@@ -45,6 +45,9 @@ use sha2::{Digest, Sha256};
 /// The audit format this command reads (the first line, after `# `).
 const FORMAT: &str = "nq-audit v2";
 
+/// Problems of one kind listed one by one before they are only counted.
+const SHOWN: u64 = 10;
+
 /// What `nq recheck` is asked to do.
 #[derive(Debug)]
 pub(crate) struct Request<'a> {
@@ -339,6 +342,9 @@ fn read(mut input: impl BufRead, seed: &str, sample: u64) -> anyhow::Result<Read
     let mut problems = Vec::new();
     let mut heap: BinaryHeap<Sampled> = BinaryHeap::new();
     let (mut rows, mut settled, mut next_first) = (0u64, 0u64, 0u64);
+    // Jobs whose sub-problems do not start where the previous job's end,
+    // and the first job not settled.
+    let (mut gaps, mut unsettled) = (0u64, None);
     let mut sums = Tally::default();
     let end = loop {
         let (n, line) = next(true)?.ok_or_else(|| missing("`# end` line"))?;
@@ -355,15 +361,21 @@ fn read(mut input: impl BufRead, seed: &str, sample: u64) -> anyhow::Result<Read
             );
         }
         if row.first != next_first {
-            problems.push(format!(
-                "job {}: its sub-problems start at {}, but the jobs before it end at {next_first}",
-                row.job, row.first
-            ));
+            gaps += 1;
+            // A file of a million broken rows gets a readable report: the
+            // first few, then their number.
+            if gaps <= SHOWN {
+                problems.push(format!(
+                    "job {}: its sub-problems start at {}, but the jobs before it end \
+                     at {next_first}",
+                    row.job, row.first
+                ));
+            }
         }
         if state == "settled" {
             settled += 1;
-        } else {
-            problems.push(format!("job {}: state {state}, not settled", row.job));
+        } else if unsettled.is_none() {
+            unsettled = Some((row.job, state));
         }
         sums.merge(&row.tally)
             .with_context(|| format!("line {n}: the counts overflow 128 bits"))?;
@@ -397,6 +409,18 @@ fn read(mut input: impl BufRead, seed: &str, sample: u64) -> anyhow::Result<Read
         bail!("line {n} follows the digest line, which must be the last");
     }
 
+    if gaps > SHOWN {
+        problems.push(format!(
+            "… and {} more jobs whose sub-problems do not follow the previous job's",
+            gaps - SHOWN
+        ));
+    }
+    if let Some((job, state)) = unsettled {
+        problems.push(format!(
+            "the audit is of an unfinished run: {settled} of {rows} jobs are settled \
+             (job {job} is {state}); re-check the audit of a finished run"
+        ));
+    }
     // What the rows add up to, against what the file states.
     let mut differs = |what: &str, stated: String, rows: String| {
         if stated != rows {
@@ -858,6 +882,22 @@ mod tests {
             read.problems
                 .iter()
                 .any(|p| p.contains("total 4, its rows give 5")),
+            "{:?}",
+            read.problems
+        );
+        // An unfinished run.
+        let pending = audit(
+            &[
+                "0,0,1,settled,1,2",
+                "1,1,2,pending,0,0",
+                "2,3,1,settled,1,2",
+            ],
+            &end,
+        );
+        let read = super::read(&pending[..], "s", 0).unwrap();
+        assert!(
+            read.problems.iter().any(|p| p
+                .contains("unfinished run: 2 of 3 jobs are settled (job 1 is pending)")),
             "{:?}",
             read.problems
         );
