@@ -45,6 +45,9 @@ use sha2::{Digest, Sha256};
 /// The audit format this command reads (the first line, after `# `).
 const FORMAT: &str = "nq-audit v2";
 
+/// Sampled job ids listed on the `sample:` line.
+const LISTED: usize = 32;
+
 /// Problems of one kind listed one by one before they are only counted.
 const SHOWN: u64 = 10;
 
@@ -253,7 +256,15 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     let mut jobs: Vec<(Row, Vec<SubProblem>)> =
         read.sample.iter().copied().zip(subs).collect();
     jobs.sort_by_key(|(row, _)| row.job);
-    let ids: Vec<String> = jobs.iter().map(|(r, _)| r.job.to_string()).collect();
+    // The first few ids; each job also gets its own line below.
+    let mut ids: Vec<String> = jobs
+        .iter()
+        .take(LISTED)
+        .map(|(r, _)| r.job.to_string())
+        .collect();
+    if jobs.len() > LISTED {
+        ids.push(format!("… ({} more)", jobs.len() - LISTED));
+    }
     writeln!(
         out,
         "sample: {} of {} jobs by seed {:?}: {}",
