@@ -109,7 +109,7 @@ async fn one_token_stops_a_run_in_progress() -> Result<()> {
         tracker.close();
         // N = 18 on one thread takes 15 s (AVX-512) to two minutes (scalar):
         // stop it once a job is done.
-        seen.wait_for(|p| p.jobs_done >= 1).await?;
+        seen.wait_for(|p| p.counters.jobs_done >= 1).await?;
         token.cancel();
         tracker.wait().await;
         let report = coord.await??;

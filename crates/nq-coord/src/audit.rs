@@ -50,13 +50,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use nq_proto::convert::RunShape;
-use nq_store::{JobState, Store, StoreOptions};
+use nq_store::{JobState, Scan, Store, StoreOptions};
 use sha2::{Digest, Sha256};
 
+use crate::core::quorum::{Fraction, Policy};
+use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
-use crate::ledger;
-use crate::quorum::{Fraction, Policy};
-use crate::scheduler::Scheduler;
+use crate::restore::restore;
 
 /// The first line of every audit, after `# `: the format and its version.
 pub const FORMAT: &str = "nq-audit v2";
@@ -183,10 +183,10 @@ pub fn audit_store(
     let policy = Policy {
         secret: store.verify_secret(rand::random())?,
         fraction: verify,
-        ban_after: crate::quorum::DEFAULT_BAN_AFTER,
+        ban_after: crate::core::quorum::DEFAULT_BAN_AFTER,
     };
     let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
-    ledger::restore(store, &shape, &mut sched)?;
+    restore(store, &shape, &mut sched)?;
     let io = |source| Error::Io {
         context: "cannot write the audit".into(),
         source,
@@ -224,32 +224,17 @@ pub fn audit_store(
     let mut plan = Sha256::new();
     let mut first = 0u64;
     let mut rows = nq_core::split::Tally::default();
-    let mut records = store.job_records().peekable();
-    for (i, &work) in works.iter().enumerate() {
-        let job = nq_store::JobId(i as u64);
-        let mut record = None;
-        while let Some(Ok((j, _))) = records.peek() {
-            if *j < job {
-                records.next();
-            } else {
-                break;
-            }
-        }
-        if let Some(Ok((j, _))) = records.peek()
-            && *j == job
-        {
-            record = records.next().and_then(|r| r.ok()).map(|(_, r)| r);
-        }
-        let record = record.unwrap_or_default();
-        let stored_job = store.job(job)?;
-        stored_job.prefixes().for_each(|p| plan.update(p));
-        let subs = stored_job.len() as u64;
+    for entry in store.scan_jobs(Scan::Every) {
+        let entry = entry?;
+        let job = entry.job;
+        let work = works[job.0 as usize];
+        let subs = entry.definition.as_ref().map_or(0, |d| {
+            d.prefixes().for_each(|p| plan.update(p));
+            d.len() as u64
+        });
         let needed = if sched.selected(job) { 2 } else { 1 };
-        let mut copies = Vec::new();
-        if let JobState::Done(r) = &record.state {
-            copies.push((**r).clone());
-            copies.extend(store.job_duplicates(job)?.into_iter().map(|d| d.result));
-        }
+        let record = entry.record.clone();
+        let copies = entry.into_copies();
         let state = match (&record.state, sched.is_done(job)) {
             (_, true) | (JobState::Done(_), false) if finished => "settled",
             (_, true) => "settled",

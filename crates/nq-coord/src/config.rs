@@ -12,9 +12,9 @@ use nq_core::Board;
 use nq_core::split::SplitSpec;
 use tokio::sync::watch;
 
+use crate::core::quorum::{DEFAULT_BAN_AFTER, Fraction};
+use crate::core::status::Progress;
 use crate::error::{Error, Result};
-use crate::progress::Progress;
-use crate::quorum::{DEFAULT_BAN_AFTER, Fraction};
 
 /// Default lease lifetime: long enough that a busy worker's heartbeat (every
 /// TTL/3) never misses, short enough that a lost worker's jobs return soon.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use nq_store::JobId;
 
-use crate::lease::LeaseId;
+use crate::ids::LeaseId;
 
 /// Everything that can go wrong in the coordinator. Messages name the problem
 /// and the accepted form.

@@ -9,57 +9,67 @@
 //!
 //! # Layout
 //!
-//! * [`config`]: [`Config`] and the parsers and defaults behind the flags.
-//! * [`scheduler`]: the pure state machine of jobs and leases, time passed in.
-//! * [`lease`]: [`lease::LeaseId`], [`lease::WorkerId`] and the lease table.
-//! * `plan` (private): the split, work estimates and grouping into jobs.
-//! * `session` (private): the state shared by one session's tasks.
-//! * `ledger` (private): the checked path of every result (verify, then
-//!   group commit: many results, one flush, then their acks) and solution
-//!   storage.
-//! * [`service`]: [`service::CoordinatorService`], the gRPC service, and the
-//!   one mapping of errors to `tonic::Status`.
-//! * `security` (private): the token check on every call and the warning
-//!   for an unprotected port.
-//! * `local` (private): the embedded worker on `nq_core::pool::Pool`.
-//! * [`progress`]: progress snapshots for displays.
-//! * [`report`]: [`RunReport`], its stdout line and `report.json`.
-//! * [`http`]: the HTTP port (`--metrics`): [`metrics`] (Prometheus), the
-//!   snapshot as JSON, and the status page (`src/status_page.html`).
-//! * [`status`]: [`status::Snapshot`], where a run stands, for the `Status`
-//!   rpc, `nq-coord status`, the status page and `/metrics`.
-//! * [`export`]: streaming the stored solutions of a solutions run.
-//! * `run` (private): [`run`] itself: setup, tasks, shutdown order.
+//! Three layers, and dependencies point down only:
 //!
-//! Data flows one way: `plan` → store → `scheduler` → (`service` | `local`)
-//! → `ledger` → store and `scheduler`.
+//! * [`core`]: the pure core. The state of one session
+//!   ([`core::scheduler`]: jobs, leases, workers, identities; claims; the
+//!   history behind the rates), the rule book ([`core::quorum`]), the
+//!   judging of a job's copies (`core::ledger`, decisions returned as data),
+//!   and what a run looks like from outside ([`core::status`]: one fraction,
+//!   one ETA). No tokio, tonic, sled-backed store or wall clock: time is
+//!   passed in. `tests/layout.rs` enforces it.
+//! * `engine` (private): the one place that orders I/O. Hand-out, the single
+//!   admit → check → commit → acknowledge pipeline of every result, the
+//!   group-commit loop (the one writer of results), re-judging, the tick and
+//!   snapshots. Its module doc states the contract: nothing acknowledged
+//!   before the flush that covers it, one writer, settle after durability,
+//!   the lock order.
+//! * [`adapters`]: thin translations into the engine. [`adapters::grpc`]
+//!   (the service, its error mapping, the server), `adapters::local` (the
+//!   coordinator's own threads, through the same pipeline as remote
+//!   workers), `adapters::http` (`--metrics`: [`metrics`], `/status.json`,
+//!   the status page) and `adapters::security` (the token check).
+//!
+//! Around them:
+//!
+//! * [`config`]: [`Config`] and the
+//!   parsers and defaults behind the flags.
+//! * `setup` (private): opening the data directory, creating or resuming the
+//!   run (`plan`: the split, work estimates and grouping into jobs), and
+//!   `restore`: the core rebuilt from the stored copies, nothing cached
+//!   trusted.
+//! * `run` (private): [`run`] itself, wiring and the shutdown order only.
+//! * [`report`]: [`RunReport`] (built in one place), its stdout line and
+//!   `report.json`.
+//! * [`audit`] and [`export`]: offline tools over a data directory.
+//! * [`error`]: the crate's one error type.
+//!
+//! Data flows one way: `plan` → store → `engine` (with `core` deciding) ←
+//! `adapters`.
 
 #![deny(missing_docs)]
 
+pub mod adapters;
 pub mod audit;
 pub mod config;
+pub mod core;
+mod engine;
 pub mod error;
 pub mod export;
-pub mod http;
-pub mod lease;
-mod ledger;
-mod local;
+mod ids;
 pub mod metrics;
 mod plan;
-pub mod progress;
-pub mod quorum;
 pub mod report;
+mod restore;
 mod run;
-pub mod scheduler;
-mod security;
-pub mod service;
-mod session;
-pub mod status;
+mod setup;
 
+pub use crate::adapters::grpc as service;
+pub use crate::core::status::Progress;
+pub use crate::core::{lease, quorum, scheduler, status};
 pub use config::Config;
 pub use error::{Error, Refusal, ReportFault, Result};
 pub use nq_store::JobId;
 pub use plan::MAX_SUBS_PER_JOB;
-pub use progress::Progress;
 pub use report::RunReport;
 pub use run::run;

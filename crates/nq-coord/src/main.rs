@@ -832,12 +832,12 @@ async fn show_progress(bar: ProgressBar, mut rx: watch::Receiver<Progress>) {
             .map_or("?".to_owned(), |d| format!("{}s", d.as_secs()));
         bar.set_message(format!(
             "jobs {}/{} · {:.1} jobs/s · ETA {eta} · workers {}",
-            p.jobs_done,
-            p.jobs,
+            p.counters.jobs_done,
+            p.counters.jobs,
             p.jobs_per_second(),
-            p.workers
+            p.counters.workers
         ));
-        if p.complete {
+        if p.counters.complete {
             break;
         }
     }

@@ -39,7 +39,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::status::{RunState, Snapshot};
+use crate::core::status::{RunState, Snapshot};
 
 /// The content type of [`render`]'s output.
 pub const CONTENT_TYPE: &str =

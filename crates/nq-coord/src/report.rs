@@ -6,8 +6,11 @@ use std::path::{Path, PathBuf};
 use nq_core::split::SplitSpec;
 
 use crate::audit::AuditDigest;
+pub use crate::core::report::FaultyWorker;
+use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
 use nq_core::published::published;
+use nq_store::{Manifest, RunSummary};
 
 /// Name of the JSON report in the data directory.
 pub const REPORT_FILE: &str = "report.json";
@@ -53,45 +56,6 @@ pub struct RunReport {
     pub audit_digest: Option<AuditDigest>,
 }
 
-/// A worker that lost at least one verification conflict: one of its results
-/// disagreed with the majority of independent copies.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FaultyWorker {
-    /// Its registration name (`local` for the coordinator's threads).
-    pub name: String,
-    /// The address it called from (the kernel, for the local threads).
-    pub address: String,
-    /// Conflicts it lost.
-    pub lost: u32,
-    /// True when it was refused work for it.
-    pub banned: bool,
-}
-
-impl FaultyWorker {
-    /// Splits a verification identity or its label (`name@address`, an
-    /// address alone, `local:KERNEL`).
-    pub fn from_identity(identity: &str, lost: u32, banned: bool) -> FaultyWorker {
-        if identity.parse::<std::net::IpAddr>().is_ok() {
-            return FaultyWorker {
-                name: String::new(),
-                address: identity.to_owned(),
-                lost,
-                banned,
-            };
-        }
-        let (name, address) = identity
-            .rsplit_once('@')
-            .or_else(|| identity.split_once(':'))
-            .unwrap_or((identity, ""));
-        FaultyWorker {
-            name: name.to_owned(),
-            address: address.to_owned(),
-            lost,
-            banned,
-        }
-    }
-}
-
 /// How a run ended, and the exit code `nq-coord` gives it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunStatus {
@@ -126,6 +90,106 @@ impl RunStatus {
             RunStatus::Interrupted => "interrupted",
             RunStatus::UnresolvedConflicts => "unresolved_conflicts",
             RunStatus::PublishedMismatch => "published_mismatch",
+        }
+    }
+}
+
+/// The figures of a run's end, wherever they come from: the scheduler of
+/// the session that ends ([`Totals::of_scheduler`]) or the summary an
+/// earlier session stored ([`Totals::of_summary`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Totals {
+    pub(crate) complete: bool,
+    pub(crate) total: u128,
+    pub(crate) unique: u128,
+    pub(crate) elapsed_ms: u64,
+    pub(crate) jobs_done: u64,
+    pub(crate) confirmations: u64,
+    pub(crate) conflicts: u64,
+    pub(crate) disputed: u64,
+}
+
+impl Totals {
+    /// The totals as `s` counts them after `elapsed_ms` of work on the run.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Inconsistent`] when a complete run's tally does not fold
+    /// into whole symmetry classes.
+    pub(crate) fn of_scheduler(s: &Scheduler, elapsed_ms: u64) -> Result<Totals> {
+        let complete = s.is_complete();
+        let tally = s.tally();
+        Ok(Totals {
+            complete,
+            total: tally.total,
+            unique: if complete {
+                tally.unique().map_err(Error::Inconsistent)?
+            } else {
+                0
+            },
+            elapsed_ms,
+            jobs_done: s.jobs_done(),
+            confirmations: s.confirmations(),
+            conflicts: s.conflicts(),
+            disputed: s.jobs_disputed(),
+        })
+    }
+
+    /// The totals a finished run stored.
+    pub(crate) fn of_summary(s: &RunSummary, disputed: u64) -> Totals {
+        Totals {
+            complete: true,
+            total: s.total,
+            unique: s.unique,
+            elapsed_ms: s.elapsed_ms,
+            jobs_done: s.jobs,
+            confirmations: s.confirmations,
+            conflicts: s.conflicts,
+            disputed,
+        }
+    }
+
+    /// The summary to store once a run is complete.
+    pub(crate) fn summary(&self, jobs: u64, finished_unix_ms: u64) -> Option<RunSummary> {
+        self.complete.then_some(RunSummary {
+            total: self.total,
+            unique: self.unique,
+            elapsed_ms: self.elapsed_ms,
+            jobs,
+            confirmations: self.confirmations,
+            conflicts: self.conflicts,
+            finished_unix_ms,
+        })
+    }
+}
+
+impl RunReport {
+    /// The report of the run `m` in `data_dir`: the one place a report is
+    /// built.
+    pub(crate) fn new(
+        m: &Manifest,
+        data_dir: &Path,
+        t: Totals,
+        faulty_workers: Vec<FaultyWorker>,
+    ) -> RunReport {
+        RunReport {
+            n: m.key.board.n(),
+            complete: t.complete,
+            total: t.total,
+            unique: t.unique,
+            seconds: std::time::Duration::from_millis(t.elapsed_ms).as_secs_f64(),
+            jobs: m.jobs,
+            jobs_done: t.jobs_done,
+            split: m.key.spec,
+            split_version: m.key.split_version,
+            confirmations: t.confirmations,
+            conflicts: t.conflicts,
+            run_id: m.run_id.clone(),
+            data_dir: data_dir.to_path_buf(),
+            faulty_workers,
+            disputed: t.disputed,
+            // Set where the run is complete: it reads the whole store.
+            audit_digest: None,
         }
     }
 }

@@ -23,10 +23,9 @@ use nq_proto::convert::RunShape;
 use nq_proto::pb;
 use serde_json::json;
 
-use crate::lease::WorkerId;
-use crate::report::FaultyWorker;
-use crate::scheduler::Scheduler;
-use crate::session::Session;
+use crate::core::lease::WorkerId;
+use crate::core::report::FaultyWorker;
+use crate::core::scheduler::{Counters, Scheduler};
 
 /// Rates are measured over this much recent time.
 pub const RATE_WINDOW: Duration = Duration::from_secs(30);
@@ -175,7 +174,7 @@ const WORKER_SAMPLE_EVERY: Duration = Duration::from_secs(10);
 
 impl Sample {
     fn of(sched: &Scheduler, at: Instant, with_workers: bool) -> Sample {
-        let p = sched.progress(at);
+        let p = sched.counters(at);
         Sample {
             at,
             jobs: p.jobs_done,
@@ -260,6 +259,109 @@ fn rate(now: u128, then: u128, secs: f64) -> f64 {
     }
 }
 
+/// The fraction of the estimated work done, 0.0 to 1.0: the one reading of
+/// "how far" behind the bar, `nq-coord status`, `/status.json`, the status
+/// page and `nq_progress_ratio`. By estimated work, never by jobs: jobs
+/// differ in size by orders of magnitude.
+pub fn fraction_of(work_done: u128, work_total: u128, complete: bool) -> f64 {
+    if work_total == 0 {
+        return if complete { 1.0 } else { 0.0 };
+    }
+    (work_done as f64 / work_total as f64).clamp(0.0, 1.0)
+}
+
+/// How fast a run goes and when it should end: the one reading of "how
+/// fast" behind every display.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Pace {
+    /// Jobs settled per second over the rate window.
+    pub jobs_per_second: f64,
+    /// Estimated work settled per second over the rate window.
+    pub work_per_second: f64,
+    /// The window the rates cover, in seconds (0 before the first sample).
+    pub window_seconds: f64,
+    /// Time spent in this session.
+    pub session_seconds: f64,
+    /// Seconds to completion: from the windowed rate, else (no job settled
+    /// in the window, e.g. one long job) from the session's average; `None`
+    /// before any work was settled here.
+    pub eta_seconds: Option<f64>,
+}
+
+impl History {
+    /// The pace of a run whose counters are `p` at `now`.
+    pub(crate) fn pace(&self, p: &Counters, now: Instant) -> Pace {
+        let (jobs_per_second, work_per_second, window_seconds) = match self.base(now) {
+            Some((b, secs)) => (
+                rate(p.jobs_done.into(), b.jobs.into(), secs),
+                rate(p.work_done, b.work, secs),
+                secs,
+            ),
+            None => (0.0, 0.0, 0.0),
+        };
+        let left = p.work_total.saturating_sub(p.work_done) as f64;
+        let session_seconds = now.saturating_duration_since(self.started).as_secs_f64();
+        let eta_seconds = if p.complete {
+            Some(0.0)
+        } else if work_per_second > 0.0 {
+            Some(left / work_per_second)
+        } else if p.work_done_here > 0 && session_seconds > 0.0 {
+            Some(left * session_seconds / p.work_done_here as f64)
+        } else {
+            None
+        };
+        Pace {
+            jobs_per_second,
+            work_per_second,
+            window_seconds,
+            session_seconds,
+            eta_seconds,
+        }
+    }
+}
+
+/// Where a run stands, for progress displays (the bar, the progress log): the
+/// scheduler's counters with the same [`Pace`] and fraction as a
+/// [`Snapshot`], without the per-worker table, so that it is cheap enough to
+/// publish every tick.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// The counters.
+    pub counters: Counters,
+    /// The pace.
+    pub pace: Pace,
+}
+
+impl Progress {
+    /// The progress of `sched` at `now`, with rates from `history`.
+    pub(crate) fn of(sched: &Scheduler, history: &History, now: Instant) -> Progress {
+        let counters = sched.counters(now);
+        Progress {
+            pace: history.pace(&counters, now),
+            counters,
+        }
+    }
+
+    /// The fraction of the estimated work done, 0.0 to 1.0 (see
+    /// [`fraction_of`]).
+    pub fn fraction(&self) -> f64 {
+        let c = &self.counters;
+        fraction_of(c.work_done, c.work_total, c.complete)
+    }
+
+    /// Estimated time to completion (see [`Pace::eta_seconds`]).
+    pub fn eta(&self) -> Option<Duration> {
+        self.pace
+            .eta_seconds
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+    }
+
+    /// Jobs settled per second over the rate window.
+    pub fn jobs_per_second(&self) -> f64 {
+        self.pace.jobs_per_second
+    }
+}
+
 impl Snapshot {
     /// The snapshot of the run `shape`, `run_id` as `sched` has it at `now`,
     /// with rates from `history`.
@@ -270,31 +372,8 @@ impl Snapshot {
         history: &History,
         now: Instant,
     ) -> Snapshot {
-        let p = sched.progress(now);
-        let base = history.base(now);
-        let (jobs_per_second, work_per_second, window) = match base {
-            Some((b, secs)) => (
-                rate(p.jobs_done.into(), b.jobs.into(), secs),
-                rate(p.work_done, b.work, secs),
-                secs,
-            ),
-            None => (0.0, 0.0, 0.0),
-        };
-        let complete = sched.is_complete();
-        let left = p.work_total.saturating_sub(p.work_done) as f64;
-        let session_seconds =
-            now.saturating_duration_since(history.started).as_secs_f64();
-        let eta_seconds = if complete {
-            Some(0.0)
-        } else if work_per_second > 0.0 {
-            Some(left / work_per_second)
-        } else if p.work_done_here > 0 && session_seconds > 0.0 {
-            // No settled work in the window (a long job): the session's
-            // average is the best guess left.
-            Some(left * session_seconds / p.work_done_here as f64)
-        } else {
-            None
-        };
+        let p = sched.counters(now);
+        let pace = history.pace(&p, now);
         let worker_base = history.worker_base(now);
         let mut workers: Vec<WorkerStatus> = sched
             .workers()
@@ -322,6 +401,7 @@ impl Snapshot {
             })
             .collect();
         workers.sort_by(|a, b| (&a.name, &a.address).cmp(&(&b.name, &b.address)));
+        let complete = p.complete;
         let n = shape.board.n();
         let tally = sched.tally();
         // A tally that does not fold into whole symmetry classes has no
@@ -357,32 +437,30 @@ impl Snapshot {
             jobs_leased: p.jobs_leased,
             jobs_in_check: sched.jobs_in_check(),
             jobs_disputed: sched.jobs_disputed(),
-            eta_seconds,
-            work_per_second,
-            jobs_per_second,
-            rate_window_seconds: window,
-            session_seconds,
+            eta_seconds: pace.eta_seconds,
+            work_per_second: pace.work_per_second,
+            jobs_per_second: pace.jobs_per_second,
+            rate_window_seconds: pace.window_seconds,
+            session_seconds: pace.session_seconds,
             workers_connected: u32::try_from(p.workers).unwrap_or(u32::MAX),
             workers,
             confirmations: sched.confirmations(),
             conflicts: sched.conflicts(),
             lease_expiries: sched.expiries(),
-            faulty_workers: crate::run::faulty_workers(sched),
+            faulty_workers: crate::core::report::faulty_workers(sched),
             total_so_far: tally.total,
             result,
         }
     }
 
-    /// The fraction of the estimated work done, 0.0 to 1.0.
+    /// The fraction of the estimated work done, 0.0 to 1.0 (see
+    /// [`fraction_of`]).
     pub fn fraction(&self) -> f64 {
-        if self.work_total == 0 {
-            return if self.state == RunState::Complete {
-                1.0
-            } else {
-                0.0
-            };
-        }
-        (self.work_done as f64 / self.work_total as f64).clamp(0.0, 1.0)
+        fraction_of(
+            self.work_done,
+            self.work_total,
+            self.state == RunState::Complete,
+        )
     }
 
     /// The wire form.
@@ -595,20 +673,7 @@ impl Snapshot {
             ),
         );
         if !self.faulty_workers.is_empty() {
-            let names: Vec<String> = self
-                .faulty_workers
-                .iter()
-                .map(|f| {
-                    format!(
-                        "{}@{} (lost {}{})",
-                        f.name,
-                        f.address,
-                        f.lost,
-                        if f.banned { ", banned" } else { "" }
-                    )
-                })
-                .collect();
-            line("faulty", names.join(", "));
+            line("faulty", faulty_text(&self.faulty_workers));
         }
         match &self.result {
             Some(r) => line(
@@ -628,6 +693,12 @@ impl Snapshot {
         }
         line("workers", format!("{} connected", self.workers_connected));
         out.push('\n');
+        self.workers_table(&mut out);
+        out
+    }
+
+    /// The table of workers of [`Snapshot::to_text`], one line each.
+    fn workers_table(&self, out: &mut String) {
         let rows: Vec<[String; 7]> = self
             .workers
             .iter()
@@ -679,8 +750,24 @@ impl Snapshot {
                 .collect();
             let _ = writeln!(out, "{}", cells.join("  ").trim_end());
         }
-        out
     }
+}
+
+/// The workers that lost conflicts, on one line.
+fn faulty_text(faulty: &[FaultyWorker]) -> String {
+    let names: Vec<String> = faulty
+        .iter()
+        .map(|f| {
+            format!(
+                "{}@{} (lost {}{})",
+                f.name,
+                f.address,
+                f.lost,
+                if f.banned { ", banned" } else { "" }
+            )
+        })
+        .collect();
+    names.join(", ")
 }
 
 /// `x` with an SI prefix: `1.23M`.
@@ -807,24 +894,6 @@ impl TryFrom<pb::StatusResponse> for Snapshot {
             total_so_far: count(r.total_so_far, "total_so_far")?,
             result,
         })
-    }
-}
-
-impl Session {
-    /// The run's snapshot now.
-    pub(crate) fn snapshot(&self) -> Snapshot {
-        let now = Instant::now();
-        // Lock order: history, then scheduler (as in `sample_status`).
-        let history = self.history();
-        let sched = self.sched();
-        Snapshot::build(&self.shape, &self.run_id, &sched, &history, now)
-    }
-
-    /// Samples the counters for the rates; the ticker calls it every tick.
-    pub(crate) fn sample_status(&self, now: Instant) {
-        let mut history = self.history();
-        let sched = self.sched();
-        history.sample(&sched, now);
     }
 }
 

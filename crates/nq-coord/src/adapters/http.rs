@@ -7,12 +7,12 @@
 //!   JS, nothing fetched from elsewhere) that polls `/status.json`.
 //!
 //! Every answer is built from one snapshot under the scheduler's lock, held
-//! for microseconds; nothing here can change the run. The port serves plain
+//! for microseconds (the engine's core lock); nothing here can change the run. The port serves plain
 //! HTTP/1.1: put it behind a proxy, or bind it to a private address, where
 //! the workers' names and addresses must not be public.
 //!
-//! [`Snapshot`]: crate::status::Snapshot
-//! [`Snapshot::to_json`]: crate::status::Snapshot::to_json
+//! [`Snapshot`]: crate::core::status::Snapshot
+//! [`Snapshot::to_json`]: crate::core::status::Snapshot::to_json
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,11 +26,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::session::Session;
 
 /// The status page, built into the binary.
-const STATUS_PAGE: &str = include_str!("status_page.html");
+const STATUS_PAGE: &str = include_str!("../status_page.html");
 
 /// Serves the HTTP port on `listener` until `token` is cancelled, then lets
 /// open requests finish.
@@ -39,7 +39,7 @@ const STATUS_PAGE: &str = include_str!("status_page.html");
 ///
 /// [`Error::Io`] when accepting connections fails.
 pub(crate) async fn serve(
-    session: Arc<Session>,
+    engine: Arc<Engine>,
     listener: TcpListener,
     token: CancellationToken,
 ) -> Result<()> {
@@ -50,7 +50,7 @@ pub(crate) async fn serve(
         .route("/", get(page))
         .route("/status.json", get(status_json))
         .route("/metrics", get(metrics))
-        .with_state(session);
+        .with_state(engine);
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(token.clone().cancelled_owned());
     // Graceful shutdown waits for every open connection, and a client that
@@ -69,6 +69,18 @@ pub(crate) async fn serve(
     }
 }
 
+/// The tokio form of the caller's bound HTTP listener (a duplicate of its
+/// socket, so that the caller's copy may stay in the config).
+pub(crate) fn listener(l: &std::net::TcpListener) -> Result<TcpListener> {
+    let io = |source| Error::Io {
+        context: "cannot use the --metrics listener".into(),
+        source,
+    };
+    let l = l.try_clone().map_err(io)?;
+    l.set_nonblocking(true).map_err(io)?;
+    TcpListener::from_std(l).map_err(io)
+}
+
 /// How long open HTTP requests get to finish at shutdown.
 const DRAIN: Duration = Duration::from_secs(2);
 
@@ -79,13 +91,13 @@ async fn page() -> impl IntoResponse {
     ([NO_STORE], Html(STATUS_PAGE))
 }
 
-async fn status_json(State(session): State<Arc<Session>>) -> impl IntoResponse {
-    let body = session.snapshot().to_json().to_string();
+async fn status_json(State(engine): State<Arc<Engine>>) -> impl IntoResponse {
+    let body = engine.snapshot().to_json().to_string();
     ([(CONTENT_TYPE, "application/json"), NO_STORE], body)
 }
 
-async fn metrics(State(session): State<Arc<Session>>) -> impl IntoResponse {
-    let body = crate::metrics::render(&session.snapshot());
+async fn metrics(State(engine): State<Arc<Engine>>) -> impl IntoResponse {
+    let body = crate::metrics::render(&engine.snapshot());
     (
         [(CONTENT_TYPE, crate::metrics::CONTENT_TYPE), NO_STORE],
         body,

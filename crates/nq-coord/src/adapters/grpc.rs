@@ -1,6 +1,7 @@
-//! The gRPC service: [`CoordinatorService`] implements
-//! `pb::coordinator_server::Coordinator` on top of the session's scheduler,
-//! store and committer.
+//! The gRPC adapter: [`CoordinatorService`] implements
+//! `pb::coordinator_server::Coordinator` by translating each call for the
+//! [`Engine`], and [`start`] serves it with the health and reflection
+//! services.
 //!
 //! Errors become `tonic::Status` in ONE place, `impl From<Error> for Status`
 //! below: bad input is `INVALID_ARGUMENT`, an unknown worker or a protocol
@@ -9,31 +10,37 @@
 //! busy job or a shutdown `UNAVAILABLE` (retryable), and everything else
 //! `INTERNAL`, logged first.
 //!
-//! A report goes through stages, each a function of its own: [`admit`]
-//! (bound to a lease of this session, this worker, this job, this run),
-//! [`receive`] (the stream, with solutions checked and stored as they come),
-//! [`check`] (the counts, by [`ledger::verify`]), [`Session::commit`] (judged
-//! against the job's other copies and made durable), then [`acknowledge`].
-//! A `ReportBatch` item takes the same stages without the stream: each item
-//! alone, so that a refused item is answered in its own ack and changes
-//! nothing, while the commits of one call overlap and share a flush.
+//! A report takes the engine's one pipeline: [`Engine::admit`] (bound to a
+//! lease of this session, this worker, this job, this run), [`receive`]
+//! here (the stream, with solutions checked and stored as they come), then
+//! [`Engine::accept`] (checked, judged against the job's other copies, made
+//! durable, acknowledged). A `ReportBatch` item takes the same pipeline
+//! without the stream: each item alone, so that a refused item is answered
+//! in its own ack and changes nothing, while the commits of one call overlap
+//! and share a flush.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use nq_core::split::SubProblem;
 use nq_proto::pb;
-use nq_store::{JobId, StoredJob};
-use tokio::task::JoinSet;
+use nq_proto::pb::coordinator_server::CoordinatorServer;
+use nq_store::JobId;
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, error, info, instrument, warn};
 
+use crate::adapters::security::{self, TokenCheck};
+use crate::core::lease::{LeaseId, WorkerId};
+use crate::core::scheduler::Outcome;
+use crate::engine::solutions::SolutionWriter;
+use crate::engine::{Admitted, Definition, Engine, Submission, blocking};
 use crate::error::{Error, ReportFault};
-use crate::lease::{LeaseId, WorkerId};
-use crate::ledger::{self, Report, SolutionWriter, Verified};
-use crate::scheduler::{Issued, Outcome};
-use crate::session::{Session, blocking};
 
 /// How long an idle worker waits before asking again, at most.
 const RETRY_AFTER_MS: u64 = 500;
@@ -41,41 +48,39 @@ const RETRY_AFTER_MS: u64 = 500;
 /// The coordinator's gRPC service. Built by [`crate::run`].
 #[derive(Debug, Clone)]
 pub struct CoordinatorService {
-    session: Arc<Session>,
+    engine: Arc<Engine>,
 }
 
 impl CoordinatorService {
-    pub(crate) fn new(session: Arc<Session>) -> CoordinatorService {
-        CoordinatorService { session }
+    pub(crate) fn new(engine: Arc<Engine>) -> CoordinatorService {
+        CoordinatorService { engine }
     }
 
     fn ttl_ms(&self) -> u64 {
-        u64::try_from(self.session.ttl.as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(self.engine.ttl.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The stages of one `ReportBatch` item before its commit: admission
-    /// under the call's worker and run ids, the job's sub-problems, the
-    /// check of its counts.
+    /// under the call's worker and run ids, and the job's definition.
     ///
     /// # Errors
     ///
-    /// As [`admit`], [`Session::subproblems`] and [`check`]; the item is then
+    /// As [`Engine::admit`] and [`Engine::definition`]; the item is then
     /// refused alone.
     fn batch_item(
         &self,
         worker: &str,
         run: &str,
         item: pb::JobReport,
-    ) -> Result<(Admitted, Verified), Error> {
-        let admitted = admit(&self.session, worker, item.job_id, item.lease_id, run)?;
+    ) -> crate::Result<(Admitted, Definition, pb::JobResult)> {
+        let admitted = self.engine.admit(worker, item.job_id, item.lease_id, run)?;
         let result = item.result.ok_or(Error::BadReport {
             job: admitted.job,
             fault: ReportFault::ItemWithoutResult,
         })?;
         // The caller runs the whole batch off the async threads.
-        let (stored, subs) = self.session.subproblems(admitted.job)?;
-        let verified = check(&self.session, &admitted, &stored, &subs, result, None)?;
-        Ok((admitted, verified))
+        let definition = self.engine.definition(admitted.job)?;
+        Ok((admitted, definition, result))
     }
 }
 
@@ -132,7 +137,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }
         // Every call gets a fresh id, even for a known name: a restarted worker
         // cannot prove it is the same one, and its old leases simply expire.
-        let worker = self.session.sched().register(
+        let worker = self.engine.core().sched.register(
             &req.name,
             req.threads,
             peer.map(|p| p.ip()),
@@ -147,7 +152,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         );
         Ok(Response::new(pb::RegisterResponse {
             worker_id: worker.0,
-            run: Some(self.session.shape.to_pb(&self.session.run_id)),
+            run: Some(self.engine.shape.to_pb(&self.engine.run_id)),
             protocol_version: nq_proto::PROTOCOL_VERSION,
             lease_ttl_ms: self.ttl_ms(),
         }))
@@ -165,29 +170,12 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let held: Vec<LeaseId> = req.held.iter().map(|&l| LeaseId(l)).collect();
-        let grant = self
-            .session
-            .sched()
-            .lease(&worker, req.want, &held, Instant::now())
+        let (grant, definitions) = self
+            .engine
+            .grant(&worker, req.want, &held, Instant::now())
             .inspect_err(|e| refused(e, peer))?;
-        // Read outside the scheduler lock, in one step off the async threads
-        // (one hand-off per call, not per job). Should it fail, the leases
-        // granted here simply expire and are reissued.
-        let definitions = if grant.jobs.is_empty() {
-            Vec::new()
-        } else {
-            blocking(|| {
-                grant
-                    .jobs
-                    .iter()
-                    .map(|g| self.session.store.job(g.job))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .map_err(Error::from)?
-        };
         let mut jobs = Vec::with_capacity(grant.jobs.len());
         for (g, stored) in grant.jobs.iter().zip(definitions) {
-            self.session.persist_lease(g, &worker);
             jobs.push(pb::Job {
                 job_id: g.job.0,
                 lease_id: g.lease.0,
@@ -229,47 +217,41 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let span = tracing::Span::current();
         span.record("worker", first.worker_id.as_str());
         span.record("job", first.job_id);
-        let admitted = admit(
-            &self.session,
-            &first.worker_id,
-            first.job_id,
-            first.lease_id,
-            &first.run_id,
-        )
-        .inspect_err(|e| refused(e, peer))?;
+        let admitted = self
+            .engine
+            .admit(
+                &first.worker_id,
+                first.job_id,
+                first.lease_id,
+                &first.run_id,
+            )
+            .inspect_err(|e| refused(e, peer))?;
         let job = admitted.job;
-        let session = Arc::clone(&self.session);
-        let (stored, subs) =
-            tokio::task::spawn_blocking(move || session.subproblems(job))
-                .await
-                .map_err(Error::from)??;
-        let writer = if self.session.shape.solutions {
+        let engine = Arc::clone(&self.engine);
+        let definition = tokio::task::spawn_blocking(move || engine.definition(job))
+            .await
+            .map_err(Error::from)??;
+        let writer = if self.engine.shape.solutions {
             Some(blocking(|| {
-                SolutionWriter::open(&self.session, job, &subs)
+                SolutionWriter::open(&self.engine, job, &definition.subs)
             })?)
         } else {
             None
         };
         let result = receive(first, &mut stream, writer.as_ref()).await?;
-        let verified = check(
-            &self.session,
-            &admitted,
-            &stored,
-            &subs,
-            result,
-            writer.as_ref(),
-        )?;
-        let work = verified.work;
-        // Returns once the copy is judged and durable: the ack below is the
+        let submission = submission(result, writer.as_ref())?;
+        // Returns once the copy is judged and durable: the ack is the
         // worker's permission to forget the job.
-        let outcome = self.session.commit(verified).await?;
+        let accepted = self
+            .engine
+            .accept(&admitted, &definition, submission)
+            .await?;
         // The claim on the job's solutions ends only now that the result is
         // durable.
         drop(writer);
-        let run_complete = acknowledge(&self.session, &admitted.worker, work);
         Ok(Response::new(pb::ReportAck {
-            outcome: outcome_pb(outcome).into(),
-            run_complete,
+            outcome: outcome_pb(accepted.outcome).into(),
+            run_complete: accepted.run_complete,
         }))
     }
 
@@ -294,7 +276,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .into());
         }
         // Solutions travel only on the Report stream.
-        if self.session.shape.solutions {
+        if self.engine.shape.solutions {
             return Err(Error::BatchOfSolutionsRun.into());
         }
         let mut acks: Vec<pb::JobReportAck> = req
@@ -319,29 +301,32 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 .collect()
         });
         for (i, item) in checked.into_iter().enumerate() {
-            match item {
-                Ok((admitted, verified)) => {
-                    let work = verified.work;
-                    let session = Arc::clone(&self.session);
-                    commits.spawn(async move {
-                        (i, admitted, work, session.commit(verified).await)
-                    });
-                }
+            let (admitted, definition, result) = match item {
+                Ok(item) => item,
                 Err(e) => {
                     refused(&e, peer);
                     refuse(&mut acks[i], e);
+                    continue;
                 }
-            }
+            };
+            let engine = Arc::clone(&self.engine);
+            commits.spawn(async move {
+                let accepted = match submission(result, None) {
+                    Ok(s) => engine.accept(&admitted, &definition, s).await,
+                    Err(e) => Err(e),
+                };
+                (i, accepted)
+            });
         }
         let mut run_complete = false;
         let mut stored = 0usize;
         while let Some(joined) = commits.join_next().await {
-            let (i, admitted, work, committed) = joined.map_err(Error::from)?;
-            match committed {
-                Ok(outcome) => {
+            let (i, accepted) = joined.map_err(Error::from)?;
+            match accepted {
+                Ok(a) => {
                     stored += 1;
-                    acks[i].outcome = outcome_pb(outcome).into();
-                    run_complete |= acknowledge(&self.session, &admitted.worker, work);
+                    acks[i].outcome = outcome_pb(a.outcome).into();
+                    run_complete |= a.run_complete;
                 }
                 Err(e) => refuse(&mut acks[i], e),
             }
@@ -361,11 +346,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let leases: Vec<LeaseId> = req.leases.iter().map(|&l| LeaseId(l)).collect();
-        let released = self
-            .session
-            .sched()
-            .release(&worker, &leases, Instant::now());
-        self.session.persist_pending(&released);
+        let released = self.engine.release(&worker, &leases);
         if !released.is_empty() {
             info!(jobs = released.len(), "worker released leases");
         }
@@ -381,7 +362,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         _request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        Ok(Response::new(self.session.snapshot().to_pb()))
+        Ok(Response::new(self.engine.snapshot().to_pb()))
     }
 }
 
@@ -393,97 +374,29 @@ fn refused(e: &Error, peer: Option<SocketAddr>) {
     }
 }
 
-/// A report admitted under its lease: what it is for, and the lease as
-/// issued.
-#[derive(Debug)]
-struct Admitted {
-    worker: WorkerId,
-    job: JobId,
-    lease: LeaseId,
-    issued: Issued,
-}
-
-/// The admission stage: binds a report to what this coordinator issued.
-/// The run must be this one, and the lease one this session issued to the
-/// reporting worker for the reported job. Checked before the job is read or
-/// anything is stored (on a `Report`'s first chunk; on each `ReportBatch`
-/// item).
+/// A result chunk as the engine takes it: its counts converted from the
+/// wire, with the writer that received its solutions (solutions mode).
 ///
 /// # Errors
 ///
-/// [`Error::Refused`] naming what does not match; [`Error::UnknownJob`].
-fn admit(
-    session: &Session,
-    worker: &str,
-    job: u64,
-    lease: u64,
-    run: &str,
-) -> Result<Admitted, Error> {
-    if run != session.run_id {
-        return Err(Error::Refused(crate::error::Refusal::OtherRun {
-            got: run.to_owned(),
-            run: session.run_id.clone(),
-        }));
-    }
-    let (worker, job, lease) = (WorkerId(worker.to_owned()), JobId(job), LeaseId(lease));
-    let issued = session.sched().check_report(job, lease, &worker)?;
-    Ok(Admitted {
-        worker,
-        job,
-        lease,
-        issued,
-    })
-}
-
-/// The checking stage: the result's counts, converted from the wire and
-/// verified against the job `stored` and its sub-problems `subs` by [`ledger::verify`]
-/// (with the solutions `writer` received, in solutions mode).
-///
-/// # Errors
-///
-/// [`Error::Convert`] for a count that is not one; the errors of
-/// [`ledger::verify`].
-fn check(
-    session: &Session,
-    admitted: &Admitted,
-    stored: &StoredJob,
-    subs: &[SubProblem],
+/// [`Error::Convert`] for a count that is not one.
+fn submission(
     result: pb::JobResult,
     writer: Option<&SolutionWriter>,
-) -> Result<Verified, Error> {
+) -> crate::Result<Submission<'_>> {
     let counts = result
         .counts
         .into_iter()
         .map(TryFrom::try_from)
         .collect::<Result<Vec<_>, _>>()
         .map_err(Error::from)?;
-    let report = Report {
-        job: admitted.job,
-        lease: admitted.lease,
-        worker: admitted.worker.0.clone(),
+    Ok(Submission {
         counts,
         nodes: result.nodes,
-        work: stored.work(),
         solutions_sent: result.solutions_sent,
-        listed: writer.map(SolutionWriter::listed),
         kernel: result.kernel,
-        issued: admitted.issued.clone(),
-        stored_solutions: writer.is_some_and(SolutionWriter::stores),
-    };
-    ledger::verify(session, subs, report)
-}
-
-/// The acknowledging stage, once a copy of a job of estimated `work` is
-/// durable: counts it towards `worker`'s throughput, and returns whether the run is complete
-/// (the worker is then told, which the linger waits for).
-fn acknowledge(session: &Session, worker: &WorkerId, work: u64) -> bool {
-    let mut s = session.sched();
-    s.note_copy(worker, work);
-    let complete = s.is_complete();
-    if complete {
-        s.mark_told(worker);
-    }
-    complete
+        writer,
+    })
 }
 
 /// The wire form of a copy's outcome.
@@ -555,4 +468,98 @@ async fn receive(
         return Err(bad(ReportFault::ChunkAfterResult).into());
     }
     Ok(result)
+}
+
+/// Who may call the coordinator's service: see
+/// [`Config::token`](crate::Config::token) and
+/// [`Config::tls`](crate::Config::tls).
+#[derive(Debug)]
+pub(crate) struct Guard {
+    pub(crate) token: Option<nq_proto::auth::Token>,
+    pub(crate) tls: Option<nq_proto::tls::ServerTls>,
+}
+
+/// Starts serving `engine` on `listener` (see [`serve`]) and says SERVING on
+/// the health service; returns the health reporter (for the shutdown) and
+/// the server's task.
+pub(crate) async fn start(
+    engine: Arc<Engine>,
+    listener: TcpListener,
+    guard: Guard,
+    token: CancellationToken,
+) -> (
+    tonic_health::server::HealthReporter,
+    JoinHandle<crate::Result<()>>,
+) {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let server = tokio::spawn(serve(engine, listener, health_service, guard, token));
+    health
+        .set_serving::<CoordinatorServer<CoordinatorService>>()
+        .await;
+    (health, server)
+}
+
+/// Says NOT_SERVING on the health service: the first step of the shutdown.
+pub(crate) async fn not_serving(health: &mut tonic_health::server::HealthReporter) {
+    health
+        .set_not_serving::<CoordinatorServer<CoordinatorService>>()
+        .await;
+}
+
+/// Serves the coordinator, health and reflection services until `token` is
+/// cancelled, then lets in-flight RPCs finish.
+///
+/// With `guard.token`, every call of the coordinator's service must carry it
+/// (health and reflection stay open, for probes and `grpcurl list`); with
+/// `guard.tls`, the port speaks TLS only.
+async fn serve(
+    engine: Arc<Engine>,
+    listener: TcpListener,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    guard: Guard,
+    token: CancellationToken,
+) -> crate::Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        security::warn_if_exposed(addr, guard.token.is_some(), guard.tls.is_some());
+    }
+    if let Some(tls) = &guard.tls {
+        info!(mutual = tls.mutual(), "serving TLS");
+    }
+    let service = CoordinatorServer::new(CoordinatorService::new(engine))
+        .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+    let service = InterceptedService::new(service, TokenCheck::new(guard.token));
+    // The descriptor set is compiled from our own proto at build time, and a
+    // test lists the services through it: decoding it cannot fail at run time.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(nq_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .expect("the built-in descriptor sets decode");
+    // grpcurl and older tools still ask the v1alpha service.
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the built-in descriptor sets decode");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let mut builder = Server::builder();
+    if let Some(tls) = &guard.tls {
+        builder = builder.tls_config(tls.config())?;
+    }
+    builder
+        // Detects dead connections, so that a report stuck on a vanished
+        // worker does not hold its job's claim forever.
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+        .await?;
+    Ok(())
 }

@@ -3,50 +3,17 @@
 //! A lease is the right to work on one job until a deadline. Workers renew
 //! their leases with every `Lease` call (the heartbeat); a lease that is not
 //! renewed expires and its job goes back to the pending queue. Lease ids are
-//! never reused, even across restarts: the session number (from the store)
-//! sits in the high bits, so a report under a lease of an earlier session is
-//! recognised as late, not mistaken for a current one.
+//! random 64-bit numbers drawn by the scheduler (never reused within a
+//! session): a report under a lease of an earlier session names an id this
+//! session never issued, and is refused rather than mistaken for a current
+//! one.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Instant;
 
 use nq_store::JobId;
 
-/// Identifies one grant of one job. Distinct from [`JobId`], so the two cannot
-/// be mixed up:
-///
-/// ```compile_fail
-/// use nq_coord::lease::LeaseId;
-/// use nq_coord::JobId;
-/// fn revoke(_: LeaseId) {}
-/// revoke(JobId(3)); // a job id is not a lease id
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(pub u64);
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-/// Identifies a registered worker for one coordinator session:
-/// `w<session>.<n>-<random>`.
-///
-/// ```compile_fail
-/// use nq_coord::lease::WorkerId;
-/// fn forget(_: WorkerId) {}
-/// forget("w1.1".to_string()); // a string is not a worker id
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkerId(pub String);
-
-impl fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use crate::ids::{LeaseId, WorkerId};
 
 /// One live lease.
 #[derive(Clone, Debug, PartialEq, Eq)]

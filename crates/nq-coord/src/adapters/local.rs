@@ -1,9 +1,9 @@
 //! The embedded worker: the coordinator's own cores run jobs too.
 //!
-//! It leases straight from the scheduler (no gRPC loopback), runs jobs on
+//! It leases straight from the engine (no gRPC loopback), runs jobs on
 //! `nq_core::pool::Pool` (the one runner of nq), and sends results through the
-//! same checked path as remote results ([`ledger::verify`], then the
-//! committer). It keeps a small prefetch: whenever fewer than two sub-problems
+//! same pipeline as remote results ([`Engine::admit`], then
+//! [`Engine::accept`]). It keeps a small prefetch: whenever fewer than two sub-problems
 //! per thread are queued in the pool, it leases another job, so the threads
 //! never wait for the scheduler. The pool's threads take sub-problems, not
 //! jobs, so the queue can run dry while a job is still running: every solved
@@ -23,11 +23,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
+use crate::core::lease::{LeaseId, WorkerId};
+use crate::core::scheduler::KernelRequest;
+use crate::engine::solutions::SolutionWriter;
+use crate::engine::{Definition, Engine, Submission, subproblems_in};
 use crate::error::{Error, Result};
-use crate::lease::{LeaseId, WorkerId};
-use crate::ledger::{self, Report, SolutionWriter};
-use crate::scheduler::KernelRequest;
-use crate::session::Session;
 
 /// How long to wait before asking again when nothing is pending (the rest of
 /// the jobs are leased to remote workers).
@@ -133,7 +133,7 @@ impl JobSink for LocalSink {
 ///
 /// [`Error::Io`] when the threads cannot be started; scheduler errors.
 pub(crate) async fn run_local(
-    session: Arc<Session>,
+    engine: Arc<Engine>,
     threads: usize,
     token: CancellationToken,
     tracker: TaskTracker,
@@ -144,7 +144,7 @@ pub(crate) async fn run_local(
         source,
     })?;
     let threads = pool.threads();
-    let worker = session.sched().register_local(
+    let worker = engine.core().sched.register_local(
         u32::try_from(threads).unwrap_or(u32::MAX),
         Kernel::Auto.resolved_name(),
         Instant::now(),
@@ -158,34 +158,34 @@ pub(crate) async fn run_local(
     let wake = Arc::new(Notify::new());
     let mut running: HashMap<LeaseId, Running> = HashMap::new();
     let low_water = 2 * threads;
-    let renew_every = session.ttl / 3;
+    let renew_every = engine.ttl / 3;
     let mut last_call = Instant::now();
-    while !token.is_cancelled() && !session.complete.is_cancelled() {
+    while !token.is_cancelled() && !engine.complete.is_cancelled() {
         // Top up, so that the pool's queue never runs dry.
         let mut starved = false;
         while pool.queued() < low_water && !token.is_cancelled() {
-            let more = lease(&session, &worker, &mut running, 1)?;
+            let more = lease(&engine, &worker, &mut running, 1)?;
             last_call = Instant::now();
             let Some(leased) = more.into_iter().next() else {
                 starved = true;
                 break;
             };
-            submit(&session, &pool, (&tx, &wake), &mut running, leased);
+            submit(&engine, &pool, (&tx, &wake), &mut running, leased);
         }
         // The heartbeat keeps long jobs' leases alive.
         if last_call.elapsed() >= renew_every {
-            lease(&session, &worker, &mut running, 0)?;
+            lease(&engine, &worker, &mut running, 0)?;
             last_call = Instant::now();
         }
         let wait = if starved { STARVED_RETRY } else { renew_every };
         tokio::select! {
             biased;
             () = token.cancelled() => break,
-            () = session.complete.cancelled() => break,
+            () = engine.complete.cancelled() => break,
             Some(first) = rx.recv() => {
-                finish(&session, &tracker, &worker, &mut running, first);
+                finish(&engine, &tracker, &worker, &mut running, first);
                 while let Ok(next) = rx.try_recv() {
-                    finish(&session, &tracker, &worker, &mut running, next);
+                    finish(&engine, &tracker, &worker, &mut running, next);
                 }
             }
             () = wake.notified() => {}
@@ -198,8 +198,7 @@ pub(crate) async fn run_local(
         r.stop.store(true, Ordering::Relaxed);
     }
     let leases: Vec<LeaseId> = running.keys().copied().collect();
-    let released = session.sched().release(&worker, &leases, Instant::now());
-    session.persist_pending(&released);
+    engine.release(&worker, &leases);
     // Dropping the pool joins its threads: a blocking call, kept off the
     // async workers. The stop flags make it quick.
     tokio::task::spawn_blocking(move || drop(pool)).await?;
@@ -208,13 +207,13 @@ pub(crate) async fn run_local(
 
 /// Leases up to `want` jobs (renewing what runs) and stops revoked jobs.
 fn lease(
-    session: &Session,
+    engine: &Engine,
     worker: &WorkerId,
     running: &mut HashMap<LeaseId, Running>,
     want: u32,
 ) -> Result<Vec<Leased>> {
     let held: Vec<LeaseId> = running.keys().copied().collect();
-    let grant = session.sched().lease(worker, want, &held, Instant::now())?;
+    let (grant, definitions) = engine.grant(worker, want, &held, Instant::now())?;
     for id in &grant.revoked {
         if let Some(r) = running.remove(id) {
             debug!(job = %r.job, lease = %id, "local job revoked");
@@ -222,9 +221,7 @@ fn lease(
         }
     }
     let mut out = Vec::with_capacity(grant.jobs.len());
-    for g in grant.jobs {
-        session.persist_lease(&g, worker);
-        let (stored, subs) = crate::session::blocking(|| session.subproblems(g.job))?;
+    for (g, stored) in grant.jobs.into_iter().zip(definitions) {
         let kernel = match g.kernel {
             KernelRequest::Named(k) => k,
             KernelRequest::Any => Kernel::Auto,
@@ -233,7 +230,7 @@ fn lease(
             lease: g.lease,
             job: g.job,
             work: stored.work(),
-            subs,
+            subs: subproblems_in(&stored, &engine.shape, g.job)?,
             kernel,
         });
     }
@@ -242,7 +239,7 @@ fn lease(
 
 /// Queues one job on the pool.
 fn submit(
-    session: &Arc<Session>,
+    engine: &Arc<Engine>,
     pool: &Pool,
     (tx, wake): (&mpsc::UnboundedSender<Finished>, &Arc<Notify>),
     running: &mut HashMap<LeaseId, Running>,
@@ -256,8 +253,8 @@ fn submit(
 ) {
     let stop = Arc::new(AtomicBool::new(false));
     let mut fault = None;
-    let writer = if session.shape.solutions {
-        match SolutionWriter::open(session, job, &subs) {
+    let writer = if engine.shape.solutions {
+        match SolutionWriter::open(engine, job, &subs) {
             Ok(w) => Some(Arc::new(w)),
             Err(e) => {
                 // Busy: a remote report of this job is storing its solutions;
@@ -290,17 +287,18 @@ fn submit(
     );
     pool.submit(Job {
         subproblems: subs,
-        list_solutions: session.shape.solutions,
+        list_solutions: engine.shape.solutions,
         kernel,
         stop,
         sink,
     });
 }
 
-/// Handles the end of a local job: a finished one is verified and committed
-/// in a task of its own, so the driver goes straight back to topping up.
+/// Handles the end of a local job: a finished one takes the engine's one
+/// pipeline (admission under its lease, then acceptance) in a task of its
+/// own, so the driver goes straight back to topping up.
 fn finish(
-    session: &Arc<Session>,
+    engine: &Arc<Engine>,
     tracker: &TaskTracker,
     worker: &WorkerId,
     running: &mut HashMap<LeaseId, Running>,
@@ -322,45 +320,30 @@ fn finish(
     else {
         return; // cancelled
     };
-    let session = Arc::clone(session);
+    let engine = Arc::clone(engine);
     let worker = worker.0.clone();
     let lease = f.lease;
     tracker.spawn(async move {
+        let definition = Definition {
+            work: r.work,
+            subs: r.subs,
+        };
+        let submission = Submission {
+            counts,
+            nodes,
+            solutions_sent: solutions,
+            kernel: r.kernel.resolved_name().to_owned(),
+            writer: f.writer.as_deref(),
+        };
         // The local threads' reports are bound to their leases like any.
-        let issued =
-            session
-                .sched()
-                .check_report(r.job, lease, &WorkerId(worker.clone()));
-        let result = match issued {
-            Ok(issued) => {
-                let report = Report {
-                    job: r.job,
-                    lease,
-                    worker: worker.clone(),
-                    counts,
-                    nodes,
-                    work: r.work,
-                    solutions_sent: solutions,
-                    listed: f.writer.as_ref().map(|w| w.listed()),
-                    kernel: r.kernel.resolved_name().to_owned(),
-                    issued,
-                    stored_solutions: f.writer.as_ref().is_some_and(|w| w.stores()),
-                };
-                ledger::verify(&session, &r.subs, report)
-            }
+        let accepted = match engine.admit(&worker, r.job.0, lease.0, &engine.run_id) {
+            Ok(admitted) => engine.accept(&admitted, &definition, submission).await,
             Err(e) => Err(e),
         };
-        let result = match result {
-            Ok(v) => session.commit(v).await,
-            Err(e) => Err(e),
-        };
-        if result.is_ok() {
-            session.sched().note_copy(&WorkerId(worker), r.work);
-        }
         // The claim on the job's solutions ends once the result is durable.
         drop(f.writer);
-        match result {
-            Ok(outcome) => debug!(job = %r.job, ?outcome, "local job stored"),
+        match accepted {
+            Ok(a) => debug!(job = %r.job, outcome = ?a.outcome, "local job stored"),
             Err(Error::ShuttingDown) => {}
             Err(e) => error!(job = %r.job, error = %e.chain(), "local result rejected"),
         }

@@ -50,7 +50,6 @@ use rand::{Rng, SeedableRng};
 
 use crate::error::{Error, Refusal, Result};
 use crate::lease::{Lease, LeaseId, LeaseTable, WorkerId};
-use crate::progress::Progress;
 use crate::quorum::{Identities, IdentityId, Policy};
 
 /// Most jobs one `Lease` call can grant.
@@ -1229,9 +1228,10 @@ impl Scheduler {
         });
     }
 
-    /// A progress snapshot (without `elapsed`, which the caller knows).
-    pub fn progress(&self, now: Instant) -> Progress {
-        Progress {
+    /// The run's counters now, for [`crate::core::status`], the one place
+    /// that reads them as progress.
+    pub fn counters(&self, now: Instant) -> Counters {
+        Counters {
             jobs: self.jobs(),
             jobs_done: self.done_jobs,
             jobs_leased: self.leases.len() as u64,
@@ -1240,11 +1240,37 @@ impl Scheduler {
             workers: self.active_workers(now),
             total_so_far: self.tally.total,
             complete: self.is_complete(),
-            elapsed: Duration::ZERO,
             jobs_done_here: self.done_here,
             work_done_here: self.work_here,
         }
     }
+}
+
+/// The scheduler's counters at one moment. Work is in the split's estimate
+/// units, so progress read from them is weighted by expected cost, not by
+/// job count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Jobs in the run.
+    pub jobs: u64,
+    /// Jobs settled.
+    pub jobs_done: u64,
+    /// Jobs currently leased (to remote workers or the local threads).
+    pub jobs_leased: u64,
+    /// Estimated work of the whole run.
+    pub work_total: u128,
+    /// Estimated work of the jobs settled.
+    pub work_done: u128,
+    /// Workers heard from within the last lease TTL.
+    pub workers: usize,
+    /// Solutions counted so far (Q(N) once complete).
+    pub total_so_far: u128,
+    /// True once every job is settled.
+    pub complete: bool,
+    /// Jobs settled in this session.
+    pub jobs_done_here: u64,
+    /// Estimated work settled in this session.
+    pub work_done_here: u128,
 }
 
 /// The verification identity of a remote worker named `name` calling from
@@ -1748,7 +1774,7 @@ mod tests {
         assert_eq!(g.jobs[0].attempts, 4);
         assert_eq!(s.tally().total, 10);
         assert_eq!((s.confirmations(), s.conflicts()), (2, 1));
-        let p = s.progress(clock.now());
+        let p = s.counters(clock.now());
         assert_eq!(
             (p.jobs, p.jobs_done, p.work_done, p.work_total),
             (3, 1, 5, 12)

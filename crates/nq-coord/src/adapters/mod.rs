@@ -1,0 +1,8 @@
+//! The thin adapters over the [`crate::engine`]: each translates one way in
+//! (gRPC calls, the coordinator's own threads, HTTP requests) into the
+//! engine's calls, and owns no judgement of its own.
+
+pub mod grpc;
+pub(crate) mod http;
+pub(crate) mod local;
+pub(crate) mod security;

@@ -1,0 +1,875 @@
+//! Which copy of a job counts, as pure functions over plain data.
+//!
+//! A result reaches the ledger as a [`Report`] already bound to its lease
+//! (the engine's admission). [`check_counts`] checks it against the job's
+//! sub-problems and folds its counts into a [`Tally`], giving a [`Verified`]
+//! copy. [`decide`] then judges the job's copies by the rules of
+//! [`crate::core::quorum`] and returns a [`Decision`]: the writes to make,
+//! the [`Settlement`] for the scheduler once they are durable, and the
+//! outcome for the reporter. The engine carries a decision out; nothing here
+//! reads a clock, a store or a socket, so every case is a unit test.
+//!
+//! On restore, [`losses_in`] and [`judge_restored`] judge the stored copies
+//! again by the same rules: nothing cached is trusted.
+
+use nq_core::split::{SubCounts, SubProblem, Tally};
+use nq_proto::convert::RunShape;
+use nq_store::{Duplicate, DuplicateKind, JobId, StoredResult};
+
+use crate::core::lease::LeaseId;
+use crate::core::quorum::{Identities, IdentityId, Verdict, Vote, judge};
+use crate::core::scheduler::{Outcome, Scheduler, Settlement};
+use crate::error::{Error, ReportFault, Result};
+
+/// A report as received, bound to its lease, before checking.
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) job: JobId,
+    pub(crate) lease: LeaseId,
+    pub(crate) worker: String,
+    pub(crate) counts: Vec<SubCounts>,
+    pub(crate) nodes: u64,
+    /// The job's estimated work (from its stored definition, which the
+    /// caller read to check the report).
+    pub(crate) work: u64,
+    /// `solutions_sent` of the result chunk.
+    pub(crate) solutions_sent: u64,
+    /// Solutions received per sub-problem (solutions mode).
+    pub(crate) listed: Option<Vec<u64>>,
+    /// The kernel that counted, as reported.
+    pub(crate) kernel: String,
+    /// Solutions mode: true when this report's solutions were stored.
+    pub(crate) stored_solutions: bool,
+}
+
+/// A report that passed every check, with its contribution to the totals.
+#[derive(Debug, Clone)]
+pub(crate) struct Verified {
+    pub(crate) job: JobId,
+    pub(crate) lease: LeaseId,
+    /// Solutions mode: true when its solutions are the stored ones.
+    pub(crate) stored_solutions: bool,
+    /// The job's estimated work.
+    pub(crate) work: u64,
+    pub(crate) result: StoredResult,
+}
+
+/// Checks a report of the job whose sub-problems are `subs`, in a run of
+/// `shape`: one `SubCounts` per sub-problem, each passing
+/// `SubProblem::check` and folded into the copy's tally, the solutions
+/// received matching the counts in solutions mode, and no job above the
+/// published total. `identity` is the voice the report's lease was issued
+/// to, and `received_unix_ms` the time to record.
+///
+/// # Errors
+///
+/// [`Error::BadReport`] naming the fault.
+pub(crate) fn check_counts(
+    shape: &RunShape,
+    subs: &[SubProblem],
+    report: Report,
+    identity: String,
+    received_unix_ms: u64,
+) -> Result<Verified> {
+    let job = report.job;
+    let bad = |fault| Error::BadReport { job, fault };
+    if report.counts.len() != subs.len() {
+        return Err(bad(ReportFault::CountsLength {
+            expected: subs.len(),
+            found: report.counts.len(),
+        }));
+    }
+    let mut tally = Tally::default();
+    for (i, (sub, counts)) in subs.iter().zip(&report.counts).enumerate() {
+        sub.check(shape.spec, counts)
+            .and_then(|()| tally.add(sub, counts))
+            .map_err(|source| bad(ReportFault::Counts { sub: i, source }))?;
+    }
+    let solutions = solutions_received(shape.solutions, &report).map_err(bad)?;
+    // A job's copies must agree with the published total where one is
+    // known: no single job can hold more solutions than the whole board.
+    if let Some((total, _)) = nq_core::published::published(shape.board.n())
+        && tally.total > total
+    {
+        return Err(bad(ReportFault::AbovePublished {
+            total: tally.total,
+            published: total,
+        }));
+    }
+    Ok(Verified {
+        job,
+        lease: report.lease,
+        stored_solutions: report.stored_solutions,
+        work: report.work,
+        result: StoredResult {
+            counts: report.counts,
+            solutions,
+            tally,
+            nodes: report.nodes,
+            worker: report.worker,
+            lease: report.lease.0,
+            identity,
+            kernel: report.kernel,
+            received_unix_ms,
+        },
+    })
+}
+
+/// The solutions a report listed: in solutions mode, as many per
+/// sub-problem as its count says and as many in all as it says it sent;
+/// otherwise none.
+fn solutions_received(
+    solutions_mode: bool,
+    report: &Report,
+) -> std::result::Result<u64, ReportFault> {
+    match (&report.listed, solutions_mode) {
+        (Some(listed), true) => {
+            let received: u64 = listed.iter().sum();
+            if received != report.solutions_sent {
+                return Err(ReportFault::SolutionsSent {
+                    sent: report.solutions_sent,
+                    received,
+                });
+            }
+            for (i, (&l, c)) in listed.iter().zip(&report.counts).enumerate() {
+                if u128::from(l) != c.count {
+                    return Err(ReportFault::SolutionCount {
+                        sub: i,
+                        listed: l,
+                        count: c.count,
+                    });
+                }
+            }
+            Ok(received)
+        }
+        (None, true) => Err(ReportFault::SolutionsSent {
+            sent: report.solutions_sent,
+            received: 0,
+        }),
+        (_, false) if report.solutions_sent != 0 => Err(ReportFault::SolutionsNotWanted),
+        (_, false) => Ok(0),
+    }
+}
+
+/// The copies of one job as the ledger sees them while it decides: the
+/// stored ones, then those decided since. Plain data: the engine loads it,
+/// [`decide`] updates it, and the engine keeps it for the rest of a group.
+#[derive(Debug, Clone)]
+pub(crate) struct JobCopies {
+    /// Every copy, in the order received; the Done record's copy first.
+    pub(crate) copies: Vec<StoredResult>,
+    /// Which copy the job's Done record holds.
+    pub(crate) done: Option<usize>,
+    /// The tally the scheduler counts for the job (after the decisions so
+    /// far).
+    pub(crate) counted: Option<Tally>,
+    /// True when the job is settled in the scheduler.
+    pub(crate) settled: bool,
+    pub(crate) attempts: u32,
+    /// The job's estimated work.
+    pub(crate) work: u64,
+    /// Solutions mode: the copy whose solutions are stored, if any.
+    pub(crate) stored: Option<usize>,
+}
+
+impl JobCopies {
+    /// The copies of `job` as stored (`copies`: the Done record's first;
+    /// empty when the job is not done), with what the scheduler says of it.
+    pub(crate) fn new(
+        sched: &Scheduler,
+        job: JobId,
+        copies: Vec<StoredResult>,
+        attempts: u32,
+        work: u64,
+    ) -> JobCopies {
+        let done = (!copies.is_empty()).then_some(0);
+        let counted = match (sched.is_counted(job), done) {
+            (true, Some(i)) => Some(copies[i].tally),
+            _ => None,
+        };
+        JobCopies {
+            stored: if sched.wants_solutions(job) {
+                None
+            } else {
+                done
+            },
+            counted,
+            settled: sched.is_done(job),
+            copies,
+            done,
+            attempts,
+            work,
+        }
+    }
+}
+
+/// A write that a decision asks for. The engine turns them into one store
+/// batch, and acknowledges nothing before that batch is flushed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Write {
+    /// The job's first copy: it becomes the Done record.
+    First {
+        job: JobId,
+        result: StoredResult,
+        attempts: u32,
+    },
+    /// Verification overturned the Done record: this copy replaces it.
+    Replace {
+        job: JobId,
+        result: StoredResult,
+        attempts: u32,
+    },
+    /// A copy kept beside the Done record, as evidence.
+    Keep { job: JobId, duplicate: Duplicate },
+}
+
+/// What judging a job's copies decided.
+#[derive(Debug)]
+pub(crate) struct Decision {
+    /// To be made durable first.
+    pub(crate) writes: Vec<Write>,
+    /// For the scheduler, after the writes are durable.
+    pub(crate) settlement: Settlement,
+    /// For the reporter of the judged copy (if one was judged).
+    pub(crate) outcome: Outcome,
+}
+
+/// The copies as votes, in classes of equal results numbered in order of
+/// first appearance, with the first copy of each class.
+pub(crate) fn votes_of(
+    sched: &mut Scheduler,
+    copies: &[StoredResult],
+) -> (Vec<Vote>, Vec<usize>) {
+    let mut reps: Vec<usize> = Vec::new();
+    let votes = copies
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let class = reps
+                .iter()
+                .position(|&r| copies[r].agrees(c))
+                .unwrap_or_else(|| {
+                    reps.push(i);
+                    reps.len() - 1
+                });
+            Vote {
+                identity: sched.intern(&c.identity),
+                class,
+            }
+        })
+        .collect();
+    (votes, reps)
+}
+
+/// A copy kept as evidence: a confirmation when it agrees with the recorded
+/// copy, else a conflict.
+fn keep(job: JobId, copy: &StoredResult, agrees: bool) -> Write {
+    let kind = if agrees {
+        DuplicateKind::Confirmation
+    } else {
+        DuplicateKind::Conflict
+    };
+    Write::Keep {
+        job,
+        duplicate: Duplicate {
+            kind,
+            result: copy.clone(),
+        },
+    }
+}
+
+/// Judges `job`'s copies `jc`, the newest being `new` (or none, to judge
+/// again after a change of reputations or on restore), and says what to
+/// write, what to settle and how the new copy fared. `jc` is updated to the
+/// state after the decision.
+pub(crate) fn decide(
+    sched: &mut Scheduler,
+    job: JobId,
+    jc: &mut JobCopies,
+    new: Option<&Verified>,
+    solutions_mode: bool,
+) -> Decision {
+    let old_done = jc.done;
+    if let Some(v) = new {
+        jc.copies.push(v.result.clone());
+        if v.stored_solutions {
+            jc.stored = Some(jc.copies.len() - 1);
+        }
+    }
+    let (votes, reps) = votes_of(sched, &jc.copies);
+    let ban_after = sched.policy().ban_after;
+    let verdict = judge(&votes, sched.selected(job), sched.identities(), ban_after);
+    // The copy the Done record should hold: the leader's first voting copy,
+    // or in solutions mode the leader's copy whose solutions are stored.
+    let stored_leads = jc
+        .stored
+        .filter(|&s| verdict.leader == Some(votes[s].class));
+    let leader_copy = stored_leads.or_else(|| {
+        verdict.leader.map(|l| {
+            (0..jc.copies.len())
+                .find(|&i| {
+                    votes[i].class == l
+                        && !sched.identities().is_banned(votes[i].identity, ban_after)
+                })
+                .unwrap_or(reps[l])
+        })
+    });
+    // Solutions mode: the stored solutions must be the counted copy's; when
+    // the majority overturned the copy that stored them, the next copy stores
+    // its own (its writer deletes the stale ones first).
+    let solutions_missing =
+        solutions_mode && verdict.leader.is_some() && stored_leads.is_none();
+    let writes = record_writes(job, jc, new.is_some(), &votes, leader_copy, stored_leads);
+    let newest = jc.copies.len() - 1;
+    let outcome = match (old_done, verdict.leader) {
+        (None, _) => Outcome::Accepted,
+        (Some(_), Some(l)) if votes[newest].class == l && jc.done != old_done => {
+            Outcome::Accepted
+        }
+        (Some(_), Some(l)) if votes[newest].class == l => Outcome::Confirmed,
+        _ => Outcome::Conflict,
+    };
+    let counted = leader_copy.map(|l| jc.copies[l].tally);
+    let settlement = settlement(
+        job,
+        jc,
+        new.map(|v| v.lease),
+        counted,
+        &votes,
+        verdict,
+        solutions_missing,
+    );
+    jc.counted = counted;
+    jc.settled = settlement.settled;
+    Decision {
+        writes,
+        settlement,
+        outcome,
+    }
+}
+
+/// The writes that keep the Done record on the leader's copy and every
+/// other copy as evidence; updates `jc.done`.
+fn record_writes(
+    job: JobId,
+    jc: &mut JobCopies,
+    judged_new: bool,
+    votes: &[Vote],
+    leader_copy: Option<usize>,
+    stored_leads: Option<usize>,
+) -> Vec<Write> {
+    let newest = jc.copies.len() - 1;
+    let mut writes = Vec::new();
+    match (jc.done, leader_copy) {
+        (None, _) => {
+            // The job's first copy (whatever its vote): it becomes the record.
+            let first = leader_copy.unwrap_or(newest);
+            writes.push(Write::First {
+                job,
+                result: jc.copies[first].clone(),
+                attempts: jc.attempts,
+            });
+            jc.done = Some(first);
+        }
+        (Some(d), Some(l))
+            if d != l
+                && (votes[d].class != votes[l].class || stored_leads == Some(l)) =>
+        {
+            // Verification overturned the recorded copy.
+            writes.push(Write::Replace {
+                job,
+                result: jc.copies[l].clone(),
+                attempts: jc.attempts,
+            });
+            writes.push(keep(job, &jc.copies[d], false));
+            jc.done = Some(l);
+            if judged_new && l != newest {
+                let agrees = votes[newest].class == votes[l].class;
+                writes.push(keep(job, &jc.copies[newest], agrees));
+            }
+        }
+        (Some(d), _) => {
+            if judged_new {
+                let agrees = votes[newest].class == votes[d].class;
+                writes.push(keep(job, &jc.copies[newest], agrees));
+            }
+        }
+    }
+    writes
+}
+
+/// The scheduler's side of a verdict.
+fn settlement(
+    job: JobId,
+    jc: &JobCopies,
+    lease: Option<LeaseId>,
+    counted: Option<Tally>,
+    votes: &[Vote],
+    verdict: Verdict,
+    solutions_missing: bool,
+) -> Settlement {
+    // Losses are charged when a disputed job settles, once.
+    let losers = if verdict.settled && !jc.settled {
+        verdict.losers
+    } else {
+        vec![]
+    };
+    // A copy that only has to store the leader's solutions may come from
+    // one of the leader's voters (it adds no vote).
+    let reporters = if solutions_missing {
+        let leader = verdict.leader;
+        verdict
+            .reporters
+            .into_iter()
+            .filter(|r| {
+                !votes
+                    .iter()
+                    .any(|v| v.identity == *r && Some(v.class) == leader)
+            })
+            .collect()
+    } else {
+        verdict.reporters
+    };
+    let mut kernels: Vec<String> = jc.copies.iter().map(|c| c.kernel.clone()).collect();
+    kernels.sort_unstable();
+    kernels.dedup();
+    Settlement {
+        job,
+        lease,
+        counted_before: jc.counted,
+        counted,
+        work: jc.work,
+        attempts: jc.attempts,
+        votes: verdict.votes,
+        settled: verdict.settled && !solutions_missing,
+        reporters,
+        kernels,
+        losers,
+        disputed: verdict.conflict,
+        solutions_missing,
+    }
+}
+
+/// A copy that arrives once the run is complete: the result is final, so it
+/// is only compared with the recorded copy and kept as evidence.
+pub(crate) fn late_copy(
+    recorded: Option<&StoredResult>,
+    late: &Verified,
+) -> (Write, Outcome) {
+    let agrees = recorded.is_some_and(|r| r.agrees(&late.result));
+    let outcome = if agrees {
+        Outcome::Confirmed
+    } else {
+        Outcome::Conflict
+    };
+    (keep(late.job, &late.result, agrees), outcome)
+}
+
+/// The verification machine a copy came from: the coordinator's threads are
+/// one machine whatever kernel they ran.
+pub(crate) fn machine_of(identity: &str) -> &str {
+    if identity.starts_with("local:") {
+        "local"
+    } else {
+        identity
+    }
+}
+
+/// Restore: the conflicts lost in a disputed job's stored `copies` (the
+/// counted one first), judged with no reputations, as the job was when it
+/// settled.
+pub(crate) fn losses_in(
+    sched: &mut Scheduler,
+    job: JobId,
+    copies: &[StoredResult],
+) -> Vec<IdentityId> {
+    let (votes, _) = votes_of(sched, copies);
+    let ban_after = sched.policy().ban_after;
+    judge(
+        &votes,
+        sched.selected(job),
+        &Identities::default(),
+        ban_after,
+    )
+    .losers
+}
+
+/// Restore: judges a done job's stored `copies` (the Done record's first)
+/// with the reputations as they stand, and returns the settlement to apply.
+/// `stored` says whether the Done record's solutions are all stored
+/// (solutions mode). Losses are not charged again: [`losses_in`] found them.
+pub(crate) fn judge_restored(
+    sched: &mut Scheduler,
+    job: JobId,
+    copies: Vec<StoredResult>,
+    (attempts, work): (u32, u64),
+    stored: bool,
+    solutions_mode: bool,
+) -> Settlement {
+    let mut jc = JobCopies {
+        copies,
+        done: Some(0),
+        counted: None,
+        settled: false,
+        attempts,
+        work,
+        stored: stored.then_some(0),
+    };
+    let mut d = decide(sched, job, &mut jc, None, solutions_mode);
+    d.settlement.losers.clear();
+    d.settlement
+}
+
+#[cfg(test)]
+mod tests {
+    //! One test per case of [`decide`], each also restored: judging the
+    //! stored copies again from scratch ([`losses_in`], then
+    //! [`judge_restored`]) must reach the live decision's settlement.
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::core::quorum::{Fraction, Policy};
+
+    const JOB: JobId = JobId(0);
+
+    /// A scheduler of one job of work 5; `share` 1.0 selects it for a check.
+    fn sched(share: f64) -> Scheduler {
+        let policy = Policy {
+            secret: [7; 16],
+            fraction: Fraction::Fixed(share),
+            ban_after: 2,
+        };
+        Scheduler::new(vec![5], 1, Duration::from_secs(30), policy)
+    }
+
+    /// A verified copy of `JOB` by `identity` that counts `count`
+    /// solutions in its one sub-problem.
+    fn copy(identity: &str, count: u128) -> Verified {
+        let counts = vec![SubCounts {
+            count,
+            fixed180: 0,
+            fixed90: 0,
+        }];
+        Verified {
+            job: JOB,
+            lease: LeaseId(count as u64),
+            stored_solutions: false,
+            work: 5,
+            result: StoredResult {
+                counts,
+                solutions: 0,
+                tally: Tally {
+                    total: 8 * count,
+                    burnside: 8 * count,
+                },
+                identity: identity.to_owned(),
+                kernel: "scalar".to_owned(),
+                ..StoredResult::default()
+            },
+        }
+    }
+
+    fn empty(sched: &Scheduler) -> JobCopies {
+        JobCopies::new(sched, JOB, Vec::new(), 1, 5)
+    }
+
+    /// Decides `new` and settles it, as the commit loop does after the flush.
+    fn decide_and_settle(
+        s: &mut Scheduler,
+        jc: &mut JobCopies,
+        new: &Verified,
+        solutions: bool,
+    ) -> Decision {
+        let d = decide(s, JOB, jc, Some(new), solutions);
+        s.settle(&d.settlement, true).expect("settles");
+        d
+    }
+
+    /// Restores a fresh scheduler from `copies` as the store holds them
+    /// (the Done record first) and returns its settlement.
+    fn restored(share: f64, copies: Vec<StoredResult>, losses: &[&str]) -> Settlement {
+        let mut s = sched(share);
+        for loser in losses_in(&mut s, JOB, &copies) {
+            s.restore_loss(loser);
+        }
+        for name in losses {
+            let id = s.intern(name);
+            assert!(s.identities().lost(id) > 0, "{name} lost on restore");
+        }
+        judge_restored(&mut s, JOB, copies, (1, 5), true, false)
+    }
+
+    fn stored_copies(writes: &[Write], before: Vec<StoredResult>) -> Vec<StoredResult> {
+        let mut copies = before;
+        for w in writes {
+            match w {
+                Write::First { result, .. } => copies.insert(0, result.clone()),
+                Write::Replace { result, .. } => {
+                    copies.retain(|c| c != result);
+                    copies.insert(0, result.clone());
+                }
+                Write::Keep { duplicate, .. } => {
+                    if !copies.contains(&duplicate.result) {
+                        copies.push(duplicate.result.clone());
+                    }
+                }
+            }
+        }
+        copies
+    }
+
+    #[test]
+    fn a_first_copy_becomes_the_record_and_settles_an_unselected_job() {
+        let mut s = sched(0.0);
+        let mut jc = empty(&s);
+        let a = copy("a@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &a, false);
+        assert_eq!(d.outcome, Outcome::Accepted);
+        assert_eq!(
+            d.writes,
+            vec![Write::First {
+                job: JOB,
+                result: a.result.clone(),
+                attempts: 1
+            }]
+        );
+        assert!(d.settlement.settled);
+        assert_eq!(d.settlement.counted, Some(a.result.tally));
+        assert!(s.is_complete());
+        assert_eq!(s.tally().total, 24);
+        let r = restored(0.0, vec![a.result], &[]);
+        assert!(r.settled);
+        assert_eq!(r.counted, d.settlement.counted);
+    }
+
+    #[test]
+    fn a_selected_job_waits_for_a_confirmation_from_another_identity() {
+        let mut s = sched(1.0);
+        let mut jc = empty(&s);
+        let a = copy("a@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &a, false);
+        assert_eq!(d.outcome, Outcome::Accepted);
+        assert!(!d.settlement.settled, "one vote does not settle a check");
+        // The same identity again is still one vote.
+        let again = copy("a@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &again, false);
+        assert!(!d.settlement.settled);
+        let b = copy("b@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &b, false);
+        assert_eq!(d.outcome, Outcome::Confirmed);
+        assert!(d.settlement.settled);
+        assert_eq!(d.settlement.votes, 2);
+        assert!(matches!(
+            &d.writes[..],
+            [Write::Keep { duplicate, .. }] if duplicate.kind == DuplicateKind::Confirmation
+        ));
+        assert_eq!(s.tally().total, 24, "a confirmation adds nothing");
+        let r = restored(1.0, vec![a.result, again.result, b.result], &[]);
+        assert!(r.settled);
+        assert_eq!(
+            r.counted,
+            Some(Tally {
+                total: 24,
+                burnside: 24
+            })
+        );
+    }
+
+    #[test]
+    fn a_conflict_waits_for_a_third_copy_which_overturns_the_record() {
+        let mut s = sched(1.0);
+        let mut jc = empty(&s);
+        let liar = copy("liar@127.0.0.1", 9);
+        decide_and_settle(&mut s, &mut jc, &liar, false);
+        let honest = copy("b@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &honest, false);
+        assert_eq!(d.outcome, Outcome::Conflict);
+        assert!(!d.settlement.settled);
+        assert!(d.settlement.disputed);
+        assert_eq!(s.jobs_disputed(), 1);
+        let third = copy("c@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &third, false);
+        assert_eq!(
+            d.outcome,
+            Outcome::Accepted,
+            "the record changed to its class"
+        );
+        assert!(d.settlement.settled);
+        assert_eq!(d.settlement.counted_before, Some(liar.result.tally));
+        assert_eq!(d.settlement.counted, Some(honest.result.tally));
+        assert!(
+            matches!(&d.writes[0], Write::Replace { result, .. } if *result == honest.result)
+        );
+        assert!(d.writes.iter().any(|w| matches!(w,
+            Write::Keep { duplicate, .. }
+                if duplicate.kind == DuplicateKind::Conflict && duplicate.result == liar.result)));
+        let liar_id = s.intern("liar@127.0.0.1");
+        assert_eq!(s.identities().lost(liar_id), 1, "the loser is charged once");
+        assert_eq!(s.tally().total, 24);
+        assert_eq!(s.jobs_disputed(), 0);
+        // The store now holds the honest copy as the record.
+        let copies = vec![honest.result.clone(), liar.result, third.result];
+        let r = restored(1.0, copies, &["liar@127.0.0.1"]);
+        assert!(r.settled);
+        assert_eq!(r.counted, Some(honest.result.tally));
+        assert!(r.losers.is_empty(), "restore does not charge losses twice");
+    }
+
+    #[test]
+    fn solutions_stored_by_an_overturned_copy_are_stored_again() {
+        let mut s = sched(1.0);
+        let mut jc = empty(&s);
+        let mut liar = copy("liar@127.0.0.1", 9);
+        liar.stored_solutions = true;
+        decide_and_settle(&mut s, &mut jc, &liar, true);
+        decide_and_settle(&mut s, &mut jc, &copy("b@127.0.0.1", 3), true);
+        let d = decide_and_settle(&mut s, &mut jc, &copy("c@127.0.0.1", 3), true);
+        assert!(d.settlement.solutions_missing);
+        assert!(
+            !d.settlement.settled,
+            "the leader's solutions are not stored yet"
+        );
+        assert!(s.wants_solutions(JOB));
+        // The next copy comes from someone other than the leader's voters.
+        let b = s.intern("b@127.0.0.1");
+        let c = s.intern("c@127.0.0.1");
+        assert!(
+            !d.settlement.reporters.contains(&b) && !d.settlement.reporters.contains(&c)
+        );
+        // A leader's copy whose solutions are stored settles it.
+        let mut d4 = copy("d@127.0.0.1", 3);
+        d4.stored_solutions = true;
+        let d = decide_and_settle(&mut s, &mut jc, &d4, true);
+        assert!(d.settlement.settled);
+        assert!(!s.wants_solutions(JOB));
+    }
+
+    #[test]
+    fn a_banned_identity_never_votes() {
+        let mut s = sched(0.0);
+        let banned = s.intern("bad@127.0.0.1");
+        s.restore_loss(banned);
+        s.restore_loss(banned);
+        assert!(s.identities().is_banned(banned, 2));
+        let mut jc = empty(&s);
+        let bad = copy("bad@127.0.0.1", 9);
+        let d = decide_and_settle(&mut s, &mut jc, &bad, false);
+        // Its copy is kept as the record for lack of another, but counts
+        // nothing and settles nothing.
+        assert!(!d.settlement.settled);
+        assert_eq!(d.settlement.counted, None);
+        assert_eq!(s.tally().total, 0);
+        let good = copy("good@127.0.0.1", 3);
+        let d = decide_and_settle(&mut s, &mut jc, &good, false);
+        assert!(d.settlement.settled);
+        assert_eq!(d.settlement.counted, Some(good.result.tally));
+        assert_eq!(s.tally().total, 24);
+        let copies = stored_copies(&d.writes, vec![bad.result]);
+        let mut r = sched(0.0);
+        let id = r.intern("bad@127.0.0.1");
+        r.restore_loss(id);
+        r.restore_loss(id);
+        let st = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        assert!(st.settled);
+        assert_eq!(st.counted, Some(good.result.tally));
+    }
+
+    #[test]
+    fn a_late_copy_after_completion_changes_nothing() {
+        let recorded = copy("a@127.0.0.1", 3);
+        let (w, outcome) = late_copy(Some(&recorded.result), &copy("b@127.0.0.1", 3));
+        assert_eq!(outcome, Outcome::Confirmed);
+        assert!(
+            matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Confirmation)
+        );
+        let (w, outcome) = late_copy(Some(&recorded.result), &copy("liar@127.0.0.1", 9));
+        assert_eq!(outcome, Outcome::Conflict);
+        assert!(
+            matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Conflict)
+        );
+    }
+
+    #[test]
+    fn a_suspect_leader_needs_a_second_vote() {
+        let mut s = sched(0.0);
+        let suspect = s.intern("sus@127.0.0.1");
+        s.restore_loss(suspect);
+        let mut jc = empty(&s);
+        let d = decide_and_settle(&mut s, &mut jc, &copy("sus@127.0.0.1", 3), false);
+        assert!(
+            !d.settlement.settled,
+            "a suspect's result alone does not settle"
+        );
+        assert_eq!(
+            d.settlement.counted,
+            Some(Tally {
+                total: 24,
+                burnside: 24
+            })
+        );
+        let d = decide_and_settle(&mut s, &mut jc, &copy("b@127.0.0.1", 3), false);
+        assert!(d.settlement.settled);
+        assert_eq!(d.outcome, Outcome::Confirmed);
+        // Restored with the suspect's loss found elsewhere: the same.
+        let mut r = sched(0.0);
+        let id = r.intern("sus@127.0.0.1");
+        r.restore_loss(id);
+        let st = judge_restored(
+            &mut r,
+            JOB,
+            vec![copy("sus@127.0.0.1", 3).result],
+            (1, 5),
+            true,
+            false,
+        );
+        assert!(!st.settled);
+    }
+
+    #[test]
+    fn counts_are_checked_against_the_job() {
+        use nq_core::board::Board;
+        use nq_core::split::SplitSpec;
+        let board = Board::new(8).expect("a board");
+        let spec = SplitSpec::BORDER;
+        let shape = RunShape {
+            board,
+            spec,
+            solutions: false,
+        };
+        let subs: Vec<SubProblem> = nq_core::split::split(board, spec)
+            .into_iter()
+            .take(1)
+            .collect();
+        let report = |count: u128, n: usize| Report {
+            job: JOB,
+            lease: LeaseId(1),
+            worker: "w".into(),
+            counts: vec![
+                SubCounts {
+                    count,
+                    fixed180: 0,
+                    fixed90: 0
+                };
+                n
+            ],
+            nodes: 0,
+            work: 1,
+            solutions_sent: 0,
+            listed: None,
+            kernel: "scalar".into(),
+            stored_solutions: false,
+        };
+        let err = check_counts(&shape, &subs, report(0, 2), "w".into(), 0).unwrap_err();
+        assert!(matches!(
+            err,
+            Error::BadReport {
+                fault: ReportFault::CountsLength { .. },
+                ..
+            }
+        ));
+        let err =
+            check_counts(&shape, &subs, report(1 << 90, 1), "w".into(), 0).unwrap_err();
+        assert!(matches!(err, Error::BadReport { .. }), "{err}");
+    }
+}

@@ -1,0 +1,380 @@
+//! The commit loop: the one writer of results.
+//!
+//! Checked copies queue here from every reporter. The loop takes them in
+//! groups, loads each job's stored copies, lets the core decide
+//! ([`ledger::decide`]), writes every decision's writes in ONE batch,
+//! flushes ONCE for the group, and only then settles the decisions in the
+//! scheduler and answers the reporters: group commit, one disk sync per
+//! batch instead of per result. A copy that discredits a worker (its first
+//! lost conflict, or its ban) makes the loop judge again every job that
+//! worker voted for, so that none of its unverified results stays counted
+//! without a second vote.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use nq_store::{CommitBatch, JobId, JobState, Scan};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::{Engine, blocking};
+use crate::core::ledger::{self, Decision, JobCopies, Verified, Write};
+use crate::core::scheduler::{Fallout, Outcome};
+use crate::error::Result;
+
+/// Most results applied under one flush.
+const MAX_GROUP: usize = 2048;
+
+/// Rounds of re-judging at most after one group: each round can discredit
+/// more identities, and a chain of them is bounded by the voters.
+const REJUDGE_ROUNDS: usize = 16;
+
+/// A verified result waiting for the commit loop, with where to send the
+/// outcome.
+#[derive(Debug)]
+pub(crate) struct CommitRequest {
+    pub(crate) verified: Verified,
+    /// Answered after the flush that covers the result.
+    pub(crate) reply: oneshot::Sender<Result<Outcome>>,
+}
+
+/// Group-commits verified results until `token` is cancelled, then drains
+/// what is queued and returns.
+///
+/// # Errors
+///
+/// A store error (a failed write or flush). It is fatal: acknowledged results
+/// must be durable, and a store that cannot flush cannot promise that. Every
+/// queued reporter then gets `ShuttingDown` and retries later.
+pub(crate) async fn commit_loop(
+    engine: Arc<Engine>,
+    mut rx: mpsc::Receiver<CommitRequest>,
+    token: CancellationToken,
+) -> Result<()> {
+    let mut group = Vec::with_capacity(MAX_GROUP);
+    loop {
+        let received = tokio::select! {
+            biased;
+            n = rx.recv_many(&mut group, MAX_GROUP) => n,
+            () = engine.machines_changed.notified(), if !engine.complete.is_cancelled() => {
+                let changed = Fallout {
+                    selection_changed: true,
+                    ..Fallout::default()
+                };
+                if let Err(e) = rejudge(&engine, changed).await {
+                    error!(error = %e.chain(), "cannot store results; stopping the coordinator");
+                    rx.close();
+                    return Err(e);
+                }
+                if engine.core().sched.is_complete() {
+                    engine.complete.cancel();
+                }
+                continue;
+            }
+            () = token.cancelled() => {
+                // No new results; finish those already queued.
+                rx.close();
+                rx.recv_many(&mut group, MAX_GROUP).await
+            }
+        };
+        if received == 0 {
+            return Ok(());
+        }
+        if let Err(e) = commit_group(&engine, &mut group).await {
+            error!(error = %e.chain(), "cannot store results; stopping the coordinator");
+            rx.close();
+            return Err(e);
+        }
+    }
+}
+
+/// Reads the stored copies of `job`, whose estimated work is `work`, as the
+/// core should judge them.
+fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
+    let record = engine.store.job_record(job)?;
+    let mut copies = Vec::new();
+    if let JobState::Done(result) = record.state {
+        copies.push(*result);
+        copies.extend(
+            engine
+                .store
+                .job_duplicates(job)?
+                .into_iter()
+                .map(|d| d.result),
+        );
+    }
+    let core = engine.core();
+    Ok(JobCopies::new(
+        &core.sched,
+        job,
+        copies,
+        record.attempts,
+        work,
+    ))
+}
+
+/// Adds a decision's writes to the group's batch.
+fn add_writes(batch: &mut CommitBatch, writes: Vec<Write>) {
+    for w in writes {
+        match w {
+            Write::First {
+                job,
+                result,
+                attempts,
+            } => batch.result(job, result, attempts),
+            Write::Replace {
+                job,
+                result,
+                attempts,
+            } => batch.replace_result(job, result, attempts),
+            Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
+        }
+    }
+}
+
+/// Decides, writes, flushes, settles and acknowledges one group.
+async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<()> {
+    if engine.complete.is_cancelled() {
+        return keep_late_copies(engine, group).await;
+    }
+    // 1. Decide, in queue order. Only this task changes results, so what it
+    // reads now still holds after the flush.
+    let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
+    let mut decisions: Vec<Decision> = Vec::with_capacity(group.len());
+    let mut batch = CommitBatch::new();
+    blocking(|| -> Result<()> {
+        for req in group.iter() {
+            let v = &req.verified;
+            let jc = match overlay.entry(v.job) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(load(engine, v.job, v.work)?),
+            };
+            let mut core = engine.core();
+            let mut d = ledger::decide(
+                &mut core.sched,
+                v.job,
+                jc,
+                Some(v),
+                engine.shape.solutions,
+            );
+            add_writes(&mut batch, std::mem::take(&mut d.writes));
+            decisions.push(d);
+        }
+        Ok(())
+    })?;
+    // 2. Write and make durable, before anything is acknowledged.
+    apply_and_flush(engine, batch).await?;
+    // 3. Settle in the scheduler.
+    let mut outcomes = Vec::with_capacity(group.len());
+    let mut fallout = Fallout::default();
+    {
+        let mut core = engine.core();
+        for d in &decisions {
+            let f = core.sched.settle(&d.settlement, true);
+            if let Ok(f) = &f {
+                core.sched.note_outcome(d.outcome);
+                fallout.discredited.extend(&f.discredited);
+                fallout.selection_changed |= f.selection_changed;
+            }
+            outcomes.push(f.map(|_| d.outcome));
+        }
+    }
+    // 4. Answer.
+    for (req, outcome) in group.drain(..).zip(outcomes) {
+        log_outcome(&req.verified, &outcome);
+        // A reporter that gave up waiting is not an error.
+        let _ = req.reply.send(outcome);
+    }
+    // 5. Discredited workers and a grown selection: judge again what they
+    // touched.
+    rejudge(engine, fallout).await?;
+    if engine.core().sched.is_complete() {
+        engine.complete.cancel();
+    }
+    Ok(())
+}
+
+fn log_outcome(v: &Verified, outcome: &Result<Outcome>) {
+    let worker = &v.result.identity;
+    match outcome {
+        Ok(Outcome::Accepted) => {
+            debug!(job = %v.job, lease = %v.lease, worker = %worker, "copy counts")
+        }
+        Ok(Outcome::Confirmed) => {
+            debug!(job = %v.job, lease = %v.lease, worker = %worker, "copy confirms the counted one")
+        }
+        Ok(Outcome::Conflict) => warn!(
+            job = %v.job,
+            lease = %v.lease,
+            worker = %worker,
+            "CONFLICT: a copy disagrees with the counted one; kept as evidence, another copy decides"
+        ),
+        Err(e) => {
+            error!(job = %v.job, error = %e.chain(), "cannot apply a stored result")
+        }
+    }
+}
+
+/// Once every job is settled the run's result is final: copies that arrive
+/// during the linger (a worker that was slow, or lying) are compared with the
+/// recorded ones and kept as evidence, and change nothing else.
+async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<()> {
+    let mut batch = CommitBatch::new();
+    let mut outcomes = Vec::with_capacity(group.len());
+    blocking(|| -> Result<()> {
+        for req in group.iter() {
+            let recorded = engine.store.result(req.verified.job)?;
+            let (write, outcome) = ledger::late_copy(recorded.as_ref(), &req.verified);
+            add_writes(&mut batch, vec![write]);
+            outcomes.push(outcome);
+        }
+        Ok(())
+    })?;
+    apply_and_flush(engine, batch).await?;
+    let mut core = engine.core();
+    for (req, outcome) in group.drain(..).zip(outcomes) {
+        core.sched.note_outcome(outcome);
+        if outcome == Outcome::Conflict {
+            warn!(job = %req.verified.job, worker = %req.verified.result.identity, "a copy that arrived after the run was complete disagrees; kept as evidence");
+        }
+        let _ = req.reply.send(Ok(outcome));
+    }
+    Ok(())
+}
+
+/// Writes a batch and flushes, with sled's synchronous writes kept off the
+/// async threads.
+async fn apply_and_flush(engine: &Engine, batch: CommitBatch) -> Result<()> {
+    if !batch.is_empty() {
+        let store = Arc::clone(&engine.store);
+        tokio::task::spawn_blocking(move || store.apply(batch)).await??;
+    }
+    engine.store.flush_async().await?;
+    Ok(())
+}
+
+/// Logs what `fallout` changed, and lists the jobs it may have unsettled:
+/// when the selection grew, settled jobs that are now selected (and jobs
+/// waiting for checks a single machine cannot give).
+fn announce(engine: &Engine, fallout: &Fallout) -> Vec<JobId> {
+    let core = engine.core();
+    let s = &core.sched;
+    for &id in &fallout.discredited {
+        let (name, lost) = (s.identities().label(id), s.identities().lost(id));
+        if s.identities().is_banned(id, s.policy().ban_after) {
+            error!(
+                worker = name,
+                lost,
+                "worker BANNED: it lost too many verification conflicts; its results are computed again by others"
+            );
+        } else {
+            warn!(
+                worker = name,
+                lost,
+                "worker lost a verification conflict; each of its results now needs a second vote"
+            );
+        }
+    }
+    let mut jobs = Vec::new();
+    if fallout.selection_changed {
+        if s.second_source() {
+            info!(
+                share = s.policy().share(true),
+                "two machines are at work: checking that share of the jobs"
+            );
+        } else {
+            info!(
+                "one machine is left at work: jobs stop waiting for checks it cannot give"
+            );
+        }
+        jobs.extend(s.unchecked_selected());
+        jobs.extend(s.jobs_waiting_for_checks());
+    }
+    jobs
+}
+
+/// The jobs that the identities `names` voted for: the counted copies in
+/// the job records, the others in the duplicates tree. A scan of the store,
+/// not of memory, which holds no voter per job; discredits are rare.
+async fn jobs_voted_by(engine: &Engine, names: Vec<String>) -> Result<Vec<JobId>> {
+    let store = Arc::clone(&engine.store);
+    tokio::task::spawn_blocking(move || -> Result<Vec<JobId>> {
+        let mut out = Vec::new();
+        for entry in store.scan_jobs(Scan::Done) {
+            let entry = entry?;
+            let job = entry.job;
+            if entry
+                .into_copies()
+                .iter()
+                .any(|c| names.contains(&c.identity))
+            {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    })
+    .await?
+}
+
+/// Judges again every job that `fallout` may have unsettled: those a
+/// discredited identity voted for (its unverified results now need a second
+/// vote, and a banned identity's votes no longer count), and, when the
+/// selection grew, settled jobs that are now selected. Repeats while judging
+/// discredits more identities.
+pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()> {
+    for _round in 0..REJUDGE_ROUNDS {
+        if fallout.discredited.is_empty() && !fallout.selection_changed {
+            return Ok(());
+        }
+        let mut jobs = announce(engine, &fallout);
+        if !fallout.discredited.is_empty() {
+            let names: Vec<String> = {
+                let core = engine.core();
+                fallout
+                    .discredited
+                    .iter()
+                    .map(|&id| core.sched.identities().name(id).to_owned())
+                    .collect()
+            };
+            jobs.extend(jobs_voted_by(engine, names).await?);
+        }
+        jobs.sort_unstable();
+        jobs.dedup();
+        let mut batch = CommitBatch::new();
+        let mut settlements = Vec::with_capacity(jobs.len());
+        for &job in &jobs {
+            let mut jc = blocking(|| load(engine, job, engine.store.job(job)?.work()))?;
+            if jc.copies.is_empty() {
+                continue;
+            }
+            let mut core = engine.core();
+            let d = ledger::decide(
+                &mut core.sched,
+                job,
+                &mut jc,
+                None,
+                engine.shape.solutions,
+            );
+            add_writes(&mut batch, d.writes);
+            settlements.push(d.settlement);
+        }
+        apply_and_flush(engine, batch).await?;
+        fallout = Fallout::default();
+        let mut core = engine.core();
+        let mut reopened = 0;
+        for st in &settlements {
+            if !st.settled {
+                reopened += 1;
+            }
+            let f = core.sched.settle(st, false)?;
+            fallout.discredited.extend(f.discredited);
+            fallout.selection_changed |= f.selection_changed;
+        }
+        if reopened > 0 {
+            info!(jobs = reopened, "jobs wait for another copy");
+        }
+    }
+    Ok(())
+}

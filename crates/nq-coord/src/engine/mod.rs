@@ -1,0 +1,438 @@
+//! The engine: the one place that orders the coordinator's I/O around the
+//! pure [`crate::core`].
+//!
+//! The adapters (gRPC, the local threads, HTTP) are thin: they translate,
+//! and call the engine. The engine hands jobs out ([`Engine::grant`]), takes
+//! every result through ONE pipeline ([`Engine::admit`], then
+//! [`Engine::accept`]: check, commit, acknowledge), runs the group-commit
+//! loop ([`commit::commit_loop`]), judges again what a change of reputations
+//! unsettles, advances the clock ([`Engine::tick`]) and takes snapshots.
+//!
+//! # Contract
+//!
+//! * **Nothing is acknowledged before the flush that covers it.** A copy's
+//!   outcome reaches its reporter only after the batch holding its writes
+//!   was applied and `flush_async` returned.
+//! * **One writer of results.** Only the commit loop writes results and
+//!   duplicates, and it decides in queue order, so what it read before a
+//!   decision still holds after the flush, and no copy counts twice.
+//! * **Settle only after durability.** The scheduler learns a decision
+//!   (`settle`) only once its writes are durable: a crash in between loses
+//!   an unacknowledged copy, never counts one that is not on disk.
+//! * **Lock order.** `Engine::core` is a std mutex, held for microseconds
+//!   and never across an `.await`; `Engine::records` is taken before it
+//!   when both are held, and no other lock is ever held with it.
+
+pub(crate) mod commit;
+pub(crate) mod solutions;
+pub(crate) mod ticker;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nq_core::board::Prefix;
+use nq_core::split::{SubCounts, SubProblem};
+use nq_proto::convert::RunShape;
+use nq_store::{CommitBatch, JobId, JobRecord, JobState, Store, StoredJob};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::core::Core;
+use crate::core::lease::{Lease, LeaseId, WorkerId};
+use crate::core::ledger::{self, Report, Verified};
+use crate::core::scheduler::{Granted, Issued, Outcome, Scheduler};
+use crate::core::status::{Progress, Snapshot};
+use crate::error::{Error, Refusal, Result};
+use commit::CommitRequest;
+use solutions::SolutionWriter;
+
+/// Checked results waiting for the commit loop, at most. A full queue makes
+/// reporters wait (back-pressure) instead of growing memory.
+const COMMIT_QUEUE: usize = 4096;
+
+/// One coordinator session's engine. Always behind an `Arc`.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    /// The durable truth.
+    pub(crate) store: Arc<Store>,
+    /// The pure state of the session (see the lock order above).
+    core: Mutex<Core>,
+    /// Board, split and solutions flag of the run.
+    pub(crate) shape: RunShape,
+    /// The run's id, sent to workers.
+    pub(crate) run_id: String,
+    /// The lease lifetime.
+    pub(crate) ttl: Duration,
+    /// Sends checked results to the commit loop. When the loop stops
+    /// (shutdown, or a fatal store error) it closes the receiving end, and
+    /// commits fail with [`Error::ShuttingDown`].
+    commits: mpsc::Sender<CommitRequest>,
+    /// Lease and pending records waiting to be written (once a second, and
+    /// at shutdown), with the lease each one is about. They are for
+    /// inspection only, so writing them late is harmless, and records that
+    /// are out of date by then (the job is done, the lease is gone) are not
+    /// written at all: at high rates most lease records never cost a write.
+    records: Mutex<Vec<(JobId, Option<LeaseId>, JobRecord)>>,
+    /// Cancelled by the commit loop once the last job is settled; `run`
+    /// then lingers and shuts down.
+    pub(crate) complete: CancellationToken,
+    /// Signalled by the tick when the number of machines at work changed
+    /// the selection of jobs to check; the commit loop then judges the
+    /// affected jobs again.
+    pub(crate) machines_changed: Notify,
+}
+
+/// A job's definition as the engine hands it out and checks reports of it.
+#[derive(Debug, Clone)]
+pub(crate) struct Definition {
+    /// Its estimated work.
+    pub(crate) work: u64,
+    /// Its sub-problems, validated against the run's split.
+    pub(crate) subs: Vec<SubProblem>,
+}
+
+/// A report bound to what this session issued: the lease, its worker and
+/// job.
+#[derive(Debug, Clone)]
+pub(crate) struct Admitted {
+    pub(crate) worker: WorkerId,
+    pub(crate) job: JobId,
+    pub(crate) lease: LeaseId,
+    pub(crate) issued: Issued,
+}
+
+/// A finished computation of an admitted job, as its reporter sent it.
+#[derive(Debug)]
+pub(crate) struct Submission<'a> {
+    pub(crate) counts: Vec<SubCounts>,
+    pub(crate) nodes: u64,
+    /// `solutions_sent` of the result.
+    pub(crate) solutions_sent: u64,
+    /// The kernel that counted, as reported.
+    pub(crate) kernel: String,
+    /// Solutions mode: the writer that received the solutions.
+    pub(crate) writer: Option<&'a SolutionWriter>,
+}
+
+/// What the reporter of an accepted copy is told.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Accepted {
+    pub(crate) outcome: Outcome,
+    /// The run is complete: the worker may stop.
+    pub(crate) run_complete: bool,
+}
+
+impl Engine {
+    /// An engine and the receiving end of its commit queue (for the commit
+    /// loop).
+    pub(crate) fn new(
+        store: Arc<Store>,
+        sched: Scheduler,
+        shape: RunShape,
+        run_id: String,
+    ) -> (Engine, mpsc::Receiver<CommitRequest>) {
+        let (commits, rx) = mpsc::channel(COMMIT_QUEUE);
+        let complete = CancellationToken::new();
+        if sched.is_complete() {
+            complete.cancel();
+        }
+        let engine = Engine {
+            store,
+            ttl: sched.ttl(),
+            core: Mutex::new(Core::new(sched, Instant::now())),
+            shape,
+            run_id,
+            commits,
+            records: Mutex::new(Vec::new()),
+            complete,
+            machines_changed: Notify::new(),
+        };
+        (engine, rx)
+    }
+
+    /// Locks the core. A poisoned lock means a panic elsewhere while it was
+    /// held; every core method leaves it consistent between statements that
+    /// can panic, so its state is still usable.
+    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The definition of a stored job, its prefixes checked to belong to the
+    /// run's split. Blocking (a store read).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Store`] when the job is missing; [`Error::StoredJob`] when a
+    /// prefix does not validate.
+    pub(crate) fn definition(&self, job: JobId) -> Result<Definition> {
+        let stored = self.store.job(job)?;
+        Ok(Definition {
+            work: stored.work(),
+            subs: subproblems_in(&stored, &self.shape, job)?,
+        })
+    }
+
+    /// Leases up to `want` jobs to `worker` and renews `held`, and reads the
+    /// granted jobs' definitions (in one blocking step). Should the read
+    /// fail, the leases granted simply expire and are reissued.
+    ///
+    /// # Errors
+    ///
+    /// The scheduler's refusals; store errors.
+    pub(crate) fn grant(
+        &self,
+        worker: &WorkerId,
+        want: u32,
+        held: &[LeaseId],
+        now: Instant,
+    ) -> Result<(crate::core::scheduler::Grant, Vec<StoredJob>)> {
+        let grant = self.core().sched.lease(worker, want, held, now)?;
+        let definitions = if grant.jobs.is_empty() {
+            Vec::new()
+        } else {
+            blocking(|| {
+                grant
+                    .jobs
+                    .iter()
+                    .map(|g| self.store.job(g.job))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+            })?
+        };
+        for g in &grant.jobs {
+            self.persist_lease(g, worker);
+        }
+        Ok((grant, definitions))
+    }
+
+    /// Hands `leases` of `worker` back: their jobs are pending again.
+    pub(crate) fn release(&self, worker: &WorkerId, leases: &[LeaseId]) -> Vec<JobId> {
+        let released = self.core().sched.release(worker, leases, Instant::now());
+        self.persist_pending(&released);
+        released
+    }
+
+    /// The admission stage: binds a report to what this session issued. The
+    /// run must be this one, and the lease one this session issued to the
+    /// reporting worker for the reported job. Every report, remote or
+    /// local, passes here before its job is read or anything is stored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] naming what does not match; [`Error::UnknownJob`].
+    pub(crate) fn admit(
+        &self,
+        worker: &str,
+        job: u64,
+        lease: u64,
+        run: &str,
+    ) -> Result<Admitted> {
+        if run != self.run_id {
+            return Err(Error::Refused(Refusal::OtherRun {
+                got: run.to_owned(),
+                run: self.run_id.clone(),
+            }));
+        }
+        let (worker, job, lease) =
+            (WorkerId(worker.to_owned()), JobId(job), LeaseId(lease));
+        let issued = self.core().sched.check_report(job, lease, &worker)?;
+        Ok(Admitted {
+            worker,
+            job,
+            lease,
+            issued,
+        })
+    }
+
+    /// The one pipeline of every admitted result, remote or local: checks
+    /// its counts against the job's `definition` (see
+    /// [`ledger::check_counts`]), has the commit loop judge it and make it
+    /// durable, then acknowledges it. Returns only once the copy is durable:
+    /// the answer is the reporter's permission to forget the job.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadReport`] naming the fault; [`Error::ShuttingDown`] when the
+    /// commit loop has stopped.
+    pub(crate) async fn accept(
+        &self,
+        admitted: &Admitted,
+        definition: &Definition,
+        submission: Submission<'_>,
+    ) -> Result<Accepted> {
+        let identity = self
+            .core()
+            .sched
+            .identities()
+            .name(admitted.issued.identity)
+            .to_owned();
+        let report = Report {
+            job: admitted.job,
+            lease: admitted.lease,
+            worker: admitted.worker.0.clone(),
+            counts: submission.counts,
+            nodes: submission.nodes,
+            work: definition.work,
+            solutions_sent: submission.solutions_sent,
+            listed: submission.writer.map(SolutionWriter::listed),
+            kernel: submission.kernel,
+            stored_solutions: submission.writer.is_some_and(SolutionWriter::stores),
+        };
+        let verified = ledger::check_counts(
+            &self.shape,
+            &definition.subs,
+            report,
+            identity,
+            unix_ms(SystemTime::now()),
+        )?;
+        let outcome = self.commit(verified).await?;
+        let run_complete = self.core().acknowledge(&admitted.worker, definition.work);
+        Ok(Accepted {
+            outcome,
+            run_complete,
+        })
+    }
+
+    /// Hands a checked copy to the commit loop and waits until it is
+    /// durable (accepted) or recorded (confirmation or conflict).
+    async fn commit(&self, verified: Verified) -> Result<Outcome> {
+        let (reply, rx) = oneshot::channel();
+        self.commits
+            .send(CommitRequest { verified, reply })
+            .await
+            .map_err(|_| Error::ShuttingDown)?;
+        rx.await.map_err(|_| Error::ShuttingDown)?
+    }
+
+    /// Advances the clock to `now` (see [`Core::tick`]) and notes the
+    /// expired leases' jobs as pending. Wakes the commit loop when the
+    /// selection of jobs to check changed.
+    pub(crate) fn tick(&self, now: Instant, prune: bool) -> Vec<Lease> {
+        let ticked = self.core().tick(now, prune);
+        if ticked.machines_changed {
+            self.machines_changed.notify_one();
+        }
+        self.persist_pending(ticked.expired.iter().map(|l| &l.job));
+        ticked.expired
+    }
+
+    /// The run's snapshot now.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        self.core()
+            .snapshot(&self.shape, &self.run_id, Instant::now())
+    }
+
+    /// The run's progress now.
+    pub(crate) fn progress(&self) -> Progress {
+        self.core().progress(Instant::now())
+    }
+
+    /// Notes a granted lease, to be recorded by the next
+    /// [`Engine::write_records`].
+    fn persist_lease(&self, granted: &Granted, worker: &WorkerId) {
+        let deadline_unix_ms = unix_ms(SystemTime::now() + self.ttl);
+        let record = JobRecord {
+            state: JobState::Leased {
+                worker: worker.0.clone(),
+                deadline_unix_ms,
+            },
+            attempts: granted.attempts,
+        };
+        self.note(granted.job, Some(granted.lease), record);
+    }
+
+    /// Notes that expired or released jobs are pending again. (The store
+    /// leaves done jobs' records alone.)
+    fn persist_pending<'a>(&self, jobs: impl IntoIterator<Item = &'a JobId>) {
+        let mut records = Vec::new();
+        {
+            let core = self.core();
+            for &job in jobs {
+                let attempts = core.sched.attempts(job);
+                records.push((
+                    job,
+                    None,
+                    JobRecord {
+                        state: JobState::Pending,
+                        attempts,
+                    },
+                ));
+            }
+        }
+        self.records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(records);
+    }
+
+    fn note(&self, job: JobId, lease: Option<LeaseId>, record: JobRecord) {
+        self.records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((job, lease, record));
+    }
+
+    /// Writes the noted records that are still current (not flushed).
+    ///
+    /// # Errors
+    ///
+    /// Store errors.
+    pub(crate) fn write_records(&self) -> Result<()> {
+        let records = std::mem::take(
+            &mut *self.records.lock().unwrap_or_else(PoisonError::into_inner),
+        );
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut batch = CommitBatch::new();
+        {
+            let core = self.core();
+            for (job, lease, record) in &records {
+                let current = !core.sched.is_done(*job)
+                    && lease.is_none_or(|l| core.sched.is_live(l));
+                if current {
+                    batch.record(*job, record);
+                }
+            }
+        }
+        if !batch.is_empty() {
+            self.store.apply(batch)?;
+        }
+        Ok(())
+    }
+}
+
+/// The sub-problems of a stored job, validated.
+pub(crate) fn subproblems_in(
+    stored: &StoredJob,
+    shape: &RunShape,
+    job: JobId,
+) -> Result<Vec<SubProblem>> {
+    let mut subs = Vec::with_capacity(stored.len());
+    for rows in stored.prefixes() {
+        let sub = Prefix::from_rows(shape.board, rows)
+            .and_then(|p| SubProblem::from_prefix(shape.spec, p))
+            .map_err(|source| Error::StoredJob { job, source })?;
+        subs.push(sub);
+    }
+    Ok(subs)
+}
+
+/// Runs synchronous store work from async code without stalling the tasks
+/// that share the thread: on a multi-threaded runtime the thread hands its
+/// other tasks to its peers first (`block_in_place`); elsewhere (a pool
+/// thread, a current-thread runtime in a test) it just runs. sled calls are
+/// usually microseconds, but a read can wait for the disk.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 for times before it).
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,114 @@
+//! The engine's clock: every [`TICK`] it advances the core (lease expiry,
+//! the machines at work, the rate samples), and on slower beats it writes
+//! lease records, records the time spent, logs and publishes progress.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::{Engine, blocking};
+use crate::core::status::Progress;
+
+/// How often leases are checked for expiry and progress is published.
+const TICK: Duration = Duration::from_millis(250);
+
+/// How often lease records are written (see [`Engine::write_records`]).
+const RECORDS_EVERY: Duration = Duration::from_secs(1);
+
+/// How often issued leases of settled jobs are forgotten. Often: at 10,000
+/// completions a second, every second of delay holds about a megabyte of
+/// leases nothing can use any more.
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
+/// How often the time spent on the run is recorded.
+const ELAPSED_EVERY: Duration = Duration::from_secs(5);
+
+/// Where the ticker publishes and logs progress.
+#[derive(Debug)]
+pub(crate) struct Publish {
+    /// Receives a [`Progress`] every tick.
+    pub(crate) progress: Option<watch::Sender<Progress>>,
+    /// Logs a progress line this often.
+    pub(crate) log_every: Option<Duration>,
+    /// Time spent on the run by earlier sessions, and when this one started.
+    pub(crate) elapsed_before: Duration,
+    pub(crate) started: Instant,
+}
+
+/// Runs the clock until `token` is cancelled.
+pub(crate) async fn ticker(
+    engine: Arc<Engine>,
+    publish: Publish,
+    token: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_log = Instant::now();
+    let mut last_elapsed = Instant::now();
+    let mut last_records = Instant::now();
+    let mut last_prune = Instant::now();
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let now = Instant::now();
+        let prune = now.duration_since(last_prune) >= PRUNE_EVERY;
+        if prune {
+            last_prune = now;
+        }
+        for lease in engine.tick(now, prune) {
+            warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
+        }
+        if last_records.elapsed() >= RECORDS_EVERY {
+            last_records = now;
+            if let Err(e) = blocking(|| engine.write_records()) {
+                error!(error = %e.chain(), "cannot record leases");
+            }
+        }
+        if last_elapsed.elapsed() >= ELAPSED_EVERY {
+            last_elapsed = now;
+            let ms = (publish.elapsed_before + publish.started.elapsed()).as_millis();
+            // Durable with the next flush; losing it costs a few seconds of
+            // accounting, nothing else.
+            if let Err(e) = engine
+                .store
+                .set_elapsed_ms(u64::try_from(ms).unwrap_or(u64::MAX))
+            {
+                error!(error = %e, "cannot record the time spent");
+            }
+        }
+        let (progress, in_check) = {
+            let core = engine.core();
+            (core.progress(now), core.sched.jobs_in_check())
+        };
+        if let Some(every) = publish.log_every
+            && last_log.elapsed() >= every
+        {
+            last_log = now;
+            log_progress(&progress, in_check);
+        }
+        if let Some(tx) = &publish.progress {
+            tx.send_replace(progress);
+        }
+    }
+}
+
+fn log_progress(p: &Progress, in_check: u64) {
+    let c = &p.counters;
+    info!(
+        jobs_done = c.jobs_done,
+        jobs = c.jobs,
+        percent = (p.fraction() * 1000.0).round() / 10.0,
+        jobs_per_s = (p.jobs_per_second() * 10.0).round() / 10.0,
+        eta_s = p.eta().map(|d| d.as_secs()),
+        workers = c.workers,
+        leased = c.jobs_leased,
+        // Jobs waiting for a check copy by another worker.
+        in_check,
+        "progress"
+    );
+}

@@ -1,0 +1,323 @@
+//! Setting a session up: opening the data directory, creating the run (or
+//! finishing its creation), and restoring the scheduler from the store; or,
+//! for a run an earlier session finished, its report.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant, SystemTime};
+
+use nq_core::split::SPLIT_VERSION;
+use nq_proto::convert::RunShape;
+use nq_store::{
+    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions,
+};
+use tracing::{info, warn};
+
+use crate::config::{Config, default_split, default_target_jobs};
+use crate::core::quorum::Policy;
+use crate::core::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler};
+use crate::engine::unix_ms;
+use crate::error::{Error, Result};
+use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
+use crate::report::{REPORT_FILE, RunReport, Totals};
+use crate::restore::restore;
+
+/// What setup found in the data directory.
+pub(crate) enum Setup {
+    /// The run was finished by an earlier session.
+    Finished(RunReport),
+    /// Ready to serve.
+    Ready(Box<Ready>),
+}
+
+pub(crate) struct Ready {
+    pub(crate) store: Arc<Store>,
+    pub(crate) manifest: Manifest,
+    pub(crate) sched: Scheduler,
+    pub(crate) elapsed_before: Duration,
+}
+
+/// Opens the store, creates or resumes the run and rebuilds the scheduler.
+/// Blocking (sled I/O and, for a new run, the split); a creation stops
+/// between two batches once `stop` is set.
+pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
+    let opened = Instant::now();
+    let options = StoreOptions {
+        cache_capacity: config.cache_bytes,
+    };
+    let store = Arc::new(Store::open(&config.data_dir, &options)?);
+    let stored = store.manifest()?;
+    let creating = store.creation()?;
+    let spec = config
+        .split
+        .or(stored.as_ref().map(|m| m.key.spec))
+        .or(creating.as_ref().map(|(c, _)| c.run.key.spec))
+        .unwrap_or_else(|| default_split(config.board));
+    let key = RunKey {
+        board: config.board,
+        split_version: SPLIT_VERSION,
+        spec,
+        solutions: config.solutions,
+    };
+    let manifest = match store.resume(&key)? {
+        Some(m) => {
+            info!(dir = %config.data_dir.display(), run = %m.run_id, jobs = m.jobs, "resuming run");
+            if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
+                warn!(
+                    "--jobs and --job-size apply to new runs only; the stored jobs are kept"
+                );
+            }
+            m
+        }
+        None => create(config, &store, key, creating, stop)?,
+    };
+    if let Some(summary) = store.summary()? {
+        return Ok(Setup::Finished(finished_report(
+            config, &store, &manifest, &summary,
+        )?));
+    }
+    if config.data_dir.join(REPORT_FILE).exists() {
+        return Err(Error::SummaryLost {
+            dir: config.data_dir.clone(),
+        });
+    }
+    let requeued = store.requeue_leased()?;
+    if requeued > 0 {
+        info!(
+            jobs = requeued,
+            "jobs leased by the previous session are pending again"
+        );
+    }
+    let session_no = store.next_boot()?;
+    let mut sched = scheduler(
+        &store,
+        &manifest,
+        session_no,
+        config.lease_ttl,
+        policy(config, &store)?,
+    )?;
+    // Totals are derived again from the stored counts, never from a cached sum.
+    restore(&store, &shape_of(&manifest), &mut sched)?;
+    if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
+        info!(
+            done = sched.jobs_done(),
+            jobs = sched.jobs(),
+            in_check = sched.jobs_in_check(),
+            "restored finished jobs"
+        );
+    }
+    let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
+    info!(
+        setup_ms = opened.elapsed().as_millis() as u64,
+        session = session_no,
+        "data directory ready"
+    );
+    Ok(Setup::Ready(Box::new(Ready {
+        store,
+        manifest,
+        sched,
+        elapsed_before,
+    })))
+}
+
+/// The verification policy of the run: the configured share and ban limit,
+/// keyed by the run's stored secret (drawn on its first session).
+fn policy(config: &Config, store: &Store) -> Result<Policy> {
+    Ok(Policy {
+        secret: store.verify_secret(rand::random())?,
+        fraction: config.verify,
+        ban_after: config.ban_after.max(1),
+    })
+}
+
+/// The shape of a stored run.
+pub(crate) fn shape_of(manifest: &Manifest) -> RunShape {
+    RunShape {
+        board: manifest.key.board,
+        spec: manifest.key.spec,
+        solutions: manifest.key.solutions,
+    }
+}
+
+/// The scheduler of a stored run: small runs hand their jobs out in exact
+/// order of work, from a list in memory; large ones read the order stored
+/// with the jobs, a chunk at a time (built first for runs created before
+/// it existed).
+fn scheduler(
+    store: &Arc<Store>,
+    manifest: &Manifest,
+    session: u64,
+    ttl: Duration,
+    policy: Policy,
+) -> Result<Scheduler> {
+    let corrupt = || -> Error {
+        nq_store::Error::Corrupt {
+            tree: "jobs",
+            what: nq_store::Corruption::Field { field: "job count" },
+        }
+        .into()
+    };
+    if manifest.jobs <= EXACT_ORDER_UP_TO as u64 {
+        let works = store.job_works()?;
+        let total: u128 = works.iter().map(|&w| u128::from(w)).sum();
+        if works.len() as u64 != manifest.jobs || total != manifest.total_work {
+            return Err(corrupt());
+        }
+        return Ok(Scheduler::new(works, session, ttl, policy));
+    }
+    if store.ensure_order()? {
+        info!(jobs = manifest.jobs, "built the stored hand-out order");
+    }
+    Ok(Scheduler::with_order(
+        manifest.jobs,
+        manifest.total_work,
+        Box::new(StoredOrder::new(Arc::clone(store))),
+        session,
+        ttl,
+        policy,
+    ))
+}
+
+/// Creates the run, or finishes the creation an earlier session began:
+/// splits the board and streams the jobs into the store (see
+/// [`crate::plan`]).
+fn create(
+    config: &Config,
+    store: &Store,
+    key: RunKey,
+    creating: Option<(Creation, Checkpoint)>,
+    stop: &AtomicBool,
+) -> Result<Manifest> {
+    let t = Instant::now();
+    let (params, at) = match creating {
+        Some((c, at)) => {
+            if c.run.key != key || c.plan.format != PLAN_FORMAT {
+                return Err(Error::CreationMismatch {
+                    dir: config.data_dir.clone(),
+                    stored: format!("{} (plan format {})", c.run.key, c.plan.format),
+                    requested: format!("{key} (plan format {PLAN_FORMAT})"),
+                });
+            }
+            if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
+                warn!(
+                    "--jobs and --job-size apply to new runs only; the creation goes on with its own"
+                );
+            }
+            info!(
+                run = %c.run.run_id,
+                done = at.subproblems,
+                subproblems = c.plan.subproblems,
+                jobs = at.jobs,
+                "resuming the creation of the run's jobs"
+            );
+            (c.plan, at)
+        }
+        None => {
+            let target = config
+                .target_jobs
+                .unwrap_or_else(|| default_target_jobs(config.board));
+            let params =
+                plan::params(config.board, key.spec, target, config.max_job_size);
+            let now = SystemTime::now();
+            let run = NewRun {
+                key,
+                run_id: format!(
+                    "{}-{:x}-{:x}",
+                    config.board.n(),
+                    unix_ms(now),
+                    std::process::id()
+                ),
+                program_version: env!("CARGO_PKG_VERSION").to_owned(),
+                created_unix_ms: unix_ms(now),
+            };
+            info!(
+                run = %run.run_id,
+                subproblems = params.subproblems,
+                target_jobs = target,
+                "creating the run's jobs"
+            );
+            store.begin_creation(&Creation { run, plan: params })?;
+            (params, Checkpoint::default())
+        }
+    };
+    let manifest = plan::build(store, config.board, key.spec, params, at, stop)?;
+    info!(
+        n = config.board.n(),
+        ring = key.spec.ring,
+        extra = key.spec.extra,
+        subproblems = params.subproblems,
+        jobs = manifest.jobs,
+        ms = t.elapsed().as_millis() as u64,
+        run = %manifest.run_id,
+        "created run"
+    );
+    Ok(manifest)
+}
+
+/// The report of a run an earlier session finished. The workers that lost
+/// conflicts are found again in the stored copies.
+fn finished_report(
+    config: &Config,
+    store: &Store,
+    m: &Manifest,
+    s: &RunSummary,
+) -> Result<RunReport> {
+    // Judging needs no hand-out order: nothing is handed out.
+    let mut sched = Scheduler::with_order(
+        m.jobs,
+        m.total_work,
+        Box::new(ExactOrder::new(&[])),
+        0,
+        config.lease_ttl,
+        policy(config, store)?,
+    );
+    restore(store, &shape_of(m), &mut sched)?;
+    // The stored summary is a cached sum too: it must equal the results.
+    let derived = sched.tally().total;
+    if derived != s.total {
+        return Err(Error::SummaryMismatch {
+            dir: config.data_dir.clone(),
+            stored: s.total,
+            derived,
+        });
+    }
+    let mut report = RunReport::new(
+        m,
+        &config.data_dir,
+        Totals::of_summary(s, 0),
+        crate::core::report::faulty_workers(&sched),
+    );
+    report.audit_digest = Some(crate::audit::digest(store)?);
+    Ok(report)
+}
+
+/// The hand-out order stored with a large run's jobs, read a chunk at a
+/// time: the scheduler's memory holds one chunk of ids, not a queue of
+/// every job.
+#[derive(Debug)]
+struct StoredOrder {
+    store: Arc<Store>,
+    /// The key of the last chunk read.
+    cursor: Option<Vec<u8>>,
+}
+
+impl StoredOrder {
+    fn new(store: Arc<Store>) -> StoredOrder {
+        StoredOrder {
+            store,
+            cursor: None,
+        }
+    }
+}
+
+impl HandOut for StoredOrder {
+    fn next_batch(&mut self) -> Result<Vec<nq_store::JobId>> {
+        match self.store.order_after(self.cursor.as_deref())? {
+            Some((key, ids)) => {
+                self.cursor = Some(key);
+                Ok(ids)
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+}
