@@ -7,12 +7,15 @@
 //! * [`count`]: `nq count`, the split → pool → tally run with its progress bar.
 //! * [`solutions`]: `nq solutions` and `nq one`, which write solutions.
 //! * [`check`]: `nq verify`, for notations and SAT models.
+//! * [`recheck`]: `nq recheck`, which re-computes a sample of a coordinator's
+//!   audit and checks its digest and sums.
 //! * [`json`]: the reader of the `json` notation that `nq verify` passes to
 //!   `nq_core`, which reads no JSON itself.
 //! * [`output`]: buffered stdout that `nq_core`'s `fmt::Write` writers can use.
 //!
 //! The work itself is all in `nq_core`; this crate parses, prints and times.
 
+use std::num::NonZero;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -29,6 +32,7 @@ mod check;
 mod count;
 mod json;
 mod output;
+mod recheck;
 mod solutions;
 
 /// Count, list, construct and verify N-Queens solutions, exactly.
@@ -91,6 +95,39 @@ enum Command {
         /// Board size N, from 1 to 46340.
         n: u64,
     },
+    /// Re-check a published run from its audit alone (`nq-coord audit`).
+    ///
+    /// Checks the audit's digest (against --digest, the `audit=` of the run's
+    /// final line, when given), that its rows tile the split and add up to
+    /// its stated totals, and solves again K jobs chosen by the seed. Exits
+    /// non-zero on any difference, naming it.
+    Recheck(RecheckArgs),
+}
+
+/// The arguments of `nq recheck`.
+#[derive(Debug, clap::Args)]
+struct RecheckArgs {
+    /// The audit, as `nq-coord audit --output` wrote it.
+    audit: PathBuf,
+    /// Jobs to solve again (all of them when K is at least their number; 0
+    /// checks the digest, sums and plan only).
+    #[arg(long, value_name = "K")]
+    sample: u64,
+    /// The public seed that chooses the jobs: the K with the least
+    /// SHA-256("nq-recheck:SEED:JOB"). Publish it after the audit.
+    #[arg(long, value_name = "S")]
+    seed: String,
+    /// The published digest (`sha256:HEX`, as the run's final line and
+    /// report.json print it); the audit must hash to it.
+    #[arg(long, value_name = "DIGEST", value_parser = recheck::parse_digest)]
+    digest: Option<[u8; 32]>,
+    /// Threads to solve on [default: all cores].
+    #[arg(long, short, value_parser = clap::value_parser!(u32).range(1..=MAX_THREADS as i64))]
+    threads: Option<u32>,
+    /// The count kernel (`scalar` gives a computation independent of the
+    /// vector kernels a run most likely used).
+    #[arg(long, default_value = "auto", value_parser = kernel_parser())]
+    kernel: Kernel,
 }
 
 /// The arguments of `nq count`.
@@ -173,6 +210,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         } => solutions::list(n, unique, format, limit),
         Command::One { n, format } => solutions::one(n, format),
         Command::Verify { file, n } => check::run(file.as_deref(), n),
+        Command::Recheck(a) => recheck::run(&recheck::Request {
+            file: &a.audit,
+            sample: a.sample,
+            seed: &a.seed,
+            digest: a.digest,
+            threads: match a.threads {
+                Some(t) => t as usize,
+                None => std::thread::available_parallelism().map_or(1, NonZero::get),
+            },
+            kernel: a.kernel,
+        }),
         Command::Cnf { n } => {
             let cnf = nq_core::cnf::Cnf::new(n)?;
             let mut out = output::stdout();

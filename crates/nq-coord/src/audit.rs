@@ -7,18 +7,76 @@
 //! writes one CSV row per job, and compares the re-added totals with the
 //! summary stored when the run finished. Any difference, or any damaged
 //! record, makes it fail.
+//!
+//! # Format (version 2)
+//!
+//! The audit is the record a stranger re-checks (`nq recheck`), so it carries
+//! everything needed to rebuild each job's sub-problems from nq-core alone,
+//! and ends with a digest of itself. Lines starting with `#` are comments to
+//! a CSV reader (`pandas.read_csv(f, comment="#")`); fields holding `,`, `"`,
+//! `#` or a line break are quoted.
+//!
+//! ```text
+//! # nq-audit v2
+//! # n=12 split_version=1 split=1:0 order=plan solutions=off jobs=179 run=12-19ab…
+//! job,first_subproblem,subproblems,estimated_work,state,verification,…,attempts
+//! 0,0,3,5120,settled,single,1,96,96,local:avx512,avx512,1764…,1,local:avx512:agrees,1
+//! …
+//! # end jobs=179 settled=179 subproblems=516 total=14200 burnside=14296 unique=1787 plan=sha256:…
+//! # digest=sha256:…
+//! ```
+//!
+//! * The header names the board, the split (`RING:EXTRA` and nq-core's
+//!   `SPLIT_VERSION`) and the order of its sub-problems: `plan` is
+//!   `nq_core::split::split_each`'s order, the one jobs are cut from.
+//! * Job `j` is the sub-problems `first_subproblem .. first_subproblem +
+//!   subproblems` of that order; the rows tile it in job order.
+//! * `count_total` and `count_burnside` are the counted copy's
+//!   `nq_core::split::Tally` (`Σ w·count` and `Σ w·Σ Fix`); `total` and
+//!   `burnside` in the `end` line are their sums over the rows, and `unique`
+//!   is `burnside / 8` (`-` until every job is settled).
+//! * `plan` is the SHA-256 of every job's sub-problem prefixes
+//!   (`Prefix::rows()`, N bytes each, 255 for an empty column) in job order:
+//!   it proves that the jobs are exactly the split's sub-problems in plan
+//!   order, which `nq recheck` verifies by enumerating the split.
+//! * `digest` is the SHA-256 of every byte of the file before the digest
+//!   line. The run's final line and `report.json` print the same value
+//!   ([`digest`] computes it from the store the way the audit writes it), so
+//!   a published audit can be told apart from an edited one.
 
-use std::io::Write;
+use std::fmt;
+use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use nq_proto::convert::RunShape;
 use nq_store::{JobState, Scan, Store, StoreOptions};
+use sha2::{Digest, Sha256};
 
 use crate::core::quorum::{Fraction, Policy};
 use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
 use crate::restore::restore;
+
+/// The first line of every audit, after `# `: the format and its version.
+pub const FORMAT: &str = "nq-audit v2";
+
+/// The SHA-256 of an audit (see the module docs), written `sha256:HEX`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AuditDigest(pub [u8; 32]);
+
+impl fmt::Display for AuditDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("sha256:")?;
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl fmt::Debug for AuditDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 /// What an audit found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,19 +87,25 @@ pub struct AuditReport {
     pub settled: u64,
     /// The re-added total of the counted copies.
     pub total: u128,
+    /// The sum of the rows' `count_total`: the total the audit file states.
+    pub rows_total: u128,
     /// The total stored when the run finished, if it did.
     pub stored_total: Option<u128>,
     /// The re-added unique count (when every job is settled).
     pub unique: Option<u128>,
     /// The unique count stored when the run finished, if it did.
     pub stored_unique: Option<u128>,
+    /// The digest of the audit as written, the value of its last line.
+    pub digest: AuditDigest,
 }
 
 impl AuditReport {
-    /// True when the re-added totals equal the stored ones (or the run is not
-    /// finished, so nothing was stored to compare).
+    /// True when the re-added totals, and the total the rows add up to,
+    /// equal the stored ones (or the run is not finished, so nothing was
+    /// stored to compare).
     pub fn agrees(&self) -> bool {
-        self.stored_total.is_none_or(|t| t == self.total)
+        self.stored_total
+            .is_none_or(|t| t == self.total && t == self.rows_total)
             && self.stored_unique.is_none_or(|u| Some(u) == self.unique)
     }
 }
@@ -57,8 +121,58 @@ impl AuditReport {
 /// a damaged directory; I/O errors writing `out`.
 pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditReport> {
     let store = Store::open(dir, &StoreOptions::default())?;
+    audit_store(&store, out, verify)
+}
+
+/// The digest of the audit that `nq-coord audit` writes for `store` (the one
+/// the run's final line and `report.json` print): the audit written to
+/// nowhere, hashed. Reads the whole store, as the audit does.
+///
+/// # Errors
+///
+/// As [`audit`].
+pub fn digest(store: &Store) -> Result<AuditDigest> {
+    // `nq-coord audit` judges with the automatic share: the `votes_needed`
+    // column must read the same here, or the digests would differ.
+    Ok(audit_store(store, &mut io::sink(), Fraction::Auto)?.digest)
+}
+
+/// Passes everything written on to `out`, and hashes it.
+struct Hashing<'a> {
+    /// Where the audit goes.
+    out: &'a mut dyn Write,
+    /// Every byte that went to `out`, so far.
+    sha: Sha256,
+}
+
+impl Write for Hashing<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.out.write(buf)?;
+        // Only what `out` took: a short write is retried by `write_all`
+        // with the rest, which is hashed then.
+        self.sha.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// [`audit`] of an open store.
+///
+/// # Errors
+///
+/// As [`audit`].
+pub fn audit_store(
+    store: &Store,
+    out: &mut dyn Write,
+    verify: Fraction,
+) -> Result<AuditReport> {
     let manifest = store.manifest()?.ok_or_else(|| Error::NoRun {
-        dir: dir.to_path_buf(),
+        dir: store
+            .dir()
+            .map_or_else(|| "<temporary store>".into(), Path::to_path_buf),
     })?;
     let shape = RunShape {
         board: manifest.key.board,
@@ -72,26 +186,52 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
         ban_after: crate::core::quorum::DEFAULT_BAN_AFTER,
     };
     let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
-    restore(&store, &shape, &mut sched)?;
+    restore(store, &shape, &mut sched)?;
     let io = |source| Error::Io {
         context: "cannot write the audit".into(),
         source,
     };
+    let mut out = Hashing {
+        out,
+        sha: Sha256::new(),
+    };
+    let key = &manifest.key;
+    writeln!(out, "# {FORMAT}").map_err(io)?;
     writeln!(
         out,
-        "job,subproblems,estimated_work,state,verification,votes_needed,count_total,\
-         count_burnside,counted_worker,counted_kernel,received_unix_ms,copies,workers,attempts"
+        "# n={} split_version={} split={}:{} order=plan solutions={} jobs={} run={}",
+        key.board.n(),
+        key.split_version,
+        key.spec.ring,
+        key.spec.extra,
+        if key.solutions { "on" } else { "off" },
+        manifest.jobs,
+        csv(&manifest.run_id),
+    )
+    .map_err(io)?;
+    writeln!(
+        out,
+        "job,first_subproblem,subproblems,estimated_work,state,verification,\
+         votes_needed,count_total,count_burnside,counted_worker,counted_kernel,\
+         received_unix_ms,copies,workers,attempts"
     )
     .map_err(io)?;
     // A finished run settled every job; judging again now (with the
     // machines of its copies) may want checks that the run rightly skipped
     // once a single machine was left.
     let finished = store.summary()?.is_some();
+    // What the rows state, added up as they are written: the `end` line.
+    let mut plan = Sha256::new();
+    let mut first = 0u64;
+    let mut rows = nq_core::split::Tally::default();
     for entry in store.scan_jobs(Scan::Every) {
         let entry = entry?;
         let job = entry.job;
         let work = works[job.0 as usize];
-        let subs = entry.definition.as_ref().map_or(0, |d| d.len());
+        let subs = entry.definition.as_ref().map_or(0, |d| {
+            d.prefixes().for_each(|p| plan.update(p));
+            d.len() as u64
+        });
         let needed = if sched.selected(job) { 2 } else { 1 };
         let record = entry.record.clone();
         let copies = entry.into_copies();
@@ -140,19 +280,23 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
             })
             .collect();
         let (total, burnside, who, kernel, when) = match copies.first() {
-            Some(c) => (
-                c.tally.total.to_string(),
-                c.tally.burnside.to_string(),
-                c.identity.clone(),
-                c.kernel.clone(),
-                c.received_unix_ms.to_string(),
-            ),
+            Some(c) => {
+                rows.merge(&c.tally).map_err(Error::Inconsistent)?;
+                (
+                    c.tally.total.to_string(),
+                    c.tally.burnside.to_string(),
+                    c.identity.clone(),
+                    c.kernel.clone(),
+                    c.received_unix_ms.to_string(),
+                )
+            }
             None => Default::default(),
         };
         writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             job.0,
+            first,
             subs,
             work,
             state,
@@ -168,27 +312,52 @@ pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditR
             record.attempts,
         )
         .map_err(io)?;
+        first += subs;
     }
     let summary = store.summary()?;
     let tally = sched.tally();
     let complete = sched.is_complete();
+    let unique = if complete {
+        Some(tally.unique().map_err(Error::Inconsistent)?)
+    } else {
+        None
+    };
+    writeln!(
+        out,
+        "# end jobs={} settled={} subproblems={first} total={} \
+         burnside={} unique={} plan={}",
+        sched.jobs(),
+        sched.jobs_done(),
+        rows.total,
+        rows.burnside,
+        // The rows' own unique count: what a reader derives from them.
+        if complete && let Ok(u) = rows.unique() {
+            u.to_string()
+        } else {
+            "-".to_owned()
+        },
+        AuditDigest(plan.finalize().into()),
+    )
+    .map_err(io)?;
+    let digest = AuditDigest(out.sha.finalize_reset().into());
+    // The digest line is not part of what it digests.
+    writeln!(out.out, "# digest={digest}").map_err(io)?;
     Ok(AuditReport {
         jobs: sched.jobs(),
         settled: sched.jobs_done(),
         total: tally.total,
+        rows_total: rows.total,
         stored_total: summary.as_ref().map(|s| s.total),
-        unique: if complete {
-            Some(tally.unique().map_err(Error::Inconsistent)?)
-        } else {
-            None
-        },
+        unique,
         stored_unique: summary.as_ref().map(|s| s.unique),
+        digest,
     })
 }
 
-/// Quotes a CSV field when it holds a comma, a quote or a line break.
+/// Quotes a CSV field when it holds a comma, a quote, a `#` (which comment
+/// aware readers would take for a comment) or a line break.
 fn csv(field: &str) -> String {
-    if field.contains([',', '"', '\n']) {
+    if field.contains([',', '"', '#', '\n']) {
         format!("\"{}\"", field.replace('"', "\"\""))
     } else {
         field.to_owned()

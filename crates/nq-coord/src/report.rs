@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use nq_core::split::SplitSpec;
 
+use crate::audit::AuditDigest;
 pub use crate::core::report::FaultyWorker;
 use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
@@ -55,6 +56,9 @@ pub struct RunReport {
     /// `--local-threads 0`, or workers still on probation when the others
     /// left). A complete run with any is [`RunStatus::Unchecked`].
     pub unchecked: u64,
+    /// The digest of the run's audit ([`crate::audit::digest`]), the last
+    /// line of what `nq-coord audit` writes: set when the run is complete.
+    pub audit_digest: Option<AuditDigest>,
 }
 
 /// How a run ended, and the exit code `nq-coord` gives it.
@@ -202,6 +206,8 @@ impl RunReport {
             faulty_workers,
             disputed: t.disputed,
             unchecked: t.unchecked,
+            // Set where the run is complete: it reads the whole store.
+            audit_digest: None,
         }
     }
 }
@@ -294,13 +300,14 @@ impl RunReport {
     /// by spaces:
     ///
     /// ```text
-    /// n=16 status=complete total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 published=match
-    /// n=16 status=unchecked total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 unchecked=256 published=match
+    /// n=16 status=complete total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 audit=sha256:9f86… published=match
+    /// n=16 status=unchecked total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 unchecked=256 audit=sha256:9f86… published=match
     /// n=16 status=interrupted total=1234 jobs_done=12 jobs=256
     /// ```
     ///
-    /// `published` is `match`, `MISMATCH` or `unknown` (N > 27). `unchecked`
-    /// appears only when jobs are.
+    /// `unchecked` appears only when jobs are; `audit` is the digest of the
+    /// run's audit (absent when unknown); `published` is `match`, `MISMATCH`
+    /// or `unknown` (N > 27).
     pub fn summary_line(&self) -> String {
         if !self.complete {
             return format!(
@@ -325,9 +332,13 @@ impl RunReport {
             }
             _ => ("complete", String::new()),
         };
+        // Before `published`, which ends the line (scripts anchor on it).
+        let audit = self
+            .audit_digest
+            .map_or_else(String::new, |d| format!(" audit={d}"));
         format!(
             "n={} status={status} total={} unique={} seconds={:.3} jobs={} conflicts={}\
-             {unchecked} published={published}",
+             {unchecked}{audit} published={published}",
             self.n, self.total, self.unique, self.seconds, self.jobs, self.conflicts
         )
     }
@@ -367,13 +378,16 @@ impl RunReport {
             })
             .collect();
         let faulty = serde_json::Value::Array(faulty).to_string();
+        let audit_digest = self
+            .audit_digest
+            .map_or_else(|| "null".to_owned(), |d| format!("\"{d}\""));
         format!(
             "{{\"n\":{},\"total\":{},\"unique\":{},\"seconds\":{seconds},\"jobs\":{},\
              \"split\":{{\"version\":{},\"ring\":{},\"extra\":{}}},\
              \"published_match\":{published_match},\"conflicts\":{},\
              \"confirmations\":{},\"complete\":{},\"jobs_done\":{},\"run_id\":{run_id},\
              \"status\":\"{}\",\"exit_code\":{},\"why\":{why},\"faulty_workers\":{faulty},\
-             \"disputed\":{},\"unchecked\":{}}}\n",
+             \"disputed\":{},\"unchecked\":{},\"audit_digest\":{audit_digest}}}\n",
             self.n,
             self.total,
             self.unique,
@@ -435,6 +449,7 @@ mod tests {
             faulty_workers: vec![FaultyWorker::from_identity("liar@127.0.0.1", 2, true)],
             disputed: 0,
             unchecked: 0,
+            audit_digest: Some(AuditDigest([0xab; 32])),
         }
     }
 
@@ -455,6 +470,7 @@ mod tests {
         assert_eq!(v["faulty_workers"][0]["name"], "liar");
         assert_eq!(v["faulty_workers"][0]["address"], "127.0.0.1");
         assert_eq!(v["faulty_workers"][0]["banned"], true);
+        assert_eq!(v["audit_digest"], format!("sha256:{}", "ab".repeat(32)));
         let ok = report(8, 92, 12);
         let v: serde_json::Value = serde_json::from_str(&ok.to_json()).unwrap();
         assert_eq!(v["published_match"], true);
@@ -472,6 +488,11 @@ mod tests {
             report(8, 93, 12)
                 .summary_line()
                 .ends_with("published=MISMATCH")
+        );
+        assert!(
+            report(8, 92, 12)
+                .summary_line()
+                .contains(&format!(" audit=sha256:{} published=", "ab".repeat(32)))
         );
         let mut r = report(8, 40, 0);
         r.complete = false;

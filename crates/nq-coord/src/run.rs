@@ -141,7 +141,7 @@ async fn session(
     }
 
     // 5. The report.
-    let (report, summary) = {
+    let (mut report, summary) = {
         let core = engine.core();
         let totals = Totals::of_scheduler(&core.sched, elapsed_ms)?;
         let report = RunReport::new(
@@ -165,6 +165,10 @@ async fn session(
     // report file says that the run is finished.
     store.flush_async().await?;
     if summary.is_some() {
+        // Read back as `nq-coord audit` reads it, so that the two agree.
+        let store = Arc::clone(&store);
+        let digest = tokio::task::spawn_blocking(move || crate::audit::digest(&store));
+        report.audit_digest = Some(digest.await??);
         let path = report.write_json(&config.data_dir)?;
         info!(report = %path.display(), "run finished");
         if report.conflicts > 0 {

@@ -281,14 +281,16 @@ fn finished_report(
             derived,
         });
     }
-    Ok(RunReport::new(
+    let mut report = RunReport::new(
         m,
         &config.data_dir,
         // Every job settled in the finished run; those that judging now
         // leaves waiting for a check settled without one too.
         Totals::of_summary(s, 0, sched.jobs_unchecked() + sched.jobs_in_check()),
         crate::core::report::faulty_workers(&sched),
-    ))
+    );
+    report.audit_digest = Some(crate::audit::digest(store)?);
+    Ok(report)
 }
 
 /// The hand-out order stored with a large run's jobs, read a chunk at a

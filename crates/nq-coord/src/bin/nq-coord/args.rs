@@ -18,7 +18,9 @@ use nq_process::DialArgs;
 ///
 /// Prints `listening on ADDR` on stdout once bound, then one result line:
 /// `n=N status=complete total=Q unique=U seconds=S jobs=J conflicts=C
-/// published=match|MISMATCH|unknown` (or `status=interrupted ...`).
+/// audit=sha256:HEX published=match|MISMATCH|unknown` (or `status=unchecked
+/// ... unchecked=K ...`, or `status=interrupted ...`). `audit` is the digest
+/// that ends `nq-coord audit`'s output.
 ///
 /// Every flag can also be set from the environment variable shown with it
 /// (`NQ_N=12 NQ_DATA=/scratch/nq-12 nq-coord` runs like `nq-coord --n 12
@@ -225,6 +227,10 @@ pub(crate) enum Command {
     /// it was verified, as CSV (to stdout or --output); then adds all counted
     /// results up again from their stored counts and compares the totals with
     /// the stored ones. Exits non-zero on any difference or damaged record.
+    ///
+    /// The CSV (format `nq-audit v2`) also names the board, the split and
+    /// each job's sub-problems, and ends with its own SHA-256, the `audit=`
+    /// of the run's final line: `nq recheck` re-computes a sample of it.
     Audit(AuditArgs),
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their

@@ -131,13 +131,14 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())
     };
     stderr_line(format_args!(
-        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {})",
+        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {}); digest {}",
         report.settled,
         report.jobs,
         report.total,
         stored(report.stored_total),
         report.unique.map_or("-".into(), |u| u.to_string()),
         stored(report.stored_unique),
+        report.digest,
     ));
     if !report.agrees() {
         bail!(
