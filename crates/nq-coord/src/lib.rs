@@ -63,6 +63,8 @@ pub mod report;
 mod restore;
 mod run;
 mod setup;
+#[cfg(test)]
+mod sim;
 
 pub use crate::adapters::grpc as service;
 pub use crate::core::status::Progress;

@@ -495,9 +495,13 @@ pub(crate) fn losses_in(
 }
 
 /// Restore: judges a done job's stored `copies` (the Done record's first)
-/// with the reputations as they stand, and returns the settlement to apply.
-/// `stored` says whether the Done record's solutions are all stored
-/// (solutions mode). Losses are not charged again: [`losses_in`] found them.
+/// with the reputations as they stand, and returns the settlement to apply
+/// and the writes to make. The writes are not empty when the restored
+/// reputations overturn the Done record (they can differ from those it was
+/// recorded under): the record must then move to the counted copy, or the
+/// store and the totals disagree. `stored` says whether the Done record's
+/// solutions are all stored (solutions mode). Losses are not charged again:
+/// [`losses_in`] found them.
 pub(crate) fn judge_restored(
     sched: &mut Scheduler,
     job: JobId,
@@ -505,7 +509,7 @@ pub(crate) fn judge_restored(
     (attempts, work): (u32, u64),
     stored: bool,
     solutions_mode: bool,
-) -> Settlement {
+) -> (Settlement, Vec<Write>) {
     let mut jc = JobCopies {
         copies,
         done: Some(0),
@@ -517,7 +521,7 @@ pub(crate) fn judge_restored(
     };
     let mut d = decide(sched, job, &mut jc, None, solutions_mode);
     d.settlement.losers.clear();
-    d.settlement
+    (d.settlement, d.writes)
 }
 
 #[cfg(test)]
@@ -597,7 +601,7 @@ mod tests {
             let id = s.intern(name);
             assert!(s.identities().lost(id) > 0, "{name} lost on restore");
         }
-        judge_restored(&mut s, JOB, copies, (1, 5), true, false)
+        judge_restored(&mut s, JOB, copies, (1, 5), true, false).0
     }
 
     fn stored_copies(writes: &[Write], before: Vec<StoredResult>) -> Vec<StoredResult> {
@@ -770,7 +774,7 @@ mod tests {
         let id = r.intern("bad@127.0.0.1");
         r.restore_loss(id);
         r.restore_loss(id);
-        let st = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        let (st, _) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
         assert_eq!(st.counted, Some(good.result.tally));
     }
@@ -815,7 +819,7 @@ mod tests {
         let mut r = sched(0.0);
         let id = r.intern("sus@127.0.0.1");
         r.restore_loss(id);
-        let st = judge_restored(
+        let (st, _) = judge_restored(
             &mut r,
             JOB,
             vec![copy("sus@127.0.0.1", 3).result],

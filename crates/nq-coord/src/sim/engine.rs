@@ -1,0 +1,1 @@
+//! The simulation of the engine over a real store.
