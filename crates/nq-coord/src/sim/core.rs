@@ -652,6 +652,7 @@ impl Sim {
             return Ok(());
         }
         if self.core.sched.is_complete() {
+            self.model.seal();
             for (_, (v, _)) in &group {
                 let recorded = self.model.jobs[v.job.0 as usize].record.clone();
                 let (write, outcome) = ledger::late_copy(recorded.as_ref(), v);
@@ -1012,75 +1013,7 @@ impl Sim {
 
     /// The invariants, after every step.
     fn check(&self) -> Result<(), String> {
-        let s = &self.core.sched;
-        let mut sum = Tally::default();
-        let mut done = 0;
-        for j in 0..self.model.jobs.len() {
-            let job = JobId(j as u64);
-            let copies = self.model.judged_copies(job);
-            if s.is_counted(job) {
-                let Some(record) = &self.model.jobs[j].record else {
-                    return Err(format!(
-                        "job {job} counts but the store holds no copy of it"
-                    ));
-                };
-                // No copy counts twice: each counted job adds its one
-                // record's tally, once.
-                sum.merge(&record.tally)
-                    .map_err(|e| format!("the model's totals overflow: {e}"))?;
-                // A banned worker's copies never count: some identity in
-                // good standing voted for the counted result.
-                let cls = classes(s, &copies);
-                ensure!(
-                    cls.iter().any(|(rep, _)| rep.agrees(record)),
-                    "job {job} counts {} that only banned identities voted for ({:?})",
-                    record.tally.total,
-                    record.identity
-                );
-            }
-            if s.is_done(job) {
-                done += 1;
-                self.check_quorum(job, &copies)?;
-            }
-        }
-        ensure!(
-            sum == s.tally(),
-            "the scheduler's tally {} is not the sum {} of the counted records",
-            s.tally().total,
-            sum.total
-        );
-        ensure!(
-            done == s.jobs_done(),
-            "{done} jobs are settled but the scheduler says {}",
-            s.jobs_done()
-        );
-        Ok(())
-    }
-
-    /// A settled job has its quorum: enough distinct identities in good
-    /// standing agree with its counted copy, more than any other result.
-    fn check_quorum(&self, job: JobId, copies: &[&StoredResult]) -> Result<(), String> {
-        let s = &self.core.sched;
-        let record = copies[0];
-        let cls = classes(s, copies);
-        let (agree, others): (Vec<_>, Vec<_>) =
-            cls.iter().partition(|(rep, _)| rep.agrees(record));
-        let voters: &[IdentityId] = agree.first().map_or(&[], |(_, v)| v);
-        let runner_up = others.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
-        let disputed = !others.is_empty();
-        let second = voters.iter().all(|&id| needs_second_vote(s, id));
-        let needed = if s.selected(job) || disputed || second {
-            2
-        } else {
-            1
-        };
-        ensure!(
-            voters.len() >= needed && voters.len() > runner_up,
-            "job {job} settled on {} vote(s) against {runner_up} (needs {needed}: selected {}, disputed {disputed}, suspect voters {second})",
-            voters.len(),
-            s.selected(job)
-        );
-        Ok(())
+        check_ledger(&self.core.sched, |job| self.model.judged_copies(job))
     }
 
     /// At the end: a restore reaches the same state once more, and when
@@ -1130,9 +1063,87 @@ impl Sim {
     }
 }
 
+/// The invariants of the ledger, over each job's judged copies as the store
+/// holds them (the Done record's first): no copy counts twice (the tally is
+/// the sum of the counted records, each job once), a banned worker's copies
+/// never count, and a settled job has its quorum.
+pub(super) fn check_ledger<'a>(
+    s: &Scheduler,
+    copies_of: impl Fn(JobId) -> Vec<&'a StoredResult>,
+) -> Result<(), String> {
+    let mut sum = Tally::default();
+    let mut done = 0;
+    for j in 0..s.jobs() {
+        let job = JobId(j);
+        let copies = copies_of(job);
+        if s.is_counted(job) {
+            let Some(&record) = copies.first() else {
+                return Err(format!(
+                    "job {job} counts but the store holds no copy of it"
+                ));
+            };
+            sum.merge(&record.tally)
+                .map_err(|e| format!("the stored totals overflow: {e}"))?;
+            // Some identity in good standing voted for the counted result.
+            let cls = classes(s, &copies);
+            ensure!(
+                cls.iter().any(|(rep, _)| rep.agrees(record)),
+                "job {job} counts {} that only banned identities voted for ({:?})",
+                record.tally.total,
+                record.identity
+            );
+        }
+        if s.is_done(job) {
+            done += 1;
+            check_quorum(s, job, &copies)?;
+        }
+    }
+    ensure!(
+        sum == s.tally(),
+        "the scheduler's tally {} is not the sum {} of the counted records",
+        s.tally().total,
+        sum.total
+    );
+    ensure!(
+        done == s.jobs_done(),
+        "{done} jobs are settled but the scheduler says {}",
+        s.jobs_done()
+    );
+    Ok(())
+}
+
+/// A settled job has its quorum: enough distinct identities in good
+/// standing agree with its counted copy, more than any other result.
+fn check_quorum(
+    s: &Scheduler,
+    job: JobId,
+    copies: &[&StoredResult],
+) -> Result<(), String> {
+    let record = copies[0];
+    let cls = classes(s, copies);
+    let (agree, others): (Vec<_>, Vec<_>) =
+        cls.iter().partition(|(rep, _)| rep.agrees(record));
+    let voters: &[IdentityId] = agree.first().map_or(&[], |(_, v)| v);
+    let runner_up = others.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let disputed = !others.is_empty();
+    let second = voters.iter().all(|&id| needs_second_vote(s, id));
+    let needed = if s.selected(job) || disputed || second {
+        2
+    } else {
+        1
+    };
+    ensure!(
+        voters.len() >= needed && voters.len() > runner_up,
+        "job {job} settled on {} vote(s) against {runner_up} (needs {needed}: selected {}, disputed {disputed}, suspect voters {second})",
+        voters.len(),
+        s.selected(job)
+    );
+    Ok(())
+}
+
 /// How a restore compared with the live scheduler.
 #[derive(Debug)]
-enum Restored {
+pub(super) enum Restored {
     /// The same settled state.
     Same,
     /// A KNOWN DIVERGENCE (see the module doc): the live scheduler charges
@@ -1154,7 +1165,7 @@ enum Restored {
 
 /// A finished run restored from its copies must give the total of the live
 /// run (`setup::finished_report` refuses the directory otherwise).
-fn finished(live: &Scheduler, restored: &Scheduler) -> Restored {
+pub(super) fn finished(live: &Scheduler, restored: &Scheduler) -> Restored {
     if live.tally() == restored.tally() {
         return Restored::Same;
     }
@@ -1169,7 +1180,10 @@ fn finished(live: &Scheduler, restored: &Scheduler) -> Restored {
 /// jobs settled and counted, the same tally, and the same lost conflicts
 /// (so the same suspects and bans). Selection is by a fixed share here, so
 /// it does not depend on who is at work.
-fn compare(live: &Scheduler, restored: &Scheduler) -> Result<Restored, String> {
+pub(super) fn compare(
+    live: &Scheduler,
+    restored: &Scheduler,
+) -> Result<Restored, String> {
     // Standing, not the number of losses: live, a banned identity's votes
     // are left out of the judging, so it loses nothing more, while restore
     // judges stored copies with no reputations and finds every conflict it
