@@ -71,6 +71,7 @@ fn the_engine_keeps_its_invariants_over_a_real_store() {
             "{stats:?}"
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
+        super::core::assert_rare_divergence(&stats);
     }
 }
 
