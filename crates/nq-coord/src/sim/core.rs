@@ -932,6 +932,8 @@ impl Sim {
         if std::env::var("NQ_SIM_STRICT_RESTORE").is_ok() {
             return Err(self.dump(what));
         }
+        // Captured by the test harness; shown with --nocapture.
+        eprintln!("known divergence, seed {}: {what}", self.seed);
         Ok(())
     }
 
