@@ -43,6 +43,9 @@
 //!   `report.json`.
 //! * [`audit`] and [`export`]: offline tools over a data directory.
 //! * [`error`]: the crate's one error type.
+//! * `sim` (tests only): seeded simulations of the core and of the engine
+//!   over a real store, with lying, late and vanishing workers and crashes,
+//!   checked against the ledger's invariants after every step.
 //!
 //! Data flows one way: `plan` → store → `engine` (with `core` deciding) ←
 //! `adapters`.

@@ -12,6 +12,12 @@
 //!    again from its counts must equal the stored one, or the store is
 //!    damaged) and every job judged again with those reputations
 //!    ([`ledger::judge_restored`]): settled, or queued for another copy.
+//!    Where the reputations found now overturn a Done record, the record
+//!    moves to the copy that counts (written and flushed before serving),
+//!    so that the store and the totals agree.
+//!
+//! The judging is [`restore_from`], over plain [`ScannedJob`] values, so
+//! that the simulation restores its model of the store exactly as here.
 
 use nq_core::split::Tally;
 use nq_proto::convert::RunShape;

@@ -780,6 +780,33 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_that_overturns_the_record_moves_it_to_the_counted_copy() {
+        // Live, "bad" was in good standing when its copy became the record;
+        // the restore finds its ban, so the other copy counts, and the
+        // record must follow, or the next copy of the job would take back a
+        // tally that was never counted.
+        let bad = copy("bad@127.0.0.1", 9);
+        let good = copy("good@127.0.0.1", 3);
+        let mut r = sched(0.0);
+        let id = r.intern("bad@127.0.0.1");
+        r.restore_loss(id);
+        r.restore_loss(id);
+        let copies = vec![bad.result.clone(), good.result.clone()];
+        let (st, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        assert!(st.settled);
+        assert_eq!(st.counted, Some(good.result.tally));
+        assert!(
+            matches!(&writes[0], Write::Replace { result, .. } if *result == good.result),
+            "{writes:?}"
+        );
+        // Nothing moves when the record stands.
+        let mut r = sched(0.0);
+        let copies = vec![good.result.clone(), good.result.clone()];
+        let (_, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        assert!(writes.is_empty());
+    }
+
+    #[test]
     fn a_late_copy_after_completion_changes_nothing() {
         let recorded = copy("a@127.0.0.1", 3);
         let (w, outcome) = late_copy(Some(&recorded.result), &copy("b@127.0.0.1", 3));

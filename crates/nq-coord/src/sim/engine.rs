@@ -42,7 +42,7 @@ use super::{Failure, Stats, ensure, mix, rng, run_all};
 use crate::config::Config;
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::quorum::Fraction;
-use crate::core::scheduler::Scheduler;
+use crate::core::scheduler::{Outcome, Scheduler};
 use crate::engine::{Engine, Submission, commit};
 use crate::error::Error;
 use crate::setup::{Setup, setup, shape_of};
@@ -176,7 +176,7 @@ struct Sim {
     truth: Vec<Vec<SubCounts>>,
     workers: Vec<SimWorker>,
     granted: HashMap<LeaseId, (WorkerId, JobId)>,
-    inflight: JoinSet<Result<(), String>>,
+    inflight: JoinSet<Result<Option<Outcome>, String>>,
     /// Per job, the copies judged before the run completed.
     sealed: Option<Vec<usize>>,
     /// At the last check before completion: per job, its copies and
@@ -424,16 +424,16 @@ impl Sim {
                 writer: None,
             };
             match engine.accept(&admitted, &definition, submission).await {
-                Ok(_) => {
+                Ok(accepted) => {
                     // Nothing is acknowledged before it is stored.
                     ensure!(
                         stored(&engine.store, task.job, task.lease.0)?,
                         "a copy of job {} was acknowledged before it was stored",
                         task.job
                     );
-                    Ok(())
+                    Ok(Some(accepted.outcome))
                 }
-                Err(Error::BadReport { .. } | Error::ShuttingDown) => Ok(()),
+                Err(Error::BadReport { .. } | Error::ShuttingDown) => Ok(None),
                 Err(e) => Err(format!("accept failed: {e}")),
             }
         });
@@ -484,7 +484,10 @@ impl Sim {
     /// engine again around the same core.
     async fn pause(&mut self) -> Result<(), String> {
         while let Some(r) = self.inflight.join_next().await {
-            r.map_err(|e| format!("a reporter panicked: {e}"))??;
+            let outcome = r.map_err(|e| format!("a reporter panicked: {e}"))??;
+            if outcome == Some(Outcome::Conflict) {
+                self.stats.conflicts += 1;
+            }
         }
         self.session.token.cancel();
         let ended = (&mut self.session.committer)
