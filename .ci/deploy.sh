@@ -13,9 +13,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # The Kubernetes versions the manifests are validated against: the oldest
-# they are meant for (native gRPC probes are GA since 1.27; deploy/README.md
+# they are meant for (the Jobs' podFailurePolicy and podReplacementPolicy are
+# on by default since 1.29, native gRPC probes GA since 1.27; deploy/README.md
 # says so), and the newest that kubernetes-validate 1.37.0 ships.
-K8S_VERSIONS=(1.27 1.37)
+K8S_VERSIONS=(1.29 1.37)
 VENV=target/deploy-venv
 REQS=.ci/deploy-requirements.txt
 

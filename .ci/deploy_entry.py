@@ -41,6 +41,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -101,9 +102,12 @@ def dockerfile(path: Path) -> dict[str, list[str]]:
 
 
 def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} forms."""
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} forms, and $$ for
+    a literal $."""
 
     def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
         name, op, arg = m.group(1), m.group(2), m.group(3)
         if env.get(name):
             return env[name]
@@ -113,7 +117,7 @@ def interpolate(value: str, env: dict[str, str]) -> str:
             raise Failure(f"compose: {name} must be set: {arg}")
         return ""
 
-    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
+    return re.sub(r"\$\$|\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", sub, value)
 
 
 def k8s_env(container: dict) -> dict[str, str]:
@@ -154,12 +158,20 @@ def k8s_expand(arg: str, env: dict[str, str]) -> str:
     )
 
 
-def set_n(argv: list[str], where: str) -> list[str]:
-    """The test's one change: --n 10 instead of the deployment's board."""
+def set_n(argv: list[str], where: str, n: str = N_TEST) -> list[str]:
+    """The test's one change: --n 10 (or n) instead of the deployment's board."""
     if "--n" not in argv:
         raise Failure(f"{where}: the coordinator command has no --n: {argv}")
     i = argv.index("--n")
-    return argv[: i + 1] + [N_TEST] + argv[i + 2 :]
+    return argv[: i + 1] + [n] + argv[i + 2 :]
+
+
+def shown(cmd: list[str]) -> str:
+    """A command for the log; a `/bin/sh -c SCRIPT NAME ARGS...` wrapper
+    shows as NAME ARGS... with a note."""
+    if cmd[:2] == ["/bin/sh", "-c"] and len(cmd) > 3:
+        return shlex.join(cmd[3:]) + "  (under the manifest's /bin/sh wrapper)"
+    return shlex.join(cmd)
 
 
 # ---------------------------------------------------------------- the sandbox
@@ -196,8 +208,9 @@ class Jail:
 
         r = self.root
         mount("-t", "tmpfs", "-o", "mode=755", "tmpfs", str(r))
-        for d in ("usr", "etc", "dev", "proc", "sys", "data"):
+        for d in ("usr", "etc", "dev", "proc", "sys", "data", "run"):
             (r / d).mkdir()
+        (r / "run/secrets").mkdir()
         # Merged /usr (as in Debian): /bin, /lib... are links into /usr.
         for d in ("bin", "sbin", "lib", "lib64"):
             if Path("/" + d).is_symlink():
@@ -212,6 +225,10 @@ class Jail:
         for d in ("dev", "proc", "sys"):
             mount("--rbind", "/" + d, str(r / d))
         self.bind(str(self.data), r / "data", ro=False)
+        # Compose's secrets: files bind-mounted read-only under /run/secrets.
+        self.secrets = base / "secrets"
+        self.secrets.mkdir()
+        self.bind(str(self.secrets), r / "run/secrets", ro=True)
         mount("-o", "remount,ro", str(r))
 
     @staticmethod
@@ -315,10 +332,26 @@ def health(jail: Jail, name: str, cmd: list[str], workdir: str, want_ok: bool) -
     print(f"  ok: {name} `{shlex.join(cmd)}` exits {p.returncode} ({last})")
 
 
+def protected(jail: Jail, workdir: str) -> None:
+    """The coordinator got the token: a call without it is refused, a call
+    with it is answered (the Status rpc, which needs the token like any
+    worker call)."""
+    status = ["nq-coord", "status", "--connect", "127.0.0.1:50051"]
+    p = subprocess.run(jail.argv(status, {}, workdir), capture_output=True, text=True,
+                       timeout=WAIT_S)
+    if p.returncode == 0 or "token" not in p.stderr:
+        raise Failure(f"the coordinator answered a call without the token: {p.stderr.strip()}")
+    p = subprocess.run(jail.argv(status, {"NQ_TOKEN": TOKEN}, workdir),
+                       capture_output=True, text=True, timeout=WAIT_S)
+    if p.returncode != 0:
+        raise Failure(f"the coordinator refused the token: {p.stderr.strip()}")
+    print("  ok: the coordinator refuses a call without the token, answers one with it")
+
+
 def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
-                checks: list[tuple]) -> None:
+                checks: list[tuple]) -> str:
     """coord and each worker: (cmd, env, workdir); checks: health commands
-    (name, cmd, workdir)."""
+    (name, cmd, workdir). Returns the coordinator's result line."""
     print(f"== {label}")
     jail.reset_data()
     for name, cmd, wd in checks:
@@ -328,15 +361,16 @@ def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
         cmd, env, wd = coord
         if "--local-threads" not in cmd or cmd[cmd.index("--local-threads") + 1] != "0":
             raise Failure(f"{label}: expected a coordinator that only serves: {cmd}")
-        print(f"  coordinator: {shlex.join(cmd)}")
+        print(f"  coordinator: {shown(cmd)}")
         c = Proc(f"{label} coordinator", jail.argv(cmd, env, wd))
         procs.append(c)
         c.expect("out", r"^listening on ")
         c.expect("err", r"serving workers")
         for name, hcmd, hwd in checks:
             health(jail, name, hcmd, hwd, want_ok=True)
+        protected(jail, wd)
         for i, (cmd, env, wd) in enumerate(workers):
-            print(f"  worker {i}: {shlex.join(cmd)}"
+            print(f"  worker {i}: {shown(cmd)}"
                   + (f"  (NQ_THREADS={env['NQ_THREADS']})" if "NQ_THREADS" in env else ""))
             procs.append(Proc(f"{label} worker {i}", jail.argv(cmd, env, wd)))
         for p in procs[1:]:
@@ -356,6 +390,7 @@ def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
             raise Failure(f"{report} is not owned by uid {UID}")
         print(f"  ok: {result}")
         print(f"  ok: every process exited 0; {report.name} written by uid {UID}")
+        return result
     except Failure:
         for p in procs:
             p.kill()
@@ -371,7 +406,24 @@ def compose_runs(jail: Jail) -> None:
     worker_df = dockerfile(DEPLOY / "Dockerfile.worker")
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     sc, sw = compose["services"]["nq-coord"], compose["services"]["nq-worker"]
-    host_env = {**os.environ, "NQ_TOKEN": TOKEN}
+    # The token file as deploy/README.md has the operator make it: owned by
+    # the images' user, mode 0400, named by NQ_TOKEN_FILE.
+    token_src = jail.secrets.parent / "token-on-the-host"
+    token_src.write_text(TOKEN + "\n")
+    os.chown(token_src, UID, GID)
+    token_src.chmod(0o400)
+    host_env = {**os.environ, "NQ_TOKEN_FILE": str(token_src)}
+    for service in (sc, sw):
+        if "NQ_TOKEN" in service.get("environment", {}):
+            raise Failure("compose: NQ_TOKEN in environment: (docker inspect shows it); "
+                          "the token is the secret nq_token")
+    # Each secret a service names, as Compose mounts it: the file itself,
+    # owner and mode kept, at /run/secrets/NAME.
+    for name in {n for service in (sc, sw) for n in service.get("secrets", [])}:
+        src = Path(interpolate(compose["secrets"][name]["file"], host_env))
+        shutil.copy2(src, jail.secrets / name)
+        st = src.stat()
+        os.chown(jail.secrets / name, st.st_uid, st.st_gid)
 
     def env_of(service: dict) -> dict[str, str]:
         env = service.get("environment", {})
@@ -386,17 +438,103 @@ def compose_runs(jail: Jail) -> None:
 
     coord_wd = coord_df.get("workdir", ["/"])[0]
     worker_wd = worker_df.get("workdir", ["/"])[0]
-    coord = (set_n(coord_df["entrypoint"] + [str(a) for a in sc["command"]],
-                   "compose nq-coord"),
-             env_of(sc), coord_wd)
-    workers = [(worker_df["entrypoint"] + [str(a) for a in sw["command"]], env_of(sw),
-                worker_wd)] * 2
+    def entry(service: dict, df: dict) -> list[str]:
+        """The service's entrypoint (the image's unless it sets one) and
+        command, interpolated as Compose does."""
+        argv = [str(a) for a in service.get("entrypoint", df["entrypoint"])]
+        argv += [str(a) for a in service["command"]]
+        return [interpolate(a, host_env) for a in argv]
+
+    coord = (set_n(entry(sc, coord_df), "compose nq-coord"), env_of(sc), coord_wd)
+    workers = [(entry(sw, worker_df), env_of(sw), worker_wd)] * 2
     checks = [
         ("Dockerfile.coord HEALTHCHECK", coord_df["healthcheck"], coord_wd),
         ("compose healthcheck", check_of(sc["healthcheck"]["test"], "compose nq-coord"),
          coord_wd),
     ]
     run_cluster(jail, "compose: nq-coord + 2 x nq-worker", coord, workers, checks)
+
+
+def ignored_exit_codes(job: dict, container: str) -> set[int]:
+    """The exit codes of `container` that the Job's podFailurePolicy ignores
+    (a new pod, not counted as a failure)."""
+    codes: set[int] = set()
+    for rule in job["spec"].get("podFailurePolicy", {}).get("rules", []):
+        req = rule.get("onExitCodes")
+        if rule["action"] == "Ignore" and req and req.get("operator") == "In" \
+                and req.get("containerName", container) == container:
+            codes.update(req["values"])
+    return codes
+
+
+def rerun_finished(jail: Jail, label: str, coord: tuple, result: str) -> None:
+    """The coordinator's Job created again on the finished volume: it prints
+    the stored result and exits 0 at once, without serving."""
+    cmd, env, wd = coord
+    c = Proc(f"{label} coordinator (finished volume)", jail.argv(cmd, env, wd))
+    try:
+        if (rc := c.wait()) != 0:
+            raise Failure(f"{c.name} exited {rc}")
+        again = next((l for l in c.out if l.startswith("n=")), None)
+        # The same line but for `seconds` (the live report rounds it, the
+        # stored one keeps milliseconds).
+        strip = lambda line: re.sub(r" seconds=[0-9.]+ ", " ", line or "")
+        if strip(again) != strip(result):
+            raise Failure(f"{c.name}: printed {again!r}, not the stored {result!r}")
+        if any("serving workers" in l for l in c.err):
+            raise Failure(f"{c.name}: served workers again")
+        print(f"  ok: on the finished volume the coordinator printed the stored result "
+              f"and exited 0 without serving (the Job completes at once)")
+    except Failure:
+        print(c.log(), file=sys.stderr)
+        raise
+    finally:
+        c.kill()
+
+
+def drain(jail: Jail, coord: tuple, worker: tuple, coord_job: dict,
+          worker_job: dict) -> None:
+    """SIGTERM mid-run, as a node drain or an eviction sends it: the worker's
+    wrapper exits 143 (not 0, which would end a work-queue Job) and the
+    coordinator 3; both codes are ones the Jobs' podFailurePolicy ignores, so
+    each pod is replaced and the run goes on."""
+    print("== kubernetes: SIGTERM mid-run (a drain): the exits the Jobs replace")
+    jail.reset_data()
+    # N = 20: minutes of work for one debug worker; the signal comes as soon
+    # as it registered.
+    cmd, env, wd = coord
+    cmd = set_n(cmd, "Job nq-coord", "20")
+    procs: list[Proc] = []
+    try:
+        c = Proc("drain coordinator", jail.argv(cmd, env, wd))
+        procs.append(c)
+        c.expect("err", r"serving workers")
+        wcmd, wenv, wwd = worker
+        w = Proc("drain worker", jail.argv(wcmd, wenv, wwd))
+        procs.append(w)
+        c.expect("err", r"worker registered")
+        w.p.send_signal(signal.SIGTERM)
+        rc = w.wait()
+        if rc != 143 or rc not in ignored_exit_codes(worker_job, "worker"):
+            raise Failure(f"the drained worker exited {rc}: expected 143, which "
+                          "Job nq-worker's podFailurePolicy ignores")
+        if not any("drained" in l for l in w.err):
+            raise Failure("the drained worker's log does not say that it drained")
+        print(f"  ok: the worker drained and its wrapper exited {rc} (ignored: a new pod)")
+        c.p.send_signal(signal.SIGTERM)
+        rc = c.wait()
+        if rc != 3 or rc not in ignored_exit_codes(coord_job, "coordinator"):
+            raise Failure(f"the stopped coordinator exited {rc}: expected 3, which "
+                          "Job nq-coord's podFailurePolicy ignores")
+        print(f"  ok: the stopped coordinator exited {rc} (ignored: a new pod resumes)")
+    except Failure:
+        for p in procs:
+            p.kill()
+            print(p.log(), file=sys.stderr)
+        raise
+    finally:
+        for p in procs:
+            p.kill()
 
 
 def k8s_runs(jail: Jail) -> None:
@@ -407,8 +545,8 @@ def k8s_runs(jail: Jail) -> None:
         for d in yaml.safe_load_all(f.read_text()):
             if d and "metadata" in d:
                 docs[(d["kind"], d["metadata"]["name"])] = d
-    sts = docs[("StatefulSet", "nq-coord")]["spec"]["template"]["spec"]
-    dep = docs[("Deployment", "nq-worker")]["spec"]["template"]["spec"]
+    coord_job = docs[("Job", "nq-coord")]
+    worker_job = docs[("Job", "nq-worker")]
     svc = docs[("Service", "nq-coord")]["spec"]
 
     def container(spec: dict, image: str, df: dict) -> tuple:
@@ -419,8 +557,10 @@ def k8s_runs(jail: Jail) -> None:
         cmd = c.get("command", df["entrypoint"]) + c.get("args", [])
         return c, [k8s_expand(str(a), env) for a in cmd], env, df.get("workdir", ["/"])[0]
 
-    cc, ccmd, cenv, cwd = container(sts, "nq-coord", coord_df)
-    wc, wcmd, wenv, wwd = container(dep, "nq-worker", worker_df)
+    cc, ccmd, cenv, cwd = container(coord_job["spec"]["template"]["spec"], "nq-coord",
+                                    coord_df)
+    wc, wcmd, wenv, wwd = container(worker_job["spec"]["template"]["spec"], "nq-worker",
+                                    worker_df)
     port = svc["ports"][0]["port"]
     listen = ccmd[ccmd.index("--listen") + 1]
     if not listen.endswith(f":{port}"):
@@ -434,9 +574,11 @@ def k8s_runs(jail: Jail) -> None:
             raise Failure(f"{kind}: expected grpc service {SERVICE} on {port}: {probe}")
     checks.append((f"probe equivalent (grpc :{port} {SERVICE})",
                    ["nq-coord", "health", "--connect", f"127.0.0.1:{port}"], cwd))
-    run_cluster(jail, "kubernetes: StatefulSet nq-coord + 2 x Deployment nq-worker",
-                (set_n(ccmd, "StatefulSet nq-coord"), cenv, cwd),
-                [(wcmd, wenv, wwd)] * 2, checks)
+    label = "kubernetes: Job nq-coord + 2 pods of Job nq-worker"
+    coord = (set_n(ccmd, "Job nq-coord"), cenv, cwd)
+    result = run_cluster(jail, label, coord, [(wcmd, wenv, wwd)] * 2, checks)
+    rerun_finished(jail, label, coord, result)
+    drain(jail, (ccmd, cenv, cwd), (wcmd, wenv, wwd), coord_job, worker_job)
 
 
 def main() -> int:

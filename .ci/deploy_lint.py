@@ -2,9 +2,17 @@
 """Consistency checks of deploy/ that no schema can make.
 
 * deploy/k8s/kustomization.yaml lists exactly the manifests present (every
-  *.yaml but itself and the *.example.yaml files, which are not to be applied
-  as they are), its images: and replicas: name what the manifests use, and the
-  Secret that the pods read is the one the example shows.
+  *.yaml but itself, the *.example.yaml files, which are not to be applied
+  as they are, and the coordinator's volume claim, which is applied once and
+  kept out so that `kubectl delete -k` leaves the results), its images: and
+  replicas: name what the manifests use, and the Secret that the pods read is
+  the one the example shows.
+* The run ends: coordinator and workers are Jobs that restart no container
+  in place (restartPolicy Never, so that podFailurePolicy sees each exit),
+  the coordinator is one pod on a claim defined in deploy/k8s, and the
+  policies name real containers.
+* The coordinator serves --metrics, on the port its scrape annotations (and
+  Compose's labels) name.
 * Every stop timeout is longer than the worker's drain time (--grace):
   Kubernetes' terminationGracePeriodSeconds and Compose's stop_grace_period.
 * Compose: the build files exist, depends_on names a service.
@@ -23,6 +31,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
+# Applied once, before the first `kubectl apply -k`, and not listed in
+# kustomization.yaml: `kubectl delete -k` must not delete the run's results.
+KEPT_OUT = {"coordinator-data.yaml"}
 
 problems: list[str] = []
 
@@ -65,7 +76,9 @@ def check_k8s() -> None:
     present = sorted(
         p.name
         for p in K8S.glob("*.yaml")
-        if p.name != "kustomization.yaml" and not p.name.endswith(".example.yaml")
+        if p.name != "kustomization.yaml"
+        and not p.name.endswith(".example.yaml")
+        and p.name not in KEPT_OUT
     )
     if len(set(listed)) != len(listed):
         problem(f"{kust_path}: resources lists a file twice: {listed}")
@@ -76,10 +89,19 @@ def check_k8s() -> None:
     if list(K8S.glob("*.yml")):
         problem("deploy/k8s: use the .yaml extension (the checks read *.yaml)")
 
+    for name in sorted(KEPT_OUT):
+        if name in listed:
+            problem(f"{kust_path}: lists {name}, which must stay out (kubectl delete -k)")
+        if not (K8S / name).is_file():
+            problem(f"deploy/k8s: {name} is missing")
     objects = {}
     for name in present:
         for d in load_all(K8S / name):
             objects[(d["kind"], d["metadata"]["name"])] = d
+    kept = {}
+    for name in sorted(KEPT_OUT & {p.name for p in K8S.glob("*.yaml")}):
+        for d in load_all(K8S / name):
+            kept[(d["kind"], d["metadata"]["name"])] = d
     examples = {}
     for p in K8S.glob("*.example.yaml"):
         for d in load_all(p):
@@ -97,9 +119,7 @@ def check_k8s() -> None:
     for rep in kust.get("replicas", []):
         if not any(k[1] == rep["name"] for k in pods):
             problem(f"{kust_path}: replicas names {rep['name']}, which is no workload")
-    sts = objects.get(("StatefulSet", "nq-coord"))
-    if sts is None or sts["spec"].get("replicas") != 1:
-        problem("the coordinator must be a StatefulSet nq-coord of exactly 1 replica")
+    check_jobs(objects, kept)
 
     for (kind, name), spec in pods.items():
         for c in spec["containers"]:
@@ -134,6 +154,59 @@ def check_k8s() -> None:
                     problem(f"{kind}/{name}: --threads should be $(NQ_THREADS)")
 
 
+def metrics_port(args: list[str], where: str) -> str | None:
+    """The port of the coordinator's --metrics HOST:PORT, or None (a
+    problem) when it has none."""
+    addr = flag(args, "--metrics", "")
+    if not re.fullmatch(r".+:\d+", addr):
+        problem(f"{where}: the coordinator has no --metrics HOST:PORT (Prometheus scrapes it)")
+        return None
+    return addr.rsplit(":", 1)[1]
+
+
+def check_jobs(objects: dict, kept: dict) -> None:
+    """Coordinator and workers are Jobs that end with the run."""
+    coord = objects.get(("Job", "nq-coord"))
+    worker = objects.get(("Job", "nq-worker"))
+    if coord is None or worker is None:
+        problem("deploy/k8s: the coordinator and the workers must be the Jobs nq-coord and nq-worker")
+        return
+    spec = coord["spec"]
+    if spec.get("parallelism", 1) != 1 or spec.get("completions", 1) != 1:
+        problem("Job/nq-coord: must run exactly one pod (parallelism and completions 1)")
+    if "completions" in worker["spec"]:
+        problem("Job/nq-worker: no completions: a work queue that ends when the run does")
+    for job in (coord, worker):
+        name = job["metadata"]["name"]
+        pod = job["spec"]["template"]["spec"]
+        if pod.get("restartPolicy") != "Never":
+            problem(f"Job/{name}: restartPolicy must be Never (podFailurePolicy sees each exit)")
+        containers = {c["name"] for c in pod["containers"]}
+        for rule in job["spec"].get("podFailurePolicy", {}).get("rules", []):
+            c = rule.get("onExitCodes", {}).get("containerName")
+            if c is not None and c not in containers:
+                problem(f"Job/{name}: podFailurePolicy names container {c}, which it lacks")
+    pod = spec["template"]["spec"]
+    claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    if len(claims) != 1:
+        problem(f"Job/nq-coord: expected one volume claim for /data, got {sorted(claims)}")
+    for claim in claims:
+        if ("PersistentVolumeClaim", claim) not in kept:
+            problem(f"Job/nq-coord: claim {claim} is defined in none of {sorted(KEPT_OUT)}")
+    (c,) = [c for c in pod["containers"] if c["name"] == "coordinator"]
+    port = metrics_port([str(a) for a in c.get("args", [])], "Job/nq-coord")
+    notes = spec["template"]["metadata"].get("annotations", {})
+    if notes.get("prometheus.io/scrape") != "true" or notes.get("prometheus.io/port") != port:
+        problem(
+            f"Job/nq-coord: the pod needs prometheus.io/scrape \"true\" and "
+            f"prometheus.io/port \"{port}\" (its --metrics port): {notes}"
+        )
+
+
 def check_compose() -> None:
     path = DEPLOY / "compose.yaml"
     compose = yaml.safe_load(path.read_text())
@@ -149,6 +222,14 @@ def check_compose() -> None:
                 problem(f"{path}: {name} depends on {dep}, which is no service")
         if not svc.get("read_only"):
             problem(f"{path}: {name}: read_only is not set")
+    coord = services.get("nq-coord", {})
+    port = metrics_port([str(a) for a in coord.get("command", [])], f"{path}: nq-coord")
+    labels = coord.get("labels", {})
+    if labels.get("prometheus.io/scrape") != "true" or labels.get("prometheus.io/port") != port:
+        problem(
+            f"{path}: nq-coord needs the labels prometheus.io/scrape \"true\" and "
+            f"prometheus.io/port \"{port}\" (its --metrics port): {labels}"
+        )
     worker = services.get("nq-worker", {})
     grace = seconds(flag(worker.get("command", []), "--grace", "30s"))
     stop = seconds(worker.get("stop_grace_period", "10s"))

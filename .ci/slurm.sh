@@ -8,10 +8,15 @@
 # "one worker per node" is what really runs), all on 127.0.0.1 and in a
 # temporary directory, then:
 #
-#   1. sbatch N=12 on both nodes and checks the exact counts in the output;
-#   2. sbatch N=18, sends the time-limit warning signal of `--signal=B:USR1@..`
-#      midway, and checks that the workers drain, the job requeues itself, and
-#      the second start restores exactly the finished jobs recorded by the first;
+#   1. sbatch N=12 on both nodes and checks the exact counts in the output,
+#      and the token the job made: DATA_DIR.token, mode 0600, 64 hex digits,
+#      never printed;
+#   2. sbatch N=18; while it runs, `nq-coord status` is refused without the
+#      token and answered with it, and no process has the token on its
+#      command line; then sends the time-limit warning signal of
+#      `--signal=B:USR1@..` midway, and checks that the workers drain, the
+#      job requeues itself, and the second start restores exactly the
+#      finished jobs recorded by the first (with the same token);
 #   3. cancels that second start midway (SIGTERM to every process, as for a
 #      preemption), resubmits, and checks that the new job resumes the same
 #      data directory and ends with the exact counts;
@@ -320,7 +325,19 @@ for node in nq1 nq2; do
     has_line "$out" "name=$node\}?:? .*worker registered" ||
         { on_failure_show; fail "job $job: no worker from node $node registered"; }
 done
-say "1. N=12 on nq1 and nq2: exact in $((SECONDS - t)) s"
+# The token the script made for the run (deploy/slurm/nq.sbatch).
+check_token_file() {
+    local file=$1 out=$2 mode
+    [[ -f $file ]] || { on_failure_show; fail "no token file $file beside the data directory"; }
+    mode=$(stat -c %a "$file")
+    [[ $mode == 600 ]] || fail "$file has mode $mode, expected 600 (readable by the job's user only)"
+    [[ $(<"$file") =~ ^[0-9a-f]{64}$ ]] || fail "$file does not hold 64 hex digits"
+    grep -qF -f "$file" "$out" && fail "the token of $file is printed in $out"
+    return 0
+}
+check_token_file "$run/shared/nq-12.sled.token" "$out"
+has_line "$out" "token: made $run/shared/nq-12.sled.token" || { on_failure_show; fail "job $job: no 'token: made' line"; }
+say "1. N=12 on nq1 and nq2: exact in $((SECONDS - t)) s; token in nq-12.sled.token, mode 600"
 
 # --- 2. the time-limit signal: drain, requeue, resume ---------------------------
 # N=18: with the faster kernels of issue 10 a debug-build N=17 run ends in
@@ -331,6 +348,24 @@ job=$(submit 18 "$data") || fail "sbatch failed"
 out=$(out_of "$job")
 # Stop it once some jobs are done: a progress line with jobs_done > 0.
 wait_until "job $job to finish some work" 120 has_line "$out" 'progress jobs_done=[1-9]'
+# While it runs: the coordinator answers only with the run's token.
+token_file=$data.token
+check_token_file "$token_file" "$out"
+cmp -s "$token_file" "$run/shared/nq-12.sled.token" && fail "the runs N=12 and N=18 share a token"
+addr=$(last_match "$out" 'workers dial [0-9.]+:[0-9]+')
+addr=${addr#workers dial }
+[[ -n $addr ]] || { on_failure_show; fail "job $job: no 'workers dial' line"; }
+if status_out=$(env -u NQ_TOKEN "$bin/nq-coord" status --connect "$addr" 2>&1); then
+    fail "nq-coord status without the token was answered: $status_out"
+fi
+grep -qi 'unauthenticated\|token' <<<"$status_out" || fail "nq-coord status without the token failed, but not for the token: $status_out"
+NQ_TOKEN=$(<"$token_file") "$bin/nq-coord" status --connect "$addr" >/dev/null 2>&1 ||
+    fail "nq-coord status with the token of $token_file was refused"
+# The token reached the coordinator and the workers through the environment:
+# on no command line of the run's processes (which every user can read).
+exposed=$(for p in $(pids_of_run "$run"); do grep -lsF -f "$token_file" "/proc/$p/cmdline" || true; done)
+[[ -z $exposed ]] || fail "the token is on the command line of: $exposed"
+say "2. token: status refused without it, answered with it; on no command line"
 # What Slurm sends the batch shell at the warning time of --signal=B:USR1@T
 # (Slurm sends the real one on a coarse timer, "up to 60 seconds earlier
 # than specified" says sbatch(1): too coarse for a test).
@@ -348,6 +383,7 @@ wait_until "job $job to restart and restore its jobs" 120 \
     has_line "$out" 'restored finished jobs done=[0-9]+ jobs='
 restored=$(first_number "$out" 'restored finished jobs done=[0-9]+')
 [[ $restored == "$done1" ]] || fail "job $job: the first start recorded $done1 finished jobs, the restart restored $restored"
+has_line "$out" "token: $token_file \(kept from an earlier job" || { on_failure_show; fail "job $job: the restart did not keep the run's token"; }
 say "2. time-limit signal: both workers drained, $done1 jobs done; requeued; restart restored $restored in $((SECONDS - t)) s"
 
 # --- 3. cancelled midway, then resubmitted ---------------------------------------

@@ -94,6 +94,53 @@ async fn thread_counts_beyond_the_cap_are_refused() -> Result<()> {
     .await
 }
 
+/// Values the coordinator library refuses (`Config::validate`, which
+/// clamps nothing) are a bad command line like the ones clap refuses: exit
+/// 2, the flag and the accepted values named, and nothing created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_the_library_refuses_exit_2() -> Result<()> {
+    within(LIMIT, "library refusals", async {
+        let tmp = tempfile::tempdir()?;
+        let dir = data_dir(&tmp).display().to_string();
+        for (flag, value, accepted) in [
+            ("--ban-after", "0", "at least 1"),
+            ("--job-size", "5000", "1 to 4096"),
+            ("--jobs", "0", "at least 1"),
+        ] {
+            let args = [
+                "--n",
+                "8",
+                "--data",
+                &dir,
+                "--listen",
+                "127.0.0.1:0",
+                flag,
+                value,
+            ];
+            let mut coord = Proc::spawn(
+                "nq-coord",
+                &binary("nq-coord")?,
+                &args.map(str::to_owned),
+                LOG_ENV,
+            )?;
+            let status = coord.wait().await?;
+            let out = coord.output();
+            ensure!(status.code() == Some(2), "{flag}: exit {status}:\n{out}");
+            ensure!(
+                out.contains(flag) && out.contains(accepted),
+                "{flag}: unclear message:\n{out}"
+            );
+            ensure!(!out.contains("listening on"), "{flag}: it listened:\n{out}");
+            ensure!(
+                !Path::new(&dir).exists(),
+                "{flag}: a data directory was created"
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// A worker that no coordinator answers exits 1 after `--give-up`, naming
 /// the address and how long it tried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,12 +3,19 @@
 //! The binary parses its command line into `Args` and converts it with
 //! `TryFrom`; tests build a [`Config`] directly with [`Config::new`]. Nothing in
 //! the library reads argv or the environment.
+//!
+//! Every check of a value lives here, in [`Config::validate`], which
+//! [`crate::run`] calls before it touches the data directory: a caller that
+//! sets a field out of range gets the error the command line would, never a
+//! value quietly raised or cut to fit.
 
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nq_core::Board;
+use nq_core::pool::MAX_THREADS;
 use nq_core::split::SplitSpec;
 use tokio::sync::watch;
 
@@ -19,6 +26,14 @@ use crate::error::{Error, Result};
 /// Default lease lifetime: long enough that a busy worker's heartbeat (every
 /// TTL/3) never misses, short enough that a lost worker's jobs return soon.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+/// The default of [`Config::ban_after`]: [`DEFAULT_BAN_AFTER`] as the
+/// non-zero count the field holds.
+pub const DEFAULT_BAN_AFTER_NONZERO: NonZeroU32 = match NonZeroU32::new(DEFAULT_BAN_AFTER)
+{
+    Some(k) => k,
+    None => panic!("DEFAULT_BAN_AFTER is at least 1"),
+};
 
 /// The default cap on the linger after completion (see [`Config::linger`])
 /// for a lease lifetime of `lease_ttl`: a third of it plus one second.
@@ -47,12 +62,13 @@ pub struct Config {
     /// Store every solution (workers stream them) so that `export` can list
     /// them.
     pub solutions: bool,
-    /// Threads of the coordinator's own embedded worker; 0 only serves.
+    /// Threads of the coordinator's own embedded worker, 0 to
+    /// [`MAX_THREADS`]; 0 only serves.
     pub local_threads: usize,
-    /// Lease lifetime.
+    /// Lease lifetime, more than zero.
     pub lease_ttl: Duration,
-    /// Target number of jobs for a new run (ignored when resuming). `None`
-    /// means [`default_target_jobs`].
+    /// Target number of jobs for a new run, at least 1 (ignored when
+    /// resuming). `None` means [`default_target_jobs`].
     pub target_jobs: Option<u64>,
     /// At most this many sub-problems per job, 1 to
     /// [`crate::MAX_SUBS_PER_JOB`] (the default). 1 makes one job per
@@ -62,17 +78,18 @@ pub struct Config {
     /// until every worker heard from within one TTL was told, but no longer
     /// than this. Keep it above a third of `lease_ttl` ([`default_linger`]).
     pub linger: Duration,
-    /// sled page cache in bytes.
+    /// sled page cache in bytes, more than zero.
     pub cache_bytes: u64,
     /// Receives progress snapshots (a few per second) when set.
     pub progress: Option<watch::Sender<Progress>>,
-    /// Log an `info!` progress line this often when set.
+    /// Log an `info!` progress line this often (more than zero) when set.
     pub progress_log: Option<Duration>,
     /// How many jobs are computed twice by different workers (see
-    /// [`crate::quorum`]).
+    /// [`crate::quorum`]); a fixed share is 0 to 1.
     pub verify: Fraction,
-    /// Lost verification conflicts after which a worker is refused.
-    pub ban_after: u32,
+    /// Lost verification conflicts after which a worker is refused (never
+    /// zero: the first lost conflict would then ban before it is counted).
+    pub ban_after: NonZeroU32,
     /// When set, every call of the `nqueens.v1.Coordinator` service must
     /// carry `authorization: Bearer <token>`; others get UNAUTHENTICATED. The
     /// health and reflection services stay open.
@@ -111,11 +128,61 @@ impl Config {
             progress: None,
             progress_log: None,
             verify: Fraction::Auto,
-            ban_after: DEFAULT_BAN_AFTER,
+            ban_after: DEFAULT_BAN_AFTER_NONZERO,
             token: None,
             tls: None,
             http_listener: None,
         })
+    }
+
+    /// Checks every field against the range its doc states, naming the
+    /// flag that sets it and the accepted values. [`crate::run`] calls it
+    /// first; the binary calls it too, so that a bad flag fails before a
+    /// port is bound.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Option`] for the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        let refuse = |option, value: String, accepted| {
+            Err(Error::Option {
+                option,
+                value,
+                accepted,
+            })
+        };
+        if self.local_threads > MAX_THREADS {
+            return refuse(
+                "--local-threads",
+                self.local_threads.to_string(),
+                "0 to 4096 (0 only serves remote workers)",
+            );
+        }
+        if self.lease_ttl.is_zero() {
+            return refuse("--lease-ttl", "0s".into(), "more than zero, such as 30s");
+        }
+        if self.target_jobs == Some(0) {
+            return refuse("--jobs", "0".into(), "at least 1");
+        }
+        if !(1..=crate::MAX_SUBS_PER_JOB).contains(&self.max_job_size) {
+            return refuse("--job-size", self.max_job_size.to_string(), "1 to 4096");
+        }
+        if self.cache_bytes == 0 {
+            return refuse("--cache-mib", "0".into(), "at least 1");
+        }
+        if self.progress_log.is_some_and(|every| every.is_zero()) {
+            return refuse(
+                "--progress-interval",
+                "0s".into(),
+                "more than zero, such as 10s",
+            );
+        }
+        if let Fraction::Fixed(share) = self.verify
+            && !(0.0..=1.0).contains(&share)
+        {
+            return refuse("--verify", share.to_string(), VERIFY_FORMS);
+        }
+        Ok(())
     }
 
     /// The default data directory: `nq-<N>.sled` in the working directory, or
@@ -152,6 +219,10 @@ pub fn default_target_jobs(board: Board) -> u64 {
     256 << extra
 }
 
+/// The values `--verify` accepts, for error messages.
+const VERIFY_FORMS: &str =
+    "`auto`, or a share of the jobs from 0 to 1 such as 0.05 or 5%";
+
 /// Parses `--verify`: `auto`, or a share of the jobs from 0 to 1 (`0.05`, or
 /// a percentage such as `5%`).
 ///
@@ -162,7 +233,7 @@ pub fn parse_verify(input: &str) -> Result<Fraction> {
     let bad = || Error::Option {
         option: "--verify",
         value: input.to_owned(),
-        accepted: "`auto`, or a share of the jobs from 0 to 1 such as 0.05 or 5%",
+        accepted: VERIFY_FORMS,
     };
     let s = input.trim();
     if s.eq_ignore_ascii_case("auto") {
@@ -248,6 +319,51 @@ mod tests {
             assert!(default_linger(ttl) > ttl / 3, "ttl {ttl:?}");
         }
         assert_eq!(Config::new(8, "d").unwrap().linger, Duration::from_secs(11));
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        let config = Config::new(8, "d").unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.ban_after.get(), DEFAULT_BAN_AFTER);
+    }
+
+    /// A value out of range is refused with the flag and the accepted form
+    /// named, never raised or cut to fit.
+    #[test]
+    fn out_of_range_fields_are_refused_by_name() {
+        type Spoil = fn(&mut Config);
+        let cases: [(&str, Spoil); 8] = [
+            ("--local-threads", |c| c.local_threads = MAX_THREADS + 1),
+            ("--lease-ttl", |c| c.lease_ttl = Duration::ZERO),
+            ("--jobs", |c| c.target_jobs = Some(0)),
+            ("--job-size", |c| c.max_job_size = 0),
+            ("--job-size", |c| {
+                c.max_job_size = crate::MAX_SUBS_PER_JOB + 1
+            }),
+            ("--cache-mib", |c| c.cache_bytes = 0),
+            ("--progress-interval", |c| {
+                c.progress_log = Some(Duration::ZERO)
+            }),
+            ("--verify", |c| c.verify = Fraction::Fixed(1.5)),
+        ];
+        for (option, spoil) in cases {
+            let mut config = Config::new(8, "d").unwrap();
+            spoil(&mut config);
+            let msg = config.validate().unwrap_err().to_string();
+            assert!(msg.starts_with(&format!("invalid {option}: ")), "{msg}");
+            assert!(msg.contains("must be"), "{msg}");
+        }
+        let mut nan = Config::new(8, "d").unwrap();
+        nan.verify = Fraction::Fixed(f64::NAN);
+        assert!(nan.validate().is_err());
+        // The edges are accepted.
+        let mut edges = Config::new(8, "d").unwrap();
+        edges.local_threads = MAX_THREADS;
+        edges.max_job_size = 1;
+        edges.target_jobs = Some(1);
+        edges.verify = Fraction::Fixed(1.0);
+        edges.validate().unwrap();
     }
 
     #[test]

@@ -102,7 +102,9 @@ pub enum Error {
     /// A stored result whose counts do not add up to its stored tally, or do
     /// not fit its job: the data directory was damaged.
     #[error(
-        "the stored result of job {job} does not add up (its counts and its          tally disagree): the data directory is damaged; restore it from a          backup, or run `nq-coord audit` on it to see every job's result"
+        "the stored result of job {job} does not add up (its counts and its \
+         tally disagree): the data directory is damaged; restore it from a \
+         backup, or run `nq-coord audit` on it to see every job's result"
     )]
     DamagedResult {
         /// The job.
@@ -602,6 +604,32 @@ mod tests {
             msg.contains("report.json") && msg.contains("resumes"),
             "{msg}"
         );
+    }
+
+    /// Every message reads as one sentence: no run of spaces from a string
+    /// continued onto the next line without its `\`.
+    #[test]
+    fn messages_have_no_runs_of_spaces() {
+        let damaged = Error::DamagedResult { job: JobId(7) }.to_string();
+        assert!(!damaged.contains("  "), "{damaged}");
+        assert!(damaged.contains("its tally disagree"), "{damaged}");
+        for err in [
+            Error::SummaryLost { dir: DIR.into() },
+            Error::CreationInterrupted,
+            Error::SummaryMismatch {
+                dir: DIR.into(),
+                stored: 1,
+                derived: 2,
+            },
+            Error::Option {
+                option: "--jobs",
+                value: "0".into(),
+                accepted: "at least 1",
+            },
+        ] {
+            let msg = err.to_string();
+            assert!(!msg.contains("  "), "{msg}");
+        }
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! keeps the run durable in sled so that it survives crashes and restarts.
 //!
 //! The entry point is [`run`]: give it a [`Config`], a bound listener and a
-//! shutdown future, and it returns a [`RunReport`]. The `nq-coord` binary
-//! (`src/main.rs`, behind the `build-binary` feature) only parses flags, sets
-//! up logging and progress display, and calls it.
+//! shutdown future, and it returns a [`RunReport`]. [`run`] checks the
+//! [`Config`] itself ([`Config::validate`]) and tunes the allocator
+//! (`nq_process::alloc`), so that every caller gets the same checks and the
+//! same bounded memory. The `nq-coord` binary (`src/bin/nq-coord/`, behind
+//! the `build-binary` feature) only parses flags, sets up logging and
+//! progress display, and calls it, or runs one of its subcommands.
 //!
 //! # Layout
 //!

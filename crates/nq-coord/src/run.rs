@@ -52,7 +52,9 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 ///
 /// # Errors
 ///
-/// A data directory that is locked, corrupt or made for another run
+/// A `config` field out of range ([`Error::Option`], from
+/// [`Config::validate`]), before anything is opened. A data directory that
+/// is locked, corrupt or made for another run
 /// ([`Error::Store`]), threads that cannot start, a server that fails, or a
 /// store that cannot flush (results could no longer be made durable).
 pub async fn run(
@@ -61,6 +63,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunReport> {
     let started = Instant::now();
+    config.validate()?;
+    // Every caller's memory stays bounded, in-process runs included.
+    nq_process::alloc::tune();
+    let _trimmer = nq_process::alloc::Trimmer::start();
     // `stop` is cancelled by the shutdown future; `returned` by our return,
     // which ends the task that waits for the shutdown future.
     let stop = CancellationToken::new();

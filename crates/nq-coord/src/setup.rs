@@ -126,7 +126,7 @@ fn policy(config: &Config, store: &Store) -> Result<Policy> {
     Ok(Policy {
         secret: store.verify_secret(rand::random())?,
         fraction: config.verify,
-        ban_after: config.ban_after.max(1),
+        ban_after: config.ban_after.get(),
     })
 }
 

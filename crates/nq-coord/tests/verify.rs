@@ -189,7 +189,7 @@ async fn a_liar_is_outvoted_banned_and_its_solutions_replaced() {
         config.split = Some(nq_core::split::SplitSpec::BORDER);
         config.solutions = true;
         config.verify = Fraction::Fixed(1.0);
-        config.ban_after = 1;
+        config.ban_after = std::num::NonZeroU32::MIN;
         config.linger = Duration::from_millis(200);
         let (addr, coord) = start(config).await;
 

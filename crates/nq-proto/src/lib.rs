@@ -14,12 +14,16 @@
 //! * [`PROTOCOL_VERSION`], [`MAX_MESSAGE_BYTES`], [`MAX_REPORT_BATCH`]: limits
 //!   both ends agree on.
 //! * [`duration`]: the duration syntax of both command lines.
+//! * [`address`]: [`address::CoordinatorAddress`], a coordinator's address
+//!   as every client takes it (`host`, `host:port`, `http://host:port`,
+//!   `https://host:port`; port 50051 by default).
 //! * [`auth`]: the shared token, sent as `authorization: Bearer <token>`,
 //!   and its constant-time check.
 //! * [`tls`]: certificates and keys from PEM files, checked when loaded.
 
 #![deny(missing_docs)]
 
+pub mod address;
 pub mod auth;
 pub mod convert;
 pub mod duration;

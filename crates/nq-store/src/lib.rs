@@ -926,6 +926,75 @@ mod tests {
     }
 
     #[test]
+    fn a_scan_joins_records_duplicates_and_definitions_in_job_order() {
+        let store = Store::temporary().unwrap();
+        let many: Vec<NewJob> = (0..150u64)
+            .map(|i| NewJob {
+                rows: vec![(i % 4) as u8, 255, 255, 255],
+                work: i,
+            })
+            .collect();
+        store
+            .create_run(new_run(key(4, 1, 0, false)), many)
+            .unwrap();
+        // Done jobs across record chunks, duplicates on some of them, a
+        // leased job, and a duplicate beside a job that is not done (it is
+        // ignored, as everywhere).
+        let mut batch = CommitBatch::new();
+        for j in [0u64, 5, 64, 149] {
+            batch.result(JobId(j), result(j as u128, "a"), 1);
+        }
+        for (j, w) in [(5u64, "b"), (5, "c"), (149, "b"), (7, "x")] {
+            let duplicate = Duplicate {
+                kind: DuplicateKind::Confirmation,
+                result: result(j as u128, w),
+            };
+            batch.duplicate(JobId(j), &duplicate);
+        }
+        let leased = JobRecord {
+            state: JobState::Leased {
+                worker: "w".into(),
+                deadline_unix_ms: 9,
+            },
+            attempts: 2,
+        };
+        batch.record(JobId(70), &leased);
+        store.apply(batch).unwrap();
+        let done: Vec<(u64, Vec<String>, bool)> = store
+            .scan_jobs(Scan::Done)
+            .map(|e| {
+                let e = e.unwrap();
+                let def = e.definition.is_some();
+                let workers = e.into_copies().into_iter().map(|c| c.worker).collect();
+                (0, workers, def)
+            })
+            .collect();
+        assert_eq!(done.len(), 4);
+        assert_eq!(done[1].1, vec!["a", "b", "c"]);
+        assert_eq!(done[3].1, vec!["a", "b"]);
+        assert!(done.iter().all(|d| !d.2), "Scan::Done reads no definitions");
+        let with: Vec<ScannedJob> = store
+            .scan_jobs(Scan::DoneWithDefinitions)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            with.iter().map(|e| e.job.0).collect::<Vec<_>>(),
+            vec![0, 5, 64, 149]
+        );
+        assert!(
+            with.iter()
+                .all(|e| e.definition.as_ref().unwrap().work() == e.job.0)
+        );
+        let every: Vec<ScannedJob> =
+            store.scan_jobs(Scan::Every).map(Result::unwrap).collect();
+        assert_eq!(every.len(), 150);
+        assert_eq!(every[70].record, leased);
+        assert!(every[7].duplicates.is_empty() && !every[7].is_done());
+        assert_eq!(every[5].duplicates.len(), 2);
+        assert_eq!(every[149].definition.as_ref().unwrap().work(), 149);
+    }
+
+    #[test]
     fn jobs_span_chunks() {
         let store = Store::temporary().unwrap();
         let many: Vec<NewJob> = (0..200u64)

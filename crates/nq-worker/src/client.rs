@@ -27,7 +27,7 @@ use nq_proto::pb::{self, report_chunk::Body};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::Stream;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tracing::{debug, info, warn};
 
@@ -256,8 +256,8 @@ impl Client {
             Some(_) => config.coordinator.clone().with_tls(),
             None => config.coordinator.clone(),
         };
-        let mut endpoint = Endpoint::from_shared(coordinator.to_string())
-            .expect("a parsed Coordinator is a valid URI")
+        let mut endpoint = coordinator
+            .endpoint()
             .connect_timeout(timeout)
             .tcp_nodelay(true)
             // Detects a coordinator that vanished without closing the

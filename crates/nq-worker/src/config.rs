@@ -2,27 +2,25 @@
 //!
 //! The binary parses argv into its own `Args` and converts them into a
 //! [`Config`] with `TryFrom`; this module supplies the checked pieces
-//! ([`Coordinator`], [`parse_duration`]) so that every front end (CLI, tests,
+//! ([`CoordinatorAddress`], from nq-proto, and [`parse_duration`]) so that every front end (CLI, tests,
 //! embedders) gets the same validation and the same error messages.
 
-use std::fmt;
 use std::num::NonZeroUsize;
-use std::str::FromStr;
 use std::time::Duration;
 
 use nq_core::search::Kernel;
+pub use nq_proto::address::{CoordinatorAddress, DEFAULT_PORT};
 
-use crate::{Error, Result};
-
-/// The coordinator's port when an address names none.
-pub const DEFAULT_PORT: u16 = 50051;
+#[cfg(doc)]
+use crate::Error;
+use crate::Result;
 
 /// Everything a worker needs to run. Build it with [`Config::new`] and adjust
 /// the public fields; [`crate::run`] checks nothing further.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Where the coordinator listens.
-    pub coordinator: Coordinator,
+    pub coordinator: CoordinatorAddress,
     /// CPU threads that run the search (at least 1).
     pub threads: NonZeroUsize,
     /// The count kernel: [`Kernel::Auto`] unless the run is meant as an
@@ -60,7 +58,7 @@ pub struct Config {
 impl Config {
     /// The defaults: every core, a 30 s grace, a prefetch of one job per
     /// thread, and retries from 100 ms up to 5 s.
-    pub fn new(coordinator: Coordinator) -> Config {
+    pub fn new(coordinator: CoordinatorAddress) -> Config {
         let threads = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
         Config {
             coordinator,
@@ -139,135 +137,6 @@ fn default_max_jobs(threads: NonZeroUsize) -> usize {
     threads.get().saturating_mul(2).max(2)
 }
 
-/// A coordinator address: a host (name, IPv4, or bracketed IPv6), a port,
-/// and whether to speak TLS.
-///
-/// Parses `host`, `host:port`, `http://host[:port]` and `https://host[:port]`;
-/// the port defaults to [`DEFAULT_PORT`]. Displays as the URI the worker
-/// dials.
-///
-/// ```
-/// let c: nq_worker::Coordinator = "10.0.0.5".parse().unwrap();
-/// assert_eq!(c.to_string(), "http://10.0.0.5:50051");
-/// let c: nq_worker::Coordinator = "http://[::1]:7000".parse().unwrap();
-/// assert_eq!(c.to_string(), "http://[::1]:7000");
-/// let c: nq_worker::Coordinator = "https://coord:443".parse().unwrap();
-/// assert!(c.tls());
-/// assert!("grpc://coord:443".parse::<nq_worker::Coordinator>().is_err());
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Coordinator {
-    host: String,
-    port: u16,
-    tls: bool,
-}
-
-impl Coordinator {
-    /// Whether the worker speaks TLS to it (`https://`).
-    pub fn tls(&self) -> bool {
-        self.tls
-    }
-
-    /// The same address, spoken to over TLS.
-    pub fn with_tls(self) -> Coordinator {
-        Coordinator { tls: true, ..self }
-    }
-
-    /// The host part (IPv6 addresses keep their brackets).
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    /// The port.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-impl From<std::net::SocketAddr> for Coordinator {
-    fn from(addr: std::net::SocketAddr) -> Coordinator {
-        let host = match addr.ip() {
-            std::net::IpAddr::V4(ip) => ip.to_string(),
-            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
-        };
-        Coordinator {
-            host,
-            port: addr.port(),
-            tls: false,
-        }
-    }
-}
-
-impl FromStr for Coordinator {
-    type Err = Error;
-
-    fn from_str(input: &str) -> Result<Coordinator> {
-        let bad = |reason| Error::Address {
-            input: input.to_owned(),
-            reason,
-        };
-        let (rest, tls) = match input.split_once("://") {
-            Some(("http", rest)) => (rest, false),
-            Some(("https", rest)) => (rest, true),
-            Some(_) => return Err(bad("the scheme must be http:// or https://")),
-            None => (input, false),
-        };
-        // A trailing slash is harmless (`http://host:port/`); any other path is not.
-        let rest = rest.strip_suffix('/').unwrap_or(rest);
-        if rest.is_empty() {
-            return Err(bad("the host is missing"));
-        }
-        if rest.contains(['/', '?', '#', '@']) || rest.contains(char::is_whitespace) {
-            return Err(bad("it must not contain a path, query, user or spaces"));
-        }
-        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-            let (ip, after) = v6
-                .split_once(']')
-                .ok_or_else(|| bad("an IPv6 address needs its closing `]`"))?;
-            if ip.parse::<std::net::Ipv6Addr>().is_err() {
-                return Err(bad("the bracketed host is not an IPv6 address"));
-            }
-            let port = match after {
-                "" => None,
-                p => Some(
-                    p.strip_prefix(':')
-                        .ok_or_else(|| bad("expected `:PORT` after the IPv6 address"))?,
-                ),
-            };
-            (&rest[..ip.len() + 2], port)
-        } else {
-            match rest.split_once(':') {
-                Some((host, port)) => (host, Some(port)),
-                None => (rest, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("the host is missing"));
-        }
-        let port = match port {
-            None => DEFAULT_PORT,
-            Some(p) => match p.parse::<u16>() {
-                Ok(0) | Err(_) => {
-                    return Err(bad("the port must be a number from 1 to 65535"));
-                }
-                Ok(p) => p,
-            },
-        };
-        Ok(Coordinator {
-            host: host.to_owned(),
-            port,
-            tls,
-        })
-    }
-}
-
-impl fmt::Display for Coordinator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = if self.tls { "https" } else { "http" };
-        write!(f, "{scheme}://{}:{}", self.host, self.port)
-    }
-}
-
 /// Parses a duration written as a number and a unit: `500ms`, `30s`, `1.5s`,
 /// `2m`, `1h`; a bare number means seconds, and zero is allowed (`--grace 0s`
 /// hands every job back at once). The syntax is the coordinator's too:
@@ -290,54 +159,6 @@ pub fn parse_duration(input: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_in_every_accepted_form() {
-        let cases = [
-            ("coord", "http://coord:50051"),
-            ("coord:7000", "http://coord:7000"),
-            ("http://coord", "http://coord:50051"),
-            ("http://127.0.0.1:7000/", "http://127.0.0.1:7000"),
-            ("[::1]", "http://[::1]:50051"),
-            ("http://[fe80::1]:9", "http://[fe80::1]:9"),
-            ("https://coord", "https://coord:50051"),
-            ("https://127.0.0.1:7000/", "https://127.0.0.1:7000"),
-        ];
-        for (input, want) in cases {
-            let c: Coordinator = input.parse().unwrap_or_else(|e| panic!("{input}: {e}"));
-            assert_eq!(c.to_string(), want, "{input}");
-        }
-    }
-
-    #[test]
-    fn bad_addresses_name_the_accepted_forms() {
-        for input in [
-            "",
-            "http://",
-            ":50051",
-            "coord:0",
-            "coord:http",
-            "coord:99999",
-            "grpc://coord:1",
-            "https://",
-            "coord:1/path",
-            "[::1",
-            "[nope]:1",
-            "a b",
-        ] {
-            let err = input.parse::<Coordinator>().unwrap_err().to_string();
-            assert!(
-                err.contains("HOST, HOST:PORT, http://HOST:PORT or https://HOST:PORT"),
-                "{input}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn socket_addresses_convert() {
-        let v6: std::net::SocketAddr = "[::1]:5".parse().unwrap();
-        assert_eq!(Coordinator::from(v6).to_string(), "http://[::1]:5");
-    }
 
     #[test]
     fn durations() {

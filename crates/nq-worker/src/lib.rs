@@ -17,7 +17,8 @@
 //!
 //! # Layout
 //!
-//! * [`config`]: [`Config`], the coordinator address and duration parsers.
+//! * [`config`]: [`Config`] and the duration parsers; the coordinator's
+//!   address is nq-proto's [`CoordinatorAddress`], shared with `nq-coord`.
 //! * `lease` (private): the lease loop. It owns the registration, the set of
 //!   held leases, the heartbeat, prefetch, revocation, reconnection and drain.
 //! * `client` (private): typed gRPC calls, the sorting of failures into
@@ -44,23 +45,15 @@ mod testutil;
 
 use std::future::Future;
 
-pub use config::{Config, Coordinator, DEFAULT_PORT, parse_duration};
+pub use config::{Config, CoordinatorAddress, DEFAULT_PORT, parse_duration};
 
 /// What can stop a worker. Network trouble is not here: the worker retries it
 /// with backoff until the coordinator answers again.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A coordinator address that cannot be parsed.
-    #[error(
-        "`{input}` is not a coordinator address ({reason}); use HOST, HOST:PORT, \
-         http://HOST:PORT or https://HOST:PORT (the port defaults to {DEFAULT_PORT})"
-    )]
-    Address {
-        /// The text given.
-        input: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Address(#[from] nq_proto::address::AddressError),
     /// The count kernel failed its startup check against the scalar kernel
     /// (`nq_core::split::check_kernel`): its counts cannot be trusted here.
     #[error("the count kernel failed its startup check")]
@@ -141,7 +134,7 @@ pub enum Error {
     )]
     GaveUp {
         /// The coordinator's address.
-        coordinator: Coordinator,
+        coordinator: CoordinatorAddress,
         /// The limit that ran out.
         limit: std::time::Duration,
         /// Since when nothing answered.

@@ -4,7 +4,6 @@
 //! [`nq_worker::run`]. Nothing else belongs here.
 
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
@@ -56,31 +55,17 @@ struct Args {
     give_up: String,
     #[command(flatten)]
     log: nq_process::LogArgs,
-    /// The coordinator's shared secret, sent on every call as
-    /// `authorization: Bearer TOKEN`. A refused token stops the worker
-    /// (exit 1). Prefer the environment variable: a command line is visible
-    /// to every user of the machine.
-    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Speak TLS to the coordinator, trusting this CA (PEM) for its
-    /// certificate. Without it, an https:// coordinator is checked against
-    /// the system's CA certificates.
-    #[arg(long, value_name = "PEM", env = "NQ_CA")]
-    ca: Option<PathBuf>,
-    /// Client certificate (PEM) for a coordinator that requires one (mutual
-    /// TLS), with --tls-key.
-    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
-    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
+    // --token, --ca, --tls-cert, --tls-key: the flags `nq-coord status` takes too.
+    #[command(flatten)]
+    dial: nq_process::DialArgs,
 }
 
 impl TryFrom<Args> for nq_worker::Config {
     type Error = anyhow::Error;
 
     fn try_from(args: Args) -> anyhow::Result<Self> {
-        let mut config = nq_worker::Config::new(args.connect.parse()?);
+        let dial = args.dial.dial(args.connect.parse()?)?;
+        let mut config = nq_worker::Config::new(dial.address);
         if let Some(threads) = args.threads {
             config = config.with_threads(threads);
         }
@@ -88,22 +73,8 @@ impl TryFrom<Args> for nq_worker::Config {
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
         config.give_up = nq_worker::config::parse_give_up(&args.give_up)?;
-        config.token = args
-            .token
-            .as_deref()
-            .map(nq_proto::auth::Token::new)
-            .transpose()
-            .context("invalid --token (or NQ_TOKEN)")?;
-        let tls =
-            args.ca.is_some() || args.tls_cert.is_some() || config.coordinator.tls();
-        if tls {
-            config.tls = Some(nq_proto::tls::ClientTls::load(
-                args.ca.as_deref(),
-                args.tls_cert.as_deref(),
-                args.tls_key.as_deref(),
-            )?);
-            config.coordinator = config.coordinator.with_tls();
-        }
+        config.token = dial.token;
+        config.tls = dial.tls;
         Ok(config)
     }
 }

@@ -3,10 +3,12 @@
 //! A lease is the right to work on one job until a deadline. Workers renew
 //! their leases with every `Lease` call (the heartbeat); a lease that is not
 //! renewed expires and its job goes back to the pending queue. Lease ids are
-//! random 64-bit numbers drawn by the scheduler (never reused within a
-//! session): a report under a lease of an earlier session names an id this
-//! session never issued, and is refused rather than mistaken for a current
-//! one.
+//! random 64-bit numbers drawn by the scheduler (never 0, never one it still
+//! has on record), so that they cannot be guessed; they carry no session
+//! number. No lease survives a restart: the jobs leased by an earlier session
+//! go back to pending when the next one starts, and a report under one of its
+//! leases names an id the new session never issued, so it is refused as an
+//! unknown lease ([`crate::Refusal::UnknownLease`]).
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -20,8 +20,10 @@
 //!   (`settle`) only once its writes are durable: a crash in between loses
 //!   an unacknowledged copy, never counts one that is not on disk.
 //! * **Lock order.** `Engine::core` is a std mutex, held for microseconds
-//!   and never across an `.await`; `Engine::records` is taken before it
-//!   when both are held, and no other lock is ever held with it.
+//!   and never across an `.await`. No other lock is ever taken while it is
+//!   held: the lease records (`Engine::records`) and a solution writer's
+//!   listing are locked only after the core's guard is dropped, so no two
+//!   locks are ever held at once and no order can deadlock.
 
 pub(crate) mod commit;
 pub(crate) mod solutions;

@@ -210,7 +210,8 @@ impl Sim {
             Config::new(8, dir.join("run.sled")).map_err(|e| e.to_string())?;
         config.target_jobs = Some(rng.random_range(8..=24));
         config.verify = Fraction::Fixed([0.0, 0.3, 1.0][rng.random_range(0..3)]);
-        config.ban_after = rng.random_range(1..=3);
+        config.ban_after = std::num::NonZeroU32::new(rng.random_range(1..=3))
+            .expect("1 to 3 is not zero");
         config.lease_ttl = TTL;
         let (session, run_id) = open(&config)?;
         let jobs = session.engine.core().sched.jobs();
@@ -622,7 +623,7 @@ impl Sim {
         crate::core::quorum::Policy {
             secret: [0; 16],
             fraction: self.config.verify,
-            ban_after: self.config.ban_after,
+            ban_after: self.config.ban_after.get(),
         }
     }
 

@@ -1,0 +1,482 @@
+//! The command line of `nq-coord`: the clap structs of a run and of each
+//! subcommand, and the conversion of a run's flags into the library's
+//! [`Config`], which checks them ([`Config::validate`]).
+
+use std::io::IsTerminal;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use nq_coord::Config;
+use nq_coord::config::{parse_duration, parse_split, parse_verify};
+use nq_core::pool::MAX_THREADS;
+use nq_process::DialArgs;
+
+/// Counts N-Queens solutions exactly: splits the board into jobs, runs them on
+/// this machine's cores and on any `nq-worker` that connects, and keeps the
+/// run in a data directory so that it survives restarts.
+///
+/// Prints `listening on ADDR` on stdout once bound, then one result line:
+/// `n=N status=complete total=Q unique=U seconds=S jobs=J conflicts=C
+/// published=match|MISMATCH|unknown` (or `status=interrupted ...`).
+///
+/// Every flag can also be set from the environment variable shown with it
+/// (`NQ_N=12 NQ_DATA=/scratch/nq-12 nq-coord` runs like `nq-coord --n 12
+/// --data /scratch/nq-12`); a flag on the command line wins.
+#[derive(Parser, Debug)]
+#[command(name = "nq-coord", version, args_conflicts_with_subcommands = true)]
+pub(crate) struct Args {
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+    #[command(flatten)]
+    pub(crate) log: nq_process::LogArgs,
+}
+
+/// Flags of a run.
+#[derive(clap::Args, Debug)]
+pub(crate) struct RunArgs {
+    /// Board size N, 1 to 32. Required unless a subcommand is given.
+    #[arg(long, value_name = "N", env = "NQ_N")]
+    n: Option<u64>,
+    /// Address to serve workers on, HOST:PORT. Port 0 picks a free port; the
+    /// address actually bound is printed as `listening on ADDR` on stdout.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "0.0.0.0:50051",
+        env = "NQ_LISTEN"
+    )]
+    pub(crate) listen: String,
+    /// Data directory, holding one run; created if missing, resumed if it
+    /// holds this run, refused if it holds another. Default: `nq-N.sled` (or
+    /// `nq-N-solutions.sled` with --solutions) in the working directory.
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    data: Option<PathBuf>,
+    /// Threads that run jobs inside the coordinator, 0 to 4096; 0 only serves
+    /// remote workers. Default: every core.
+    #[arg(long, value_name = "T", env = "NQ_LOCAL_THREADS", value_parser = local_threads_parser())]
+    local_threads: Option<usize>,
+    /// How to split the board, RING:EXTRA: 0 for the border split or a ring
+    /// depth 1 to 3 (the Q27 ring split), then 0 to 8 extra columns. Default
+    /// for a new run: the border split with the fewest extra columns that give
+    /// a quarter of the target jobs (0:0 up to N = 18, 0:1 at N = 19 to 23).
+    /// When resuming, the
+    /// stored split (giving another one is refused).
+    #[arg(long, value_name = "RING:EXTRA", env = "NQ_SPLIT")]
+    split: Option<String>,
+    /// Store every solution (workers stream them), for `nq-coord export`.
+    #[arg(long, env = "NQ_SOLUTIONS")]
+    solutions: bool,
+    /// Lease lifetime: a worker silent for this long loses its jobs to others.
+    /// A number with a unit: 500ms, 30s, 2m.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "30s",
+        env = "NQ_LEASE_TTL"
+    )]
+    lease_ttl: String,
+    /// Target number of jobs for a new run (sub-problems are grouped into about
+    /// this many jobs of equal estimated work; a K at least the number of
+    /// sub-problems gives one sub-problem per job). Default: 256 up to N = 16,
+    /// doubling with each larger N. Ignored when resuming.
+    #[arg(long, value_name = "K", env = "NQ_JOBS")]
+    jobs: Option<u64>,
+    /// At most S sub-problems per job, 1 to 4096 (the default). `--job-size 1`
+    /// makes one job per sub-problem (e.g. a million jobs for a load test with
+    /// `--n 22 --split 0:3`). Ignored when resuming.
+    #[arg(long, value_name = "S", env = "NQ_JOB_SIZE")]
+    job_size: Option<usize>,
+    /// After the last job, how long at most to keep telling workers that the
+    /// run is over. The coordinator leaves as soon as every worker heard it;
+    /// the cap matters only for a worker busy on a last job [default: a third
+    /// of --lease-ttl plus 1s, so a busy worker's heartbeat is not missed].
+    #[arg(long, value_name = "DURATION", env = "NQ_LINGER")]
+    linger: Option<String>,
+    /// sled page cache, in MiB (its real memory use is a few times this).
+    #[arg(long, value_name = "MIB", default_value_t = 16, env = "NQ_CACHE_MIB")]
+    cache_mib: u64,
+    /// Progress display on stderr: a bar when stderr is a terminal and log
+    /// lines otherwise (auto), or always one of them, or none.
+    #[arg(long, value_enum, default_value_t = ProgressMode::Auto, env = "NQ_PROGRESS")]
+    pub(crate) progress: ProgressMode,
+    /// Interval between progress log lines.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "10s",
+        env = "NQ_PROGRESS_INTERVAL"
+    )]
+    progress_interval: String,
+    /// Share of jobs computed a second time by a different worker (on another
+    /// kernel where it can) and compared: `auto`, or 0 to 1 (`0.05`, `5%`).
+    /// A disagreement goes to a third computation, and the majority counts.
+    /// `auto` checks 2% of the jobs once any remote worker takes part, and
+    /// none in a run on this machine's threads alone. `1` computes
+    /// everything twice.
+    #[arg(long, value_name = "SHARE", env = "NQ_VERIFY", default_value = "auto")]
+    verify: String,
+    /// Refuse a worker's calls once it lost this many verification conflicts
+    /// (its results disagreed with the majority). One lost conflict already
+    /// makes every result it computed alone be computed again by others.
+    #[arg(
+        long,
+        value_name = "K",
+        env = "NQ_BAN_AFTER",
+        default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER
+    )]
+    ban_after: u32,
+    /// Serve an HTTP port at HOST:PORT with Prometheus metrics (`/metrics`),
+    /// the run's status as JSON (`/status.json`) and a status page (`/`).
+    /// Port 0 picks a free port; the address bound is printed as `metrics on
+    /// ADDR` on stdout. Anyone who reaches it sees the workers' names and
+    /// addresses: bind it to a private address.
+    #[arg(long, value_name = "ADDR", env = "NQ_METRICS")]
+    pub(crate) metrics: Option<String>,
+    #[command(flatten)]
+    pub(crate) security: SecurityArgs,
+}
+
+/// Who may join the run. Without --token and TLS, anyone who reaches the
+/// port can; the coordinator says so loudly when it listens beyond loopback.
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct SecurityArgs {
+    /// Shared secret that every worker must send (`authorization: Bearer
+    /// TOKEN`); calls without it get UNAUTHENTICATED and are logged with the
+    /// caller's address. The gRPC health and reflection services stay open
+    /// (container probes, `grpcurl list`). Prefer the environment variable:
+    /// a command line is visible to every user of the machine.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Serve TLS with this certificate chain (PEM), with --tls-key.
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC).
+    #[arg(long, value_name = "PEM", env = "NQ_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: require every client to present a certificate signed by
+    /// this CA (PEM). Needs --tls-cert and --tls-key.
+    #[arg(
+        long,
+        value_name = "PEM",
+        env = "NQ_TLS_CLIENT_CA",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    /// Reads and checks the token and the TLS files into `config`.
+    pub(crate) fn apply(&self, config: &mut Config) -> anyhow::Result<()> {
+        use anyhow::Context;
+        config.token = self
+            .token
+            .as_deref()
+            .map(nq_proto::auth::Token::new)
+            .transpose()
+            .context("invalid --token (or NQ_TOKEN)")?;
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            config.tls = Some(nq_proto::tls::ServerTls::load(
+                cert,
+                key,
+                self.tls_client_ca.as_deref(),
+            )?);
+        }
+        Ok(())
+    }
+}
+
+/// Where progress goes (`--progress`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ProgressMode {
+    // Plain comments: doc comments would add lines to `--help`.
+    // A bar when stderr is a terminal, log lines otherwise.
+    Auto,
+    // Always the bar.
+    Bar,
+    // Always log lines.
+    Log,
+    // Neither.
+    None,
+}
+
+/// The subcommands; without one, `nq-coord` runs.
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Writes every solution stored by a --solutions run (or, with --unique,
+    /// one per symmetry class) to stdout or a file, one per line, in store
+    /// order. On an unfinished run it writes the solutions of the jobs done so
+    /// far and warns.
+    Export(ExportArgs),
+    /// Asks a running coordinator whether it serves workers (the standard
+    /// `grpc.health.v1` check of the `nqueens.v1.Coordinator` service) and
+    /// exits 0 if it does. A container healthcheck: "serving" means the run
+    /// is loaded and jobs are handed out, not merely that the port is open.
+    Health(HealthArgs),
+    /// Writes every job's result, the workers that computed it, when, and how
+    /// it was verified, as CSV (to stdout or --output); then adds all counted
+    /// results up again from their stored counts and compares the totals with
+    /// the stored ones. Exits non-zero on any difference or damaged record.
+    Audit(AuditArgs),
+    /// Asks a running coordinator where its run stands (the `Status` rpc):
+    /// N, progress by estimated work, ETA, rates, the workers with their
+    /// throughput and when each was last seen, conflicts, and the result
+    /// once known. Text for people, or --json for scripts.
+    Status(StatusArgs),
+}
+
+/// Flags of `nq-coord status`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct StatusArgs {
+    /// The coordinator: `host`, `host:port`, `http://host:port` or
+    /// `https://host:port` (port 50051 when left out).
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]",
+        default_value = "127.0.0.1:50051",
+        env = "NQ_CONNECT"
+    )]
+    pub(crate) connect: String,
+    /// Print the status as one JSON document (counts as decimal strings).
+    #[arg(long, env = "NQ_STATUS_JSON")]
+    pub(crate) json: bool,
+    /// Give up after this long (connection and answer).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "5s",
+        env = "NQ_STATUS_TIMEOUT"
+    )]
+    pub(crate) timeout: String,
+    /// TLS and token: the Status rpc needs the token like any worker call.
+    #[command(flatten)]
+    pub(crate) dial: DialArgs,
+}
+
+/// Flags of `nq-coord audit`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct AuditArgs {
+    /// The run's data directory (the coordinator must not be running on it).
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    pub(crate) data: PathBuf,
+    /// Write the CSV to this file instead of stdout.
+    #[arg(long, value_name = "FILE", env = "NQ_AUDIT_OUTPUT")]
+    pub(crate) output: Option<PathBuf>,
+}
+
+/// Flags of `nq-coord health`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct HealthArgs {
+    /// The coordinator: `host`, `host:port`, `http://host:port` or
+    /// `https://host:port` (port 50051 when left out).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:50051",
+        env = "NQ_CONNECT"
+    )]
+    pub(crate) connect: String,
+    /// Give up after this long (connection and answer).
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "2s",
+        env = "NQ_HEALTH_TIMEOUT"
+    )]
+    pub(crate) timeout: String,
+    /// TLS and token; the health service needs no token, but a proxy in
+    /// front of the coordinator may.
+    #[command(flatten)]
+    pub(crate) dial: DialArgs,
+}
+
+/// Flags of `nq-coord export`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ExportArgs {
+    /// The run's data directory.
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    pub(crate) data: PathBuf,
+    /// Only one solution per class of the 8 symmetries, in canonical form.
+    #[arg(long, env = "NQ_EXPORT_UNIQUE")]
+    pub(crate) unique: bool,
+    /// Notation: vector ([1 3 0 2]), digits (2413, N ≤ 9), algebraic
+    /// (a2 b4 c1 d3), json, string, board.
+    #[arg(
+        long,
+        value_name = "F",
+        default_value = "vector",
+        env = "NQ_EXPORT_FORMAT"
+    )]
+    pub(crate) format: String,
+    /// Write to this file instead of stdout.
+    #[arg(long, value_name = "FILE", env = "NQ_EXPORT_OUTPUT")]
+    pub(crate) output: Option<PathBuf>,
+}
+
+/// A command line that the library refuses: `nq-coord` exits 2 for it, as
+/// for the flags clap refuses.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub(crate) struct BadCommandLine(#[from] nq_coord::Error);
+
+/// The flags as the library's [`Config`], checked by it; what it checks is
+/// not checked here again. The security flags and the addresses to bind are
+/// applied by the caller.
+impl TryFrom<RunArgs> for Config {
+    type Error = BadCommandLine;
+
+    fn try_from(a: RunArgs) -> Result<Config, BadCommandLine> {
+        let n = a.n.ok_or(nq_coord::Error::Option {
+            option: "--n",
+            value: "(missing)".into(),
+            accepted: "given: the board size, 1 to 32",
+        })?;
+        let data = a
+            .data
+            .unwrap_or_else(|| Config::default_data_dir(n, a.solutions));
+        let mut config = Config::new(n, data)?;
+        config.split = a.split.as_deref().map(parse_split).transpose()?;
+        config.solutions = a.solutions;
+        config.local_threads = a.local_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        });
+        config.lease_ttl = parse_duration(&a.lease_ttl)?;
+        config.target_jobs = a.jobs;
+        config.max_job_size = a.job_size.unwrap_or(nq_coord::MAX_SUBS_PER_JOB);
+        config.linger = match &a.linger {
+            Some(linger) => parse_duration(linger)?,
+            None => nq_coord::config::default_linger(config.lease_ttl),
+        };
+        config.cache_bytes = a.cache_mib.saturating_mul(1 << 20);
+        config.verify = parse_verify(&a.verify)?;
+        config.ban_after =
+            NonZeroU32::new(a.ban_after).ok_or_else(|| nq_coord::Error::Option {
+                option: "--ban-after",
+                value: "0".into(),
+                accepted: "at least 1",
+            })?;
+        config.progress_log = match a.progress {
+            ProgressMode::Log => Some(parse_duration(&a.progress_interval)?),
+            ProgressMode::Auto if !std::io::stderr().is_terminal() => {
+                Some(parse_duration(&a.progress_interval)?)
+            }
+            _ => None,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Local thread counts from 0 to nq-core's cap, the rule `nq count` and
+/// `nq-worker --threads` follow too.
+fn local_threads_parser() -> impl clap::builder::TypedValueParser<Value = usize> {
+    use clap::builder::TypedValueParser;
+    clap::value_parser!(u64)
+        .range(0..=MAX_THREADS as u64)
+        .map(|t| t as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every flag of the run and of each subcommand can be set from an `NQ_*`
+    /// variable, and `--help` says which.
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        let cmd = Args::command();
+        let subcommands: Vec<_> = cmd.get_subcommands().cloned().collect();
+        for command in std::iter::once(cmd).chain(subcommands) {
+            if command.get_name() == "help" {
+                continue;
+            }
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_else(|| {
+                    panic!("{} --{id} has no env", command.get_name())
+                });
+                assert!(env.starts_with("NQ_"), "--{id}: {env}");
+            }
+        }
+        // The run's flags are named after themselves: --n is NQ_N.
+        for arg in Args::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if let Some(env) = arg.get_env() {
+                assert_eq!(env.to_str(), Some(&*format!("NQ_{}", id.to_uppercase())));
+            }
+        }
+    }
+
+    #[test]
+    fn local_thread_counts_are_capped_with_the_range_named() {
+        let err = Args::try_parse_from(["c", "--n", "8", "--local-threads", "100000"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("0..=4096"), "{err}");
+        let args =
+            Args::try_parse_from(["c", "--n", "8", "--local-threads", "0"]).unwrap();
+        assert_eq!(args.run.local_threads, Some(0));
+    }
+
+    /// The flags the library checks are refused through it, with the flag
+    /// and the accepted values named.
+    #[test]
+    fn out_of_range_flags_are_refused_by_the_library() {
+        for (flag, value, accepted) in [
+            ("--ban-after", "0", "at least 1"),
+            ("--jobs", "0", "at least 1"),
+            ("--job-size", "0", "1 to 4096"),
+            ("--job-size", "4097", "1 to 4096"),
+            ("--cache-mib", "0", "at least 1"),
+            ("--verify", "2", "from 0 to 1"),
+        ] {
+            let args = Args::try_parse_from(["c", "--n", "8", flag, value]).unwrap();
+            let err = Config::try_from(args.run).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("invalid {flag}: {value} (must be"))
+                    && err.contains(accepted),
+                "{flag} {value}: {err}"
+            );
+        }
+        let args = Args::try_parse_from(["c"]).unwrap();
+        let err = Config::try_from(args.run).unwrap_err().to_string();
+        assert!(err.contains("--n"), "{err}");
+        let args = Args::try_parse_from(["c", "--n", "8", "--ban-after", "1"]).unwrap();
+        let config = Config::try_from(args.run).unwrap();
+        assert_eq!(config.ban_after, NonZeroU32::MIN);
+    }
+
+    /// Every subcommand that dials a coordinator takes the shared flags.
+    #[test]
+    fn client_subcommands_take_the_dial_flags() {
+        for sub in ["status", "health"] {
+            let args = Args::try_parse_from([
+                "c",
+                sub,
+                "--token",
+                "t",
+                "--ca",
+                "ca.pem",
+                "--tls-cert",
+                "c.pem",
+                "--tls-key",
+                "k.pem",
+            ])
+            .unwrap_or_else(|e| panic!("{sub}: {e}"));
+            let dial = match args.command {
+                Some(Command::Status(s)) => s.dial,
+                Some(Command::Health(h)) => h.dial,
+                other => panic!("{sub}: {other:?}"),
+            };
+            assert_eq!(dial.token.as_deref(), Some("t"));
+            assert_eq!(dial.ca, Some(PathBuf::from("ca.pem")));
+        }
+    }
+}

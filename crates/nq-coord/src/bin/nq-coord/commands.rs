@@ -1,0 +1,192 @@
+//! The subcommands: `health` and `status` ask a running coordinator (one
+//! call each, through the shared dial flags), `audit` and `export` read a
+//! data directory.
+
+use std::io::Write;
+
+use anyhow::{Context, bail};
+use nq_coord::config::parse_duration;
+use nq_coord::export::{ExportOptions, export};
+use nq_process::DialArgs;
+use nq_process::output::{stderr_line, stdout_line};
+use nq_proto::address::CoordinatorAddress;
+
+use crate::args::{AuditArgs, ExportArgs, HealthArgs, StatusArgs};
+
+/// The endpoint and token interceptor for `--connect` and the dial flags,
+/// with `timeout` on connecting and on the call.
+fn endpoint(
+    connect: &str,
+    timeout: &str,
+    dial: &DialArgs,
+) -> anyhow::Result<(tonic::transport::Endpoint, nq_proto::auth::Bearer)> {
+    let timeout = parse_duration(timeout)?;
+    let address: CoordinatorAddress = connect.parse().context("invalid --connect")?;
+    let dial = dial.dial(address)?;
+    Ok((dial.endpoint(timeout)?, dial.bearer()))
+}
+
+/// A runtime for one call.
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// `nq-coord health`: one `grpc.health.v1` check; an error unless SERVING.
+pub(crate) fn health(args: HealthArgs) -> anyhow::Result<()> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let (endpoint, bearer) = endpoint(&args.connect, &args.timeout, &args.dial)?;
+    runtime()?.block_on(async {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+        let request = HealthCheckRequest {
+            service: nq_proto::pb::coordinator_server::SERVICE_NAME.to_owned(),
+        };
+        let status = HealthClient::with_interceptor(channel, bearer)
+            .check(request)
+            .await
+            .with_context(|| format!("the health check of {} failed", args.connect))?
+            .into_inner()
+            .status();
+        match status {
+            ServingStatus::Serving => {
+                stdout_line("SERVING")?;
+                Ok(())
+            }
+            // Before the run is loaded, and while it drains.
+            other => bail!(
+                "the coordinator at {} is not serving workers: {}",
+                args.connect,
+                other.as_str_name()
+            ),
+        }
+    })
+}
+
+/// `nq-coord status`: one `Status` call, printed as text or JSON.
+pub(crate) fn status(args: StatusArgs) -> anyhow::Result<()> {
+    use nq_proto::pb::coordinator_client::CoordinatorClient;
+
+    let (endpoint, bearer) = endpoint(&args.connect, &args.timeout, &args.dial)?;
+    let answer = runtime()?.block_on(async {
+        let channel = endpoint
+            .connect()
+            .await
+            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+        let answer = CoordinatorClient::with_interceptor(channel, bearer)
+            .status(nq_proto::pb::StatusRequest {})
+            .await
+            .map_err(|s| match s.code() {
+                tonic::Code::Unimplemented => anyhow::anyhow!(
+                    "the coordinator at {} is too old to answer status requests",
+                    args.connect
+                ),
+                _ => anyhow::anyhow!("status request to {} failed: {s}", args.connect),
+            })?;
+        anyhow::Ok(answer.into_inner())
+    })?;
+    let snapshot = nq_coord::status::Snapshot::try_from(answer).with_context(|| {
+        format!(
+            "the coordinator at {} sent a malformed status",
+            args.connect
+        )
+    })?;
+    let text = if args.json {
+        format!("{}\n", snapshot.to_json())
+    } else {
+        snapshot.to_text()
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // `| head` is a normal way to read it.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("cannot write to stdout"),
+    }
+}
+
+/// `nq-coord audit`: the CSV, then the re-added totals against the stored ones.
+pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let report =
+        nq_coord::audit::audit(&args.data, &mut out, nq_coord::quorum::Fraction::Auto)?;
+    out.flush().context("cannot write the audit")?;
+    drop(out);
+    let stored = |v: Option<u128>| {
+        v.map_or("none (the run is not finished)".into(), |v| v.to_string())
+    };
+    stderr_line(format_args!(
+        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {})",
+        report.settled,
+        report.jobs,
+        report.total,
+        stored(report.stored_total),
+        report.unique.map_or("-".into(), |u| u.to_string()),
+        stored(report.stored_unique),
+    ));
+    if !report.agrees() {
+        bail!(
+            "the re-added totals differ from the stored ones: the data directory \
+             is damaged or was written by a faulty coordinator; do not trust its result"
+        );
+    }
+    Ok(())
+}
+
+/// `nq-coord export`: the stored solutions, in the chosen notation.
+pub(crate) fn export_solutions(args: ExportArgs) -> anyhow::Result<()> {
+    let format = args.format.parse()?;
+    let options = ExportOptions {
+        unique: args.unique,
+        format,
+    };
+    let result = match &args.output {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            export(&args.data, &options, &mut std::io::BufWriter::new(file))
+        }
+        None => {
+            let stdout = std::io::stdout();
+            export(
+                &args.data,
+                &options,
+                &mut std::io::BufWriter::new(stdout.lock()),
+            )
+        }
+    };
+    let summary = match result {
+        // A closed pipe (`| head`) is a normal way for a listing to end.
+        Err(nq_coord::Error::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            return Ok(());
+        }
+        r => r?,
+    };
+    if !summary.complete {
+        stderr_line(format_args!(
+            "nq-coord: warning: the run in {} is not finished ({} of {} jobs done); \
+             exported the solutions of finished jobs only",
+            args.data.display(),
+            summary.jobs_done,
+            summary.jobs
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! The `nq-coord` binary: parses the command line, sets up logging and the
+//! progress display, builds the [`Config`] and calls [`nq_coord::run`], or
+//! runs a subcommand. Nothing else happens here.
+//!
+//! * `args`: the clap structs, and `Args` → [`Config`].
+//! * `commands`: the subcommands (`status`, `health`, `audit`, `export`).
+//! * `display`: the progress bar, and log lines drawn above it.
+
+mod args;
+mod commands;
+mod display;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use indicatif::ProgressBar;
+use nq_coord::Config;
+use nq_coord::report::RunStatus;
+use nq_process::output::{stderr_line, stdout_line};
+
+use crate::args::{Args, BadCommandLine, Command, RunArgs};
+
+fn main() -> ExitCode {
+    // Before any other thread starts, so that the arena cap holds for all.
+    nq_process::alloc::tune();
+    let args = Args::parse();
+    let bar = display::bar_for(args.command.as_ref(), args.run.progress);
+    // Logs go to stderr, through the progress bar when there is one (so lines
+    // do not tear it).
+    nq_process::logging::init_with_writer(args.log, display::BarWriter(bar.clone()));
+    let result = match args.command {
+        Some(Command::Export(e)) => commands::export_solutions(e).map(|()| 0),
+        Some(Command::Health(h)) => commands::health(h).map(|()| 0),
+        Some(Command::Audit(a)) => commands::audit(a).map(|()| 0),
+        Some(Command::Status(a)) => commands::status(a).map(|()| 0),
+        None => run_coordinator(args.run, bar),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            nq_process::logging::fatal("nq-coord", format_args!("{e:#}"));
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// The exit status of a failure, as the README's table gives it.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<BadCommandLine>().is_some() {
+        return 2;
+    }
+    match e.downcast_ref::<nq_coord::Error>() {
+        // Interrupted like a run stopped midway: resume to finish.
+        Some(nq_coord::Error::CreationInterrupted) => RunStatus::Interrupted.exit_code(),
+        _ => 1,
+    }
+}
+
+/// Runs the coordinator; returns the exit code of the run's status
+/// (`RunStatus::exit_code`: 0 only for a complete run that matches the
+/// published count where one is known).
+fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
+    let listen = args.listen.clone();
+    let security = std::mem::take(&mut args.security);
+    let metrics = args.metrics.clone();
+    let mut config = Config::try_from(args)?;
+    security.apply(&mut config)?;
+    let addr = resolve(&listen, "--listen", "0.0.0.0:50051 or 127.0.0.1:0")?;
+    if let Some(metrics) = metrics {
+        let at = resolve(&metrics, "--metrics", "127.0.0.1:9464 or 0.0.0.0:0")?;
+        let listener = std::net::TcpListener::bind(at)
+            .with_context(|| format!("cannot listen on {at} (--metrics)"))?;
+        config.http_listener = Some(Arc::new(listener));
+    }
+    let runtime =
+        tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let shutdown =
+            nq_process::shutdown_signal().context("cannot install signal handlers")?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let bound = listener
+            .local_addr()
+            .context("cannot read the bound address")?;
+        // Tests and scripts wait for exactly this line.
+        stdout_line(format_args!("listening on {bound}"))?;
+        // Printed after `listening on`, which scripts wait for first.
+        if let Some(http) = &config.http_listener {
+            let bound = http
+                .local_addr()
+                .context("cannot read the bound --metrics address")?;
+            stdout_line(format_args!("metrics on {bound}"))?;
+        }
+        let display = bar.map(|bar| {
+            let (progress, task) = display::start(bar);
+            config.progress = Some(progress);
+            task
+        });
+        let report = nq_coord::run(config, listener, shutdown).await?;
+        if let Some(display) = display {
+            let _ = display.await;
+        }
+        stdout_line(report.summary_line())?;
+        let status = report.status();
+        if status != RunStatus::Complete {
+            stderr_line(format_args!(
+                "nq-coord: {}: {}",
+                status.as_str(),
+                report.why()
+            ));
+        }
+        Ok(status.exit_code())
+    })
+}
+
+/// Parses `HOST:PORT` for `flag`, resolving a host name.
+fn resolve(addr: &str, flag: &str, examples: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(parsed) = addr.parse() {
+        return Ok(parsed);
+    }
+    match addr.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(resolved)) => Ok(resolved),
+        _ => bail!(
+            "invalid {flag} address {addr:?}: expected HOST:PORT, such as {examples}"
+        ),
+    }
+}
