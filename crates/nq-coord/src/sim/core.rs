@@ -1065,6 +1065,10 @@ impl Sim {
                 outnumbered = false;
             }
         }
+        // Once probation lands, a stronger claim holds and belongs here: a
+        // liar that lies on every result never leaves probation, so when
+        // the honest identities outnumber such liars the total is the truth
+        // with no condition on which jobs were disputed.
         if outnumbered {
             self.stats.truth_checked += 1;
             if self.core.sched.tally().total != truth {
