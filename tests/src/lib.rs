@@ -503,6 +503,28 @@ impl Coord {
         self.proc.success().await?;
         Report::read(&self.dir)
     }
+
+    /// Waits for the exit of a run whose jobs a lone remote worker computed
+    /// (`--local-threads 0`): no second machine could check them, so the run
+    /// ends as `unchecked`, exit code 6 (issue 15, item 7), and its totals
+    /// must still be the published ones. Returns `DIR/report.json`.
+    ///
+    /// # Errors
+    ///
+    /// On another exit code, or as [`Report::check_unchecked`].
+    pub async fn finish_unchecked(&mut self) -> Result<Report> {
+        let status = self.proc.wait().await?;
+        if status.code() != Some(6) {
+            bail!(
+                "{} exited with {status}, not 6 (unchecked):\n{}",
+                self.proc.name,
+                self.proc.output()
+            );
+        }
+        let report = Report::read(&self.dir)?;
+        report.check_unchecked()?;
+        Ok(report)
+    }
 }
 
 /// The fields of `DIR/report.json` the tests check.
@@ -556,6 +578,36 @@ impl Report {
             conflicts: u64::try_from(int("conflicts")?)?,
             json,
         })
+    }
+
+    /// Fails unless the run ended `unchecked` (issue 15, item 7: a lone
+    /// remote worker's run, which no second machine checked), with unchecked
+    /// jobs, no conflict, and the published totals.
+    ///
+    /// # Errors
+    ///
+    /// Naming what differs.
+    pub fn check_unchecked(&self) -> Result<()> {
+        if self.json["status"] != "unchecked"
+            || self.json["exit_code"] != 6
+            || self.json["unchecked"].as_u64().is_none_or(|u| u == 0)
+        {
+            bail!("report.json does not say unchecked: {}", self.json);
+        }
+        if self.conflicts != 0 {
+            bail!("n={}: {} conflicting results", self.n, self.conflicts);
+        }
+        let n = u8::try_from(self.n)?;
+        let (q, u) = nq_core::published::published(n)
+            .with_context(|| format!("no published value for N={n}"))?;
+        if (self.total, self.unique) != (q, u) || self.published_match != Some(true) {
+            bail!(
+                "n={n}: got {} / {}, published {q} / {u}",
+                self.total,
+                self.unique
+            );
+        }
+        Ok(())
     }
 
     /// Fails unless the totals are the published ones and nothing conflicted.

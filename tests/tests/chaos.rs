@@ -382,8 +382,10 @@ async fn flaky_network(t: &mut Trial) -> Result<Report> {
             });
         }
     }
-    let report = coord.finish().await?;
-    report.check_published()?;
+    // Its only machine is one remote worker (`--local-threads 0`): since probation
+    // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6) with
+    // the published totals, where it ended `complete` unchecked before.
+    let report = coord.finish_unchecked().await?;
     w.success().await?;
     ensure!(
         t.count(DROP) >= 1 && t.count(STALL) >= 1,
@@ -497,8 +499,10 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
 
     // Still serving: more results become durable after all of it.
     lines(&mut coord.proc, DONE, 1).await?;
-    let report = coord.finish().await?;
-    report.check_published()?;
+    // Its only machine is one remote worker (`--local-threads 0`): since probation
+    // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6) with
+    // the published totals, where it ended `complete` unchecked before.
+    let report = coord.finish_unchecked().await?;
     w.success().await?;
     drop(half_open);
     t.note(format!(

@@ -46,7 +46,10 @@ async fn a_worker_waits_for_a_coordinator_that_starts_later() -> Result<()> {
             &["--n", "11", "--local-threads", "0"],
         )
         .await?;
-        coord.finish().await?.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        coord.finish_unchecked().await?;
         w.success().await
     })
     .await
@@ -81,8 +84,9 @@ async fn a_killed_workers_leases_expire_and_are_reissued() -> Result<()> {
         doomed.line_containing(REPORTED).await?;
         doomed.kill().await?;
         let mut survivor = worker("survivor", &addr, &["--threads", "2"])?;
-        let report = coord.finish().await?;
-        report.check_published()?;
+        // One worker after the other, never two computing together: as
+        // for a lone worker, the run ends `unchecked` (issue 15, item 7).
+        coord.finish_unchecked().await?;
         survivor.success().await?;
         let log = coord.proc.output();
         ensure!(
@@ -119,8 +123,10 @@ async fn a_killed_coordinator_resumes_from_its_data_directory() -> Result<()> {
         w.line_containing(REPORTED).await?;
         first.proc.kill().await?;
         let mut second = Coord::start(&dir, &addr.to_string(), &args).await?;
-        let report = second.finish().await?;
-        report.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        second.finish_unchecked().await?;
         ensure!(
             second.proc.output().contains("resuming run"),
             "the second coordinator did not resume:\n{}",

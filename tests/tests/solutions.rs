@@ -58,7 +58,10 @@ async fn eight_queens_exports_92_solutions_and_12_classes() -> Result<()> {
             Coord::ephemeral(&dir, &["--n", "8", "--solutions", "--local-threads", "0"])
                 .await?;
         let mut w = worker("w1", &coord.addr.to_string(), &["--threads", "2"])?;
-        coord.finish().await?.check_published()?;
+        // Its only machine is one remote worker (`--local-threads 0`): since probation
+        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
+        // with the published totals, where it ended `complete` unchecked before.
+        coord.finish_unchecked().await?;
         w.success().await?;
 
         let all = export(&dir, &[]).await?;

@@ -18,8 +18,11 @@ async fn one_worker_counts_published_totals() -> Result<()> {
                 Coord::ephemeral(&data_dir(&tmp), &["--n", &n, "--local-threads", "0"])
                     .await?;
             let mut w = worker("w1", &coord.addr.to_string(), &["--threads", "1"])?;
-            let report = coord.finish().await?;
-            report.check_published()?;
+            // Its only machine is one remote worker (`--local-threads 0`): since
+            // probation (issue 15, item 7) nobody checks it, so the run ends
+            // `unchecked` (exit 6) with the published totals, where it ended `complete`
+            // unchecked before.
+            coord.finish_unchecked().await?;
             w.success().await?;
         }
         Ok(())

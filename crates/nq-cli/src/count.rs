@@ -279,9 +279,16 @@ impl Progress {
     fn new(work: u64, start: Instant) -> Progress {
         let bar = ProgressBar::with_draw_target(Some(work), ProgressDrawTarget::hidden());
         let style = ProgressStyle::with_template(
-            "{elapsed_precise} [{wide_bar}] {percent:>3}%  ETA {eta}  {msg}",
+            "{elapsed_precise} [{wide_bar}] {percent:>3}%  {eta_if_known}  {msg}",
         )
         .expect("the template is valid")
+        .with_key(
+            "eta_if_known",
+            |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let text = eta_text(state.pos(), state.per_sec(), state.eta());
+                let _ = w.write_str(&text);
+            },
+        )
         .progress_chars("=> ");
         bar.set_style(style);
         Progress {
@@ -323,6 +330,16 @@ impl Progress {
     }
 }
 
+/// The bar's ETA: empty until some work is done at a measured rate.
+/// indicatif's own `{eta}` says "0s" while it has no rate, which reads as
+/// "almost done" at 0 %.
+fn eta_text(pos: u64, per_sec: f64, eta: Duration) -> String {
+    if pos == 0 || !per_sec.is_finite() || per_sec <= 0.0 {
+        return String::new();
+    }
+    format!("ETA {:#}", indicatif::HumanDuration(eta))
+}
+
 /// `1234567` → `1.23M`: short enough for a progress line. Only for display;
 /// results are always printed in full.
 fn compact(x: f64) -> String {
@@ -343,6 +360,16 @@ fn compact(x: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_eta_is_shown_until_there_is_a_rate() {
+        assert_eq!(eta_text(0, 0.0, Duration::ZERO), "");
+        assert_eq!(eta_text(0, 5.0, Duration::ZERO), "");
+        assert_eq!(eta_text(10, 0.0, Duration::ZERO), "");
+        assert_eq!(eta_text(10, f64::NAN, Duration::ZERO), "");
+        // The same compact form as indicatif's own `{eta}`.
+        assert_eq!(eta_text(10, 2.0, Duration::from_secs(120)), "ETA 2m");
+    }
 
     #[test]
     fn compact_numbers() {

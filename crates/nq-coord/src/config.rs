@@ -96,6 +96,10 @@ pub struct Config {
     pub token: Option<nq_proto::auth::Token>,
     /// Serve TLS (and require client certificates with a client CA) when set.
     pub tls: Option<nq_proto::tls::ServerTls>,
+    /// With neither [`Config::token`] nor [`Config::tls`], the coordinator
+    /// serves callers on its own machine only (protected mode) unless this is
+    /// set: then ANYONE who reaches the port can register and report counts.
+    pub insecure_open_port: bool,
     /// A bound listener on which to serve the HTTP port (`--metrics`):
     /// `/metrics`, `/status.json` and the status page (see [`crate::http`]).
     /// Bound by the caller, so that it knows the address before the run
@@ -108,7 +112,7 @@ impl Config {
     /// split, no solutions, NO local threads (the library default only serves;
     /// the `nq-coord` binary defaults to all cores), 30 s leases, default job
     /// count, an 11 s linger cap, 16 MiB cache, no progress output, no token and
-    /// no TLS.
+    /// no TLS (so protected mode: loopback callers only).
     ///
     /// # Errors
     ///
@@ -131,6 +135,7 @@ impl Config {
             ban_after: DEFAULT_BAN_AFTER_NONZERO,
             token: None,
             tls: None,
+            insecure_open_port: false,
             http_listener: None,
         })
     }

@@ -31,7 +31,10 @@
 //!   (the service, its error mapping, the server), `adapters::local` (the
 //!   coordinator's own threads, through the same pipeline as remote
 //!   workers), `adapters::http` (`--metrics`: [`metrics`], `/status.json`,
-//!   the status page) and `adapters::security` (the token check).
+//!   the status page), `adapters::security` (who may call: a token, TLS, or
+//!   protected mode, loopback peers only) and `adapters::in_flight` (counts
+//!   the calls in flight, so that shutdown waits for calls, not idle
+//!   connections).
 //!
 //! Around them:
 //!

@@ -50,6 +50,11 @@ pub struct RunReport {
     /// Jobs whose copies disagree, waiting for a deciding copy (only when the
     /// run stopped before it completed).
     pub disputed: u64,
+    /// Jobs that settled on one vote although they needed a check, because
+    /// no second machine was at work to give it (a lone worker under
+    /// `--local-threads 0`, or workers still on probation when the others
+    /// left). A complete run with any is [`RunStatus::Unchecked`].
+    pub unchecked: u64,
 }
 
 /// How a run ended, and the exit code `nq-coord` gives it.
@@ -66,6 +71,10 @@ pub enum RunStatus {
     /// Every job settled, but the total differs from the published value.
     /// Exit code 5.
     PublishedMismatch,
+    /// Every job settled, but some counted one copy that needed a check no
+    /// second machine gave: the total is as good as the machine that
+    /// computed those jobs. Exit code 6.
+    Unchecked,
 }
 
 impl RunStatus {
@@ -76,6 +85,7 @@ impl RunStatus {
             RunStatus::Interrupted => 3,
             RunStatus::UnresolvedConflicts => 4,
             RunStatus::PublishedMismatch => 5,
+            RunStatus::Unchecked => 6,
         }
     }
 
@@ -86,6 +96,7 @@ impl RunStatus {
             RunStatus::Interrupted => "interrupted",
             RunStatus::UnresolvedConflicts => "unresolved_conflicts",
             RunStatus::PublishedMismatch => "published_mismatch",
+            RunStatus::Unchecked => "unchecked",
         }
     }
 }
@@ -103,6 +114,9 @@ pub(crate) struct Totals {
     pub(crate) confirmations: u64,
     pub(crate) conflicts: u64,
     pub(crate) disputed: u64,
+    /// Jobs settled without the check they needed (see
+    /// [`RunStatus::Unchecked`]).
+    pub(crate) unchecked: u64,
 }
 
 impl Totals {
@@ -128,11 +142,13 @@ impl Totals {
             confirmations: s.confirmations(),
             conflicts: s.conflicts(),
             disputed: s.jobs_disputed(),
+            unchecked: s.jobs_unchecked(),
         })
     }
 
-    /// The totals a finished run stored.
-    pub(crate) fn of_summary(s: &RunSummary, disputed: u64) -> Totals {
+    /// The totals a finished run stored, with what judging its copies again
+    /// found unchecked (`unchecked`).
+    pub(crate) fn of_summary(s: &RunSummary, disputed: u64, unchecked: u64) -> Totals {
         Totals {
             complete: true,
             total: s.total,
@@ -142,6 +158,7 @@ impl Totals {
             confirmations: s.confirmations,
             conflicts: s.conflicts,
             disputed,
+            unchecked,
         }
     }
 
@@ -184,6 +201,7 @@ impl RunReport {
             data_dir: data_dir.to_path_buf(),
             faulty_workers,
             disputed: t.disputed,
+            unchecked: t.unchecked,
         }
     }
 }
@@ -193,6 +211,7 @@ impl RunReport {
     pub fn status(&self) -> RunStatus {
         match (self.complete, self.published_match()) {
             (true, Some(false)) => RunStatus::PublishedMismatch,
+            (true, _) if self.unchecked > 0 => RunStatus::Unchecked,
             (true, _) => RunStatus::Complete,
             (false, _) if self.disputed > 0 => RunStatus::UnresolvedConflicts,
             (false, _) => RunStatus::Interrupted,
@@ -241,6 +260,14 @@ impl RunReport {
                  run again with more workers attached to decide them",
                 self.disputed
             ),
+            RunStatus::Unchecked => format!(
+                "every job is settled, but {} of {} jobs counted one copy that needed a \
+                 check: no second machine was at work to give it (a lone worker under \
+                 --local-threads 0, or workers still on probation when the others \
+                 left); run again with a second worker or local threads attached to \
+                 check them, or recount with --verify 1",
+                self.unchecked, self.jobs
+            ),
             RunStatus::PublishedMismatch => {
                 let (q, _) = published(self.n).unwrap_or_default();
                 format!(
@@ -268,10 +295,12 @@ impl RunReport {
     ///
     /// ```text
     /// n=16 status=complete total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 published=match
+    /// n=16 status=unchecked total=14772512 unique=1846955 seconds=1.234 jobs=256 conflicts=0 unchecked=256 published=match
     /// n=16 status=interrupted total=1234 jobs_done=12 jobs=256
     /// ```
     ///
-    /// `published` is `match`, `MISMATCH` or `unknown` (N > 27).
+    /// `published` is `match`, `MISMATCH` or `unknown` (N > 27). `unchecked`
+    /// appears only when jobs are.
     pub fn summary_line(&self) -> String {
         if !self.complete {
             return format!(
@@ -288,9 +317,17 @@ impl RunReport {
             Some(false) => "MISMATCH",
             None => "unknown",
         };
+        // A mismatch keeps `status=complete` (its `published=MISMATCH` says
+        // it, as before); unchecked jobs change the status word.
+        let (status, unchecked) = match self.status() {
+            RunStatus::Unchecked => {
+                ("unchecked", format!(" unchecked={}", self.unchecked))
+            }
+            _ => ("complete", String::new()),
+        };
         format!(
-            "n={} status=complete total={} unique={} seconds={:.3} jobs={} conflicts={} \
-             published={published}",
+            "n={} status={status} total={} unique={} seconds={:.3} jobs={} conflicts={}\
+             {unchecked} published={published}",
             self.n, self.total, self.unique, self.seconds, self.jobs, self.conflicts
         )
     }
@@ -336,7 +373,7 @@ impl RunReport {
              \"published_match\":{published_match},\"conflicts\":{},\
              \"confirmations\":{},\"complete\":{},\"jobs_done\":{},\"run_id\":{run_id},\
              \"status\":\"{}\",\"exit_code\":{},\"why\":{why},\"faulty_workers\":{faulty},\
-             \"disputed\":{}}}\n",
+             \"disputed\":{},\"unchecked\":{}}}\n",
             self.n,
             self.total,
             self.unique,
@@ -351,6 +388,7 @@ impl RunReport {
             status.as_str(),
             status.exit_code(),
             self.disputed,
+            self.unchecked,
         )
     }
 
@@ -396,6 +434,7 @@ mod tests {
             data_dir: PathBuf::from("d"),
             faulty_workers: vec![FaultyWorker::from_identity("liar@127.0.0.1", 2, true)],
             disputed: 0,
+            unchecked: 0,
         }
     }
 
@@ -442,5 +481,26 @@ mod tests {
             "n=8 status=interrupted total=40 jobs_done=3 jobs=10"
         );
         assert_eq!(r.published_match(), None);
+    }
+
+    #[test]
+    fn unchecked_jobs_are_no_silent_success() {
+        let mut r = report(8, 92, 12);
+        r.unchecked = 3;
+        assert_eq!(r.status(), RunStatus::Unchecked);
+        assert_eq!(r.status().exit_code(), 6);
+        assert_eq!(
+            r.summary_line(),
+            "n=8 status=unchecked total=92 unique=12 seconds=1.500 jobs=10 \
+             conflicts=0 unchecked=3 published=match"
+        );
+        let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(v["status"], "unchecked");
+        assert_eq!(v["exit_code"], 6);
+        assert_eq!(v["unchecked"], 3);
+        assert!(v["why"].as_str().unwrap().contains("3 of 10 jobs"));
+        // A wrong total is the stronger news.
+        r.total = 93;
+        assert_eq!(r.status(), RunStatus::PublishedMismatch);
     }
 }

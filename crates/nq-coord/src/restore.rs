@@ -6,8 +6,9 @@
 //!
 //! 1. the machines of the copies (records and duplicates), which set the
 //!    selection as the previous session left it;
-//! 2. the conflicts lost in disputed jobs ([`ledger::losses_in`]), which
-//!    rebuild every identity's reputation;
+//! 2. the conflicts lost and the results confirmed in jobs with several
+//!    copies ([`ledger::records_in`]), which rebuild every identity's
+//!    reputation and probation record;
 //! 3. every copy checked against its job's definition (its tally derived
 //!    again from its counts must equal the stored one, or the store is
 //!    damaged) and every job judged again with those reputations
@@ -124,10 +125,16 @@ where
                 machines.push(m.to_owned());
             }
         }
-        // Only jobs with duplicates can hold a lost conflict.
+        // Only jobs with duplicates can hold a lost conflict or a
+        // confirmation.
         if has_duplicates {
-            for loser in ledger::losses_in(sched, job, &copies) {
+            let records = ledger::records_in(sched, job, &copies);
+            for loser in records.losers {
                 sched.restore_loss(loser);
+            }
+            // Probation records, from the confirmations stored as duplicates.
+            for confirmed in records.confirmed {
+                sched.restore_confirmation(confirmed);
             }
         }
     }

@@ -26,8 +26,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
+use crate::adapters::in_flight::InFlight;
 use crate::adapters::{grpc, http, local};
 use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
@@ -213,6 +214,7 @@ struct Tasks {
     committer_done: bool,
     server: JoinHandle<Result<()>>,
     serve_token: CancellationToken,
+    in_flight: InFlight,
     server_done: bool,
     health: tonic_health::server::HealthReporter,
     local: Option<JoinHandle<Result<()>>>,
@@ -242,9 +244,17 @@ impl Tasks {
         let guard = grpc::Guard {
             token: config.token.clone(),
             tls: config.tls.clone(),
+            insecure_open_port: config.insecure_open_port,
         };
-        let (health, server) =
-            grpc::start(Arc::clone(engine), listener, guard, serve_token.clone()).await;
+        let in_flight = InFlight::default();
+        let (health, server) = grpc::start(
+            Arc::clone(engine),
+            listener,
+            guard,
+            in_flight.clone(),
+            serve_token.clone(),
+        )
+        .await;
         // From here the health service says SERVING (`nq-coord health`).
         info!("serving workers");
         let local_token = CancellationToken::new();
@@ -282,6 +292,7 @@ impl Tasks {
             committer_done: false,
             server,
             serve_token,
+            in_flight,
             server_done: false,
             health,
             local,
@@ -348,15 +359,27 @@ impl Tasks {
                 Err(e) => error!(error = %e, "local threads panicked"),
             }
         }
-        // 3. Let in-flight RPCs finish.
+        // 3. Let in-flight RPCs finish. The server's own graceful end also
+        // waits for every client to acknowledge the close, which a half-open
+        // connection never does: once no call is in flight, the connections
+        // left are dropped (see `in_flight`).
         self.serve_token.cancel();
         if !self.server_done {
-            match tokio::time::timeout(DRAIN_TIMEOUT, &mut self.server).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => error!(error = %e, "gRPC server failed"),
-                Ok(Err(e)) => error!(error = %e, "gRPC server panicked"),
-                Err(_) => {
-                    warn!("in-flight requests did not finish in time; dropping them");
+            tokio::select! {
+                r = &mut self.server => match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => error!(error = %e, "gRPC server failed"),
+                    Err(e) => error!(error = %e, "gRPC server panicked"),
+                },
+                () = self.in_flight.idle() => {
+                    debug!("no call in flight; closing the connections left");
+                    self.server.abort();
+                }
+                () = tokio::time::sleep(DRAIN_TIMEOUT) => {
+                    warn!(
+                        calls = self.in_flight.count(),
+                        "in-flight requests did not finish in time; dropping them"
+                    );
                     self.server.abort();
                 }
             }

@@ -284,7 +284,9 @@ fn finished_report(
     Ok(RunReport::new(
         m,
         &config.data_dir,
-        Totals::of_summary(s, 0),
+        // Every job settled in the finished run; those that judging now
+        // leaves waiting for a check settled without one too.
+        Totals::of_summary(s, 0, sched.jobs_unchecked() + sched.jobs_in_check()),
         crate::core::report::faulty_workers(&sched),
     ))
 }

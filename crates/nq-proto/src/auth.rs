@@ -29,6 +29,52 @@ const BEARER: &str = "Bearer ";
 pub const HOW_TO_AUTHENTICATE: &str =
     "send `authorization: Bearer <token>`; set --token or NQ_TOKEN";
 
+/// The metadata key on a refusal that tells a worker which rule refused it,
+/// so that it can explain the refusal without parsing the message.
+pub const REFUSAL: &str = "nq-refusal";
+
+/// The [`REFUSAL`] value of a call refused by protected mode: the
+/// coordinator has neither a token nor TLS, and the caller is not on its own
+/// machine.
+pub const LOOPBACK_ONLY: &str = "loopback-only";
+
+/// What a caller refused by protected mode is told: why, and the three ways
+/// to open the run to other machines.
+pub const HOW_TO_OPEN: &str = "this coordinator has neither a token nor TLS, so it \
+     serves workers on its own machine only (protected mode); to let other machines \
+     join, set the same NQ_TOKEN (or --token) on the coordinator and on every worker, \
+     or serve TLS (--tls-cert and --tls-key on the coordinator; https:// and --ca on \
+     the workers), or start the coordinator with --insecure-open-port \
+     (NQ_INSECURE_OPEN_PORT=1) to let anyone who reaches its port join";
+
+/// The status of a call refused by protected mode: UNAUTHENTICATED, with
+/// [`HOW_TO_OPEN`] as its message and [`REFUSAL`]` = `[`LOOPBACK_ONLY`] in
+/// its metadata.
+///
+/// UNAUTHENTICATED rather than PERMISSION_DENIED: the caller is refused
+/// because it cannot prove who it is (the coordinator has no credential to
+/// check), and the remedy is a credential (a token or TLS). gRPC's status
+/// guide keeps PERMISSION_DENIED for callers that were identified and are
+/// not allowed, which is what a banned worker gets; a worker treats that as
+/// a verdict on itself, and UNAUTHENTICATED as a configuration error.
+pub fn loopback_only_status() -> tonic::Status {
+    let mut status = tonic::Status::unauthenticated(HOW_TO_OPEN);
+    status
+        .metadata_mut()
+        .insert(REFUSAL, AsciiMetadataValue::from_static(LOOPBACK_ONLY));
+    status
+}
+
+/// True when `status` is a refusal by protected mode
+/// ([`loopback_only_status`]).
+pub fn is_loopback_only(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unauthenticated
+        && status
+            .metadata()
+            .get(REFUSAL)
+            .is_some_and(|v| v.as_encoded_bytes() == LOOPBACK_ONLY.as_bytes())
+}
+
 /// A shared secret that every call of the coordinator's service must carry.
 ///
 /// Its `Debug` form hides the value, so that it never reaches a log.
@@ -201,6 +247,24 @@ mod tests {
         assert_eq!(t.check(request.metadata()), Ok(()));
         let bare = Bearer(None).call(tonic::Request::new(())).unwrap();
         assert_eq!(t.check(bare.metadata()), Err(Refusal::Missing));
+    }
+
+    #[test]
+    fn protected_mode_refusals_are_told_apart_from_token_refusals() {
+        let status = loopback_only_status();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(
+            status.message().contains("--insecure-open-port"),
+            "{status:?}"
+        );
+        assert!(status.message().contains("NQ_TOKEN"), "{status:?}");
+        assert!(is_loopback_only(&status));
+        assert!(!is_loopback_only(&Refusal::Missing.status()));
+        // Through the wire form, as a worker receives it.
+        let response = status.into_http::<()>();
+        let back = tonic::Status::from_header_map(response.headers())
+            .expect("a status in the headers");
+        assert!(is_loopback_only(&back), "{back:?}");
     }
 
     #[test]

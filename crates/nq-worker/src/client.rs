@@ -5,8 +5,10 @@
 //! Failures sort five ways ([`Failure`]): network trouble and overload are
 //! retried with backoff; an unknown worker id means the coordinator restarted
 //! and the worker must register again; PERMISSION_DENIED refuses a report (or,
-//! on Lease and Register, the worker itself); UNAUTHENTICATED and a failed
-//! TLS handshake are configuration errors that stop the worker; anything else
+//! on Lease and Register, the worker itself); UNAUTHENTICATED (a refused
+//! token, or a coordinator in protected mode refusing another machine), a
+//! failed TLS handshake and a TLS port reached in plain text are
+//! configuration errors that stop the worker; anything else
 //! is fatal for the call. This follows ballista's split of task failures into
 //! retryable and not.
 
@@ -138,6 +140,43 @@ pub(crate) async fn diagnose_tls(config: &Config) -> Option<String> {
         Ok(Err(e)) => nq_proto::tls::tls_failure(&e),
         _ => None,
     }
+}
+
+/// True when the coordinator's port answers the HTTP/2 client preface with
+/// a TLS record (an alert, or a handshake): it speaks TLS, and a plain-text
+/// worker can never get through. Costs one connection and at most a second
+/// or two; false when the port cannot be reached or answers anything else.
+///
+/// A TLS server reads the preface as a malformed ClientHello and answers
+/// with a TLS alert record, `15 03 0x`. An HTTP/2 server answers with its
+/// SETTINGS frame, whose 24-bit length starts with a zero byte: no frame may
+/// exceed 16 KiB before the settings allow it, so it never starts `15`.
+pub(crate) async fn speaks_tls(coordinator: &crate::CoordinatorAddress) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const PATIENCE: Duration = Duration::from_secs(1);
+    /// What every HTTP/2 client sends first (RFC 9113, section 3.4), then an
+    /// empty SETTINGS frame.
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+
+    let host = coordinator.host();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let probe = async {
+        let mut tcp = tokio::net::TcpStream::connect((bare, coordinator.port())).await?;
+        tcp.write_all(PREFACE).await?;
+        let mut head = [0u8; 3];
+        tcp.read_exact(&mut head).await?;
+        Ok::<_, std::io::Error>(head)
+    };
+    match tokio::time::timeout(PATIENCE, probe).await {
+        Ok(Ok(head)) => is_tls_record(head),
+        _ => false,
+    }
+}
+
+/// True when `head` starts a TLS record: content type alert (21) or
+/// handshake (22), then protocol version 3.x.
+fn is_tls_record(head: [u8; 3]) -> bool {
+    matches!(head, [0x15 | 0x16, 0x03, 0x00..=0x04])
 }
 
 /// Exponential backoff with jitter: each delay is drawn from `[d/2, d]`, where
@@ -842,7 +881,9 @@ async fn stream_job(
     attempt: Attempt,
     computed: Arc<AtomicBool>,
 ) -> JobEnd {
-    let Attempt { mut output, stop } = attempt;
+    let Attempt {
+        mut output, stop, ..
+    } = attempt;
     // Waiting for the first output keeps queued jobs from holding idle streams.
     let first = match output.recv().await {
         None | Some(Produced::Done(JobOutcome::Cancelled)) => return JobEnd::Cancelled,
@@ -1040,6 +1081,16 @@ mod tests {
             Backoff::new(Duration::from_millis(100), Duration::from_millis(800))
                 .after_failures(2);
         assert!(later.next_delay() >= Duration::from_millis(200));
+    }
+
+    #[test]
+    fn tls_records_are_told_from_http2_frames() {
+        // The alert a TLS server sends a plain-text client, and a ServerHello.
+        assert!(is_tls_record([0x15, 0x03, 0x03]));
+        assert!(is_tls_record([0x16, 0x03, 0x01]));
+        // An HTTP/2 server's first frame: SETTINGS, a length of 0 to 36 bytes.
+        assert!(!is_tls_record([0x00, 0x00, 0x12]));
+        assert!(!is_tls_record(*b"HTT"));
     }
 
     #[test]

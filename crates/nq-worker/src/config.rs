@@ -53,6 +53,10 @@ pub struct Config {
     /// certificate. `None` with an `https://` coordinator trusts the system's
     /// CA certificates.
     pub tls: Option<nq_proto::tls::ClientTls>,
+    /// The CUDA device that counts the jobs leaving the kernel to the worker
+    /// (`--gpu`), or `None` for the CPU threads alone. Set it with
+    /// [`Config::with_gpu`].
+    pub gpu: Option<usize>,
 }
 
 impl Config {
@@ -73,7 +77,16 @@ impl Config {
             give_up: Some(DEFAULT_GIVE_UP),
             token: None,
             tls: None,
+            gpu: None,
         }
+    }
+
+    /// Counts on CUDA device `device` too, and keeps enough jobs in flight
+    /// for it: [`GPU_MAX_JOBS`] at least.
+    pub fn with_gpu(mut self, device: usize) -> Config {
+        self.gpu = Some(device);
+        self.max_jobs = self.max_jobs.max(GPU_MAX_JOBS);
+        self
     }
 
     /// Sets the thread count and the prefetch that goes with it.
@@ -83,6 +96,12 @@ impl Config {
         self
     }
 }
+
+/// Jobs a `--gpu` worker keeps in flight at least. The GPU counts every job
+/// queued while it was busy in one launch, so this bounds how much work one
+/// launch sees (with the coordinator's usual jobs, hundreds of thousands of
+/// sub-problems, before the host expands them further into tasks).
+pub const GPU_MAX_JOBS: usize = 256;
 
 /// The default of [`Config::give_up`]: ten minutes without an answer.
 ///

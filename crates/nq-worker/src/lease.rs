@@ -303,6 +303,24 @@ impl<'a> LeaseLoop<'a> {
                 {
                     return Err(Error::Tls { reason });
                 }
+                // Plain HTTP/2 to a TLS port fails as an HTTP/2 protocol error
+                // (the TLS alert read as a frame, INTERNAL) or a closed
+                // connection: ask the port what it speaks, rather than retry
+                // until --give-up. A refused connection (UNAVAILABLE) is a
+                // coordinator not up yet, and costs no probe.
+                if !self.config.coordinator.tls()
+                    && matches!(
+                        status.code(),
+                        tonic::Code::Internal
+                            | tonic::Code::Cancelled
+                            | tonic::Code::Unknown
+                    )
+                    && crate::client::speaks_tls(&self.config.coordinator).await
+                {
+                    return Err(Error::SpeaksTls {
+                        coordinator: self.config.coordinator.clone(),
+                    });
+                }
                 let delay = self.backoff.next_delay();
                 warn!(
                     coordinator = %self.config.coordinator,
@@ -562,7 +580,7 @@ impl<'a> LeaseLoop<'a> {
             heard: self.heard.subscribe(),
             gate: ReportGate::new(&self.client, Arc::clone(&self.vouched)),
             run: run.id.clone(),
-            kernel: kernel.resolved_name(),
+            kernel: attempt.kernel,
             stale: self.stale_tx.clone(),
             solutions: shape.solutions,
             backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)
@@ -685,10 +703,7 @@ impl<'a> LeaseLoop<'a> {
                 );
             }
             JobEnd::Unauthenticated(status) => {
-                self.fatal = Some(Error::Unauthenticated {
-                    rpc: "Report",
-                    message: status.message().to_owned(),
-                });
+                self.fatal = Some(Error::unauthenticated("Report", &status));
             }
             JobEnd::Rejected(status) if held.dropped => {
                 debug!(
@@ -866,10 +881,7 @@ impl<'a> LeaseLoop<'a> {
 /// retrying and registering again cannot fix.
 fn fatal(rpc: &'static str, status: &tonic::Status) -> Error {
     match Failure::of(status) {
-        Failure::Token => Error::Unauthenticated {
-            rpc,
-            message: status.message().to_owned(),
-        },
+        Failure::Token => Error::unauthenticated(rpc, status),
         Failure::Tls(reason) => Error::Tls { reason },
         // PERMISSION_DENIED (a refused worker), a protocol mismatch, and the
         // rest: the coordinator's message says why.

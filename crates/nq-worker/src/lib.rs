@@ -29,6 +29,9 @@
 //! * `pool` (private): glue between [`nq_core::pool::Pool`], the one CPU runner
 //!   of nq, and the async side: a `JobSink` that hands results and solution
 //!   batches over bounded channels with `blocking_send`.
+//! * `gpu` (private): with `--gpu`, the thread that owns the GPU and counts
+//!   the jobs that leave the kernel to the worker through [`nq_gpu`],
+//!   handing their outcomes back like the CPU pool.
 //!
 //! The CPU work never runs on tokio's threads; the async side only moves
 //! messages.
@@ -37,6 +40,7 @@
 
 mod client;
 pub mod config;
+mod gpu;
 mod lease;
 mod pool;
 
@@ -58,6 +62,10 @@ pub enum Error {
     /// (`nq_core::split::check_kernel`): its counts cannot be trusted here.
     #[error("the count kernel failed its startup check")]
     Kernel(#[source] nq_core::Error),
+    /// `--gpu` was asked for and the GPU cannot count: no driver, no device,
+    /// no compiler, or a failed startup check. The message names which.
+    #[error(transparent)]
+    Gpu(nq_gpu::Error),
     /// A duration that cannot be parsed.
     #[error(transparent)]
     Duration(#[from] nq_proto::duration::DurationError),
@@ -92,6 +100,27 @@ pub enum Error {
         rpc: &'static str,
         /// The coordinator's message.
         message: String,
+    },
+    /// The coordinator is in protected mode (it has neither a token nor TLS)
+    /// and serves workers on its own machine only; this worker is on another.
+    /// The coordinator's message says how to open the run.
+    #[error("the coordinator refused this worker ({rpc}): {message}")]
+    LoopbackOnly {
+        /// The rpc that was refused.
+        rpc: &'static str,
+        /// The coordinator's message.
+        message: String,
+    },
+    /// The worker spoke plain HTTP/2 to a coordinator that answered with TLS.
+    #[error(
+        "the coordinator at {coordinator} speaks TLS, and this worker connected in \
+         plain text: connect to {} instead, with --ca FILE (the CA that signed the \
+         coordinator's certificate) unless a public CA signed it",
+        coordinator.clone().with_tls()
+    )]
+    SpeaksTls {
+        /// The address the worker was given.
+        coordinator: CoordinatorAddress,
     },
     /// TLS with the coordinator cannot work: settings rustls refuses, or a
     /// handshake that failed on a certificate.
@@ -171,6 +200,19 @@ impl std::fmt::Display for Silence {
     }
 }
 
+impl Error {
+    /// The error for an UNAUTHENTICATED answer to `rpc`: a refusal by
+    /// protected mode ([`nq_proto::auth::is_loopback_only`]) or of the token.
+    pub(crate) fn unauthenticated(rpc: &'static str, status: &tonic::Status) -> Error {
+        let message = status.message().to_owned();
+        if nq_proto::auth::is_loopback_only(status) {
+            Error::LoopbackOnly { rpc, message }
+        } else {
+            Error::Unauthenticated { rpc, message }
+        }
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -220,12 +262,18 @@ pub struct Summary {
 /// the coordinator refuses the registration (protocol version mismatch) or
 /// this worker (PERMISSION_DENIED on Register or Lease, e.g. after lost
 /// verification conflicts), the coordinator refuses the token
-/// ([`Error::Unauthenticated`]), TLS fails ([`Error::Tls`]), its run cannot
+/// ([`Error::Unauthenticated`]) or, in protected mode, this worker's machine
+/// ([`Error::LoopbackOnly`]), TLS fails ([`Error::Tls`]) or the coordinator
+/// speaks TLS to a plain-text worker ([`Error::SpeaksTls`]), its run cannot
 /// be joined (unknown split version), or it sends an invalid job.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary> {
+    // The GPU and its own check first, before anything is logged or leased:
+    // a machine without a usable GPU stops here with one line naming what is
+    // missing.
+    let gpu = config.gpu.map(gpu::GpuRunner::start).transpose()?;
     tracing::info!(
         threads = config.threads.get(),
         kernel = config.kernel.resolved_name(),
@@ -236,7 +284,10 @@ pub async fn run(
     // Before any thread starts: TLS files that rustls refuses stop the worker
     // here.
     let client = client::Client::new(&config)?;
-    let pool = pool::WorkerPool::new(config.threads)?;
+    let mut pool = pool::WorkerPool::new(config.threads)?;
+    if let Some(gpu) = gpu {
+        pool = pool.with_gpu(gpu);
+    }
     let result = lease::LeaseLoop::new(&config, &pool, client)
         .run(shutdown)
         .await;
@@ -664,6 +715,23 @@ mod tests {
                 .contains("the coordinator refused the token"),
             "{err}"
         );
+    }
+
+    /// A coordinator in protected mode refuses a worker from another machine:
+    /// the worker stops with the coordinator's message (how to open the run),
+    /// not with a claim that its token was wrong.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_refused_by_protected_mode_stops_with_how_to_open_the_run() {
+        let fake = Fake::new(8, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().refuse_lease = Some(nq_proto::auth::loopback_only_status());
+        let err = run_against(&fake, 1).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::LoopbackOnly { rpc: "Lease", .. }),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("--insecure-open-port"), "{msg}");
+        assert!(!msg.contains("refused the token"), "{msg}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

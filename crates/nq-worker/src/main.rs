@@ -34,6 +34,18 @@ struct Args {
     /// shares no kernel code with the first.
     #[arg(long, default_value = "auto", env = "NQ_KERNEL", value_parser = kernel_parser())]
     kernel: Kernel,
+    /// Count on an NVIDIA GPU as well (needs the NVIDIA driver; NVRTC is used
+    /// when installed, else a PTX built into the binary). Jobs that leave the
+    /// kernel to the worker run on the GPU and are reported as kernel `cuda`;
+    /// checks that ask for a CPU kernel, and solution listings, stay on the
+    /// CPU threads. Before leasing, the GPU counts N = 12 against the CPU;
+    /// without a usable GPU, or on any difference, the worker exits 1 with one
+    /// line saying why. Needs `--kernel auto`.
+    #[arg(long, env = "NQ_GPU")]
+    gpu: bool,
+    /// The CUDA device for --gpu, numbered from 0.
+    #[arg(long, value_name = "I", env = "NQ_GPU_DEVICE", requires = "gpu")]
+    gpu_device: Option<usize>,
     /// Name shown in the coordinator's logs [default: the host name].
     #[arg(long, env = "NQ_NAME")]
     name: Option<String>,
@@ -70,6 +82,17 @@ impl TryFrom<Args> for nq_worker::Config {
             config = config.with_threads(threads);
         }
         config.kernel = args.kernel;
+        if args.gpu {
+            // The GPU takes the jobs that leave the kernel to the worker; with
+            // a CPU kernel forced it would never get one.
+            anyhow::ensure!(
+                args.kernel == Kernel::Auto,
+                "--gpu needs --kernel auto (the default): with --kernel {} every job would \
+                 run on that CPU kernel and the GPU would stay idle",
+                args.kernel
+            );
+            config = config.with_gpu(args.gpu_device.unwrap_or(0));
+        }
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
         config.give_up = nq_worker::config::parse_give_up(&args.give_up)?;
@@ -146,6 +169,23 @@ mod tests {
             let want = format!("NQ_{}", id.to_uppercase());
             assert_eq!(env.to_str(), Some(want.as_str()), "--{id}");
         }
+    }
+
+    #[test]
+    fn gpu_flags_need_each_other_and_the_auto_kernel() {
+        let err = Args::try_parse_from(["w", "--connect", "h", "--gpu-device", "1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--gpu"), "{err}");
+        let args =
+            Args::try_parse_from(["w", "--connect", "h", "--gpu", "--gpu-device", "1"]);
+        let config = nq_worker::Config::try_from(args.unwrap()).unwrap();
+        assert_eq!(config.gpu, Some(1));
+        assert!(config.max_jobs >= nq_worker::config::GPU_MAX_JOBS);
+        let forced =
+            Args::try_parse_from(["w", "--connect", "h", "--gpu", "--kernel", "scalar"]);
+        let err = nq_worker::Config::try_from(forced.unwrap()).unwrap_err();
+        assert!(err.to_string().contains("--kernel auto"), "{err}");
     }
 
     #[test]

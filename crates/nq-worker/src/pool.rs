@@ -15,6 +15,7 @@ use nq_core::search::Kernel;
 use nq_core::split::SubProblem;
 use tokio::sync::mpsc;
 
+use crate::gpu::{GpuJob, GpuRunner};
 use crate::{Error, Result};
 
 /// Solution batches that may wait between the pool threads and a job's report
@@ -45,13 +46,18 @@ pub(crate) struct Attempt {
     /// Set by the lease loop to cancel the job (revoked lease, drain timeout);
     /// the pool then ends it with [`JobOutcome::Cancelled`].
     pub(crate) stop: Arc<AtomicBool>,
+    /// The kernel that computes it, as reported in `JobResult.kernel`:
+    /// a CPU kernel's name, or [`nq_gpu::KERNEL_NAME`].
+    pub(crate) kernel: &'static str,
 }
 
-/// The worker's CPU threads.
+/// The worker's CPU threads, and its GPU with `--gpu`.
 #[derive(Debug)]
 pub(crate) struct WorkerPool {
     /// `None` only inside [`WorkerPool::shutdown`].
     pool: Option<Pool>,
+    /// Takes the count-only jobs that leave the kernel to the worker.
+    gpu: Option<GpuRunner>,
 }
 
 impl WorkerPool {
@@ -66,7 +72,18 @@ impl WorkerPool {
                 threads: threads.get(),
                 source,
             })?;
-        Ok(WorkerPool { pool: Some(pool) })
+        Ok(WorkerPool {
+            pool: Some(pool),
+            gpu: None,
+        })
+    }
+
+    /// Sends count-only jobs that leave the kernel to the worker
+    /// ([`Kernel::Auto`]) to `gpu`. Jobs that list solutions or ask for a CPU
+    /// kernel by name (a check of a GPU result, say) stay on the threads.
+    pub(crate) fn with_gpu(mut self, gpu: GpuRunner) -> WorkerPool {
+        self.gpu = Some(gpu);
+        self
     }
 
     /// Queues `subproblems` behind the jobs already queued, to run on
@@ -81,6 +98,49 @@ impl WorkerPool {
         let stop = Arc::new(AtomicBool::new(false));
         let backlog = if list_solutions { SOLUTION_BACKLOG } else { 1 };
         let (tx, output) = mpsc::channel(backlog);
+        let subproblems = match &self.gpu {
+            Some(gpu) if kernel == Kernel::Auto && !list_solutions => {
+                let job = GpuJob {
+                    subproblems,
+                    stop: Arc::clone(&stop),
+                    tx,
+                };
+                match gpu.submit(job) {
+                    Ok(()) => {
+                        return Attempt {
+                            output,
+                            stop,
+                            kernel: nq_gpu::KERNEL_NAME,
+                        };
+                    }
+                    // The GPU failed earlier: the CPU threads take it.
+                    Err(job) => {
+                        return self.submit_cpu(
+                            job.subproblems,
+                            false,
+                            kernel,
+                            job.tx,
+                            output,
+                            stop,
+                        );
+                    }
+                }
+            }
+            _ => subproblems,
+        };
+        self.submit_cpu(subproblems, list_solutions, kernel, tx, output, stop)
+    }
+
+    fn submit_cpu(
+        &self,
+        subproblems: Vec<SubProblem>,
+        list_solutions: bool,
+        kernel: Kernel,
+        tx: mpsc::Sender<Produced>,
+        output: mpsc::Receiver<Produced>,
+        stop: Arc<AtomicBool>,
+    ) -> Attempt {
+        let name = kernel.resolved_name();
         if subproblems.is_empty() {
             // The pool would end an empty job on this (async) thread, where
             // `blocking_send` panics; a fresh channel always has room for one.
@@ -91,7 +151,11 @@ impl WorkerPool {
             };
             tx.try_send(Produced::Done(done))
                 .expect("a new channel with capacity ≥ 1 has room");
-            return Attempt { output, stop };
+            return Attempt {
+                output,
+                stop,
+                kernel: name,
+            };
         }
         let sink = Arc::new(ChannelSink {
             tx,
@@ -107,7 +171,11 @@ impl WorkerPool {
                 stop: Arc::clone(&stop),
                 sink,
             });
-        Attempt { output, stop }
+        Attempt {
+            output,
+            stop,
+            kernel: name,
+        }
     }
 
     /// Cancels the queued jobs and joins the threads, off the async runtime.
@@ -115,6 +183,9 @@ impl WorkerPool {
     /// The caller MUST first set the stop flag of every job still running:
     /// the pool only cancels jobs that have not started.
     pub(crate) async fn shutdown(mut self) {
+        if let Some(gpu) = self.gpu.take() {
+            gpu.shutdown().await;
+        }
         if let Some(pool) = self.pool.take() {
             // Dropping the pool joins its threads, and the pool ends queued jobs
             // on the dropping thread, whose sinks `blocking_send`: both are

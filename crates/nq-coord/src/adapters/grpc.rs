@@ -35,7 +35,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, error, info, instrument, warn};
 
-use crate::adapters::security::{self, TokenCheck};
+use crate::adapters::in_flight::InFlight;
+use crate::adapters::security::{self, Admission, CallerCheck};
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::scheduler::Outcome;
 use crate::engine::solutions::SolutionWriter;
@@ -477,22 +478,32 @@ async fn receive(
 pub(crate) struct Guard {
     pub(crate) token: Option<nq_proto::auth::Token>,
     pub(crate) tls: Option<nq_proto::tls::ServerTls>,
+    /// See [`Config::insecure_open_port`](crate::Config::insecure_open_port).
+    pub(crate) insecure_open_port: bool,
 }
 
 /// Starts serving `engine` on `listener` (see [`serve`]) and says SERVING on
 /// the health service; returns the health reporter (for the shutdown) and
-/// the server's task.
+/// the server's task. `in_flight` counts the calls in flight.
 pub(crate) async fn start(
     engine: Arc<Engine>,
     listener: TcpListener,
     guard: Guard,
+    in_flight: InFlight,
     token: CancellationToken,
 ) -> (
     tonic_health::server::HealthReporter,
     JoinHandle<crate::Result<()>>,
 ) {
     let (health, health_service) = tonic_health::server::health_reporter();
-    let server = tokio::spawn(serve(engine, listener, health_service, guard, token));
+    let server = tokio::spawn(serve(
+        engine,
+        listener,
+        health_service,
+        guard,
+        in_flight,
+        token,
+    ));
     health
         .set_serving::<CoordinatorServer<CoordinatorService>>()
         .await;
@@ -507,11 +518,12 @@ pub(crate) async fn not_serving(health: &mut tonic_health::server::HealthReporte
 }
 
 /// Serves the coordinator, health and reflection services until `token` is
-/// cancelled, then lets in-flight RPCs finish.
+/// cancelled, then lets in-flight RPCs finish; `in_flight` counts them.
 ///
-/// With `guard.token`, every call of the coordinator's service must carry it
-/// (health and reflection stay open, for probes and `grpcurl list`); with
-/// `guard.tls`, the port speaks TLS only.
+/// `guard` decides who may call the coordinator's service
+/// ([`security::Admission`]: the token, or TLS, or loopback peers only unless
+/// the port was opened by hand); health and reflection stay open, for probes
+/// and `grpcurl list`. With `guard.tls`, the port speaks TLS only.
 async fn serve(
     engine: Arc<Engine>,
     listener: TcpListener,
@@ -519,10 +531,13 @@ async fn serve(
         impl tonic_health::pb::health_server::Health,
     >,
     guard: Guard,
+    in_flight: InFlight,
     token: CancellationToken,
 ) -> crate::Result<()> {
+    let admission =
+        Admission::new(guard.token, guard.tls.is_some(), guard.insecure_open_port);
     if let Ok(addr) = listener.local_addr() {
-        security::warn_if_exposed(addr, guard.token.is_some(), guard.tls.is_some());
+        security::announce_exposure(addr, &admission, guard.tls.is_some());
     }
     if let Some(tls) = &guard.tls {
         info!(mutual = tls.mutual(), "serving TLS");
@@ -530,7 +545,7 @@ async fn serve(
     let service = CoordinatorServer::new(CoordinatorService::new(engine))
         .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
-    let service = InterceptedService::new(service, TokenCheck::new(guard.token));
+    let service = InterceptedService::new(service, CallerCheck::new(admission));
     // The descriptor set is compiled from our own proto at build time, and a
     // test lists the services through it: decoding it cannot fail at run time.
     let reflection = || {
@@ -555,6 +570,7 @@ async fn serve(
         // worker does not hold its job's claim forever.
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .layer(in_flight)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -4,5 +4,6 @@
 
 pub mod grpc;
 pub(crate) mod http;
+pub(crate) mod in_flight;
 pub(crate) mod local;
 pub(crate) mod security;

@@ -1,49 +1,122 @@
-//! Who may talk to the coordinator: the token check on every call of the
-//! `nqueens.v1.Coordinator` service, and the loud warning for a port that
-//! anyone can use.
+//! Who may talk to the coordinator: the check on every call of the
+//! `nqueens.v1.Coordinator` service, and what the coordinator says at start
+//! about who can reach it.
+//!
+//! # Protected by default
+//!
+//! Redis's protected mode is the model. A coordinator started with neither a
+//! token nor TLS serves callers on its own machine (loopback peers) only, and
+//! refuses every other caller with a status that says how to open the run
+//! ([`nq_proto::auth::loopback_only_status`]): set the same token on both
+//! sides, serve TLS, or pass `--insecure-open-port`, whose name says what it
+//! does. So the one-machine run needs no set-up and exposes nothing, and a
+//! two-machine run is two commands plus one shared token.
+//!
+//! | token | TLS | `--insecure-open-port` | who may call                   |
+//! |-------|-----|------------------------|--------------------------------|
+//! | set   | any | any                    | callers with the token         |
+//! | -     | set | any                    | anyone who completes TLS       |
+//! | -     | -   | set                    | anyone                         |
+//! | -     | -   | -                      | loopback peers only            |
+//!
+//! TLS without a token admits every client that completes the handshake;
+//! only `--tls-client-ca` (mutual TLS) makes TLS decide who the caller is.
 //!
 //! The token's format and its constant-time comparison live in
 //! [`nq_proto::auth`], shared with the worker; this module adds what only the
-//! server does: refusing the call and logging the peer. The health and
-//! reflection services are not wrapped: container probes and `grpcurl list`
-//! work without a token, and neither reveals or changes anything of the run.
+//! server does: refusing the call and logging the peer.
+//!
+//! The health and reflection services are not wrapped, in any mode: container
+//! probes and `grpcurl list` work from anywhere without a token, and neither
+//! reveals or changes anything of the run (health says SERVING or
+//! NOT_SERVING; reflection describes the public proto). The Status rpc, which
+//! names the workers, is part of the coordinator's service and is checked.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use nq_proto::auth::Token;
 use tonic::{Request, Status};
-use tracing::{error, warn};
+use tracing::{info, warn};
 
-/// The server interceptor: with a token, every call must carry it; without
-/// one, every call passes.
+/// Who may call the coordinator's service: the rule chosen at start from the
+/// token, TLS and `--insecure-open-port` (see the module docs).
 #[derive(Clone, Debug)]
-pub(crate) struct TokenCheck(Option<Arc<Token>>);
+pub(crate) enum Admission {
+    /// Every call must carry this token.
+    Token(Arc<Token>),
+    /// Every caller passes: TLS guards the port, or the operator opened it
+    /// with `--insecure-open-port`.
+    Anyone,
+    /// Protected mode: only callers on this machine pass.
+    LoopbackOnly,
+}
 
-impl TokenCheck {
-    pub(crate) fn new(token: Option<Token>) -> TokenCheck {
-        TokenCheck(token.map(Arc::new))
+impl Admission {
+    /// The rule for a coordinator with these settings.
+    pub(crate) fn new(
+        token: Option<Token>,
+        tls: bool,
+        insecure_open_port: bool,
+    ) -> Admission {
+        match token {
+            Some(token) => Admission::Token(Arc::new(token)),
+            None if tls || insecure_open_port => Admission::Anyone,
+            None => Admission::LoopbackOnly,
+        }
     }
 }
 
-impl tonic::service::Interceptor for TokenCheck {
+/// The server interceptor that applies an [`Admission`] to every call.
+#[derive(Clone, Debug)]
+pub(crate) struct CallerCheck(Admission);
+
+impl CallerCheck {
+    pub(crate) fn new(admission: Admission) -> CallerCheck {
+        CallerCheck(admission)
+    }
+}
+
+/// The caller's address, for logs.
+fn peer_of(request: &Request<()>) -> String {
+    request
+        .remote_addr()
+        .map_or_else(|| "unknown".to_owned(), |a| a.to_string())
+}
+
+impl tonic::service::Interceptor for CallerCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.0 else {
-            return Ok(request);
-        };
-        match token.check(request.metadata()) {
-            Ok(()) => Ok(request),
-            Err(refusal) => {
-                let peer = request
+        match &self.0 {
+            Admission::Anyone => Ok(request),
+            Admission::LoopbackOnly => {
+                // A peer whose address is unknown is refused: protected mode
+                // fails closed. `to_canonical` reads `::ffff:127.0.0.1`, which
+                // a dual-stack listener reports for an IPv4 loopback peer, as
+                // the loopback address it is.
+                if request
                     .remote_addr()
-                    .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+                    .is_some_and(|a| a.ip().to_canonical().is_loopback())
+                {
+                    return Ok(request);
+                }
                 warn!(
-                    %peer,
-                    reason = refusal.as_str(),
-                    "refused a call: this coordinator requires a token"
+                    peer = %peer_of(&request),
+                    "refused a call from another machine: without a token or TLS this \
+                     coordinator serves its own machine only (see --insecure-open-port)"
                 );
-                Err(refusal.status())
+                Err(nq_proto::auth::loopback_only_status())
             }
+            Admission::Token(token) => match token.check(request.metadata()) {
+                Ok(()) => Ok(request),
+                Err(refusal) => {
+                    warn!(
+                        peer = %peer_of(&request),
+                        reason = refusal.as_str(),
+                        "refused a call: this coordinator requires a token"
+                    );
+                    Err(refusal.status())
+                }
+            },
         }
     }
 }
@@ -53,41 +126,50 @@ impl tonic::service::Interceptor for TokenCheck {
 pub(crate) enum Exposure {
     /// Loopback only, or protected by TLS.
     Guarded,
+    /// Beyond loopback with neither token nor TLS, in protected mode: other
+    /// machines reach the port and are refused.
+    Protected,
     /// Beyond loopback with a token but no TLS: the token crosses the
     /// network in clear text.
     ClearToken,
-    /// Beyond loopback with neither token nor TLS: anyone who reaches the
-    /// port can register and report counts.
+    /// Beyond loopback with neither token nor TLS, opened with
+    /// `--insecure-open-port`: anyone who reaches the port can register and
+    /// report counts.
     Open,
 }
 
 impl Exposure {
-    pub(crate) fn of(addr: SocketAddr, token: bool, tls: bool) -> Exposure {
-        match (addr.ip().is_loopback(), token, tls) {
-            (true, _, _) | (false, _, true) => Exposure::Guarded,
-            (false, true, false) => Exposure::ClearToken,
-            (false, false, false) => Exposure::Open,
+    pub(crate) fn of(addr: SocketAddr, admission: &Admission, tls: bool) -> Exposure {
+        if addr.ip().to_canonical().is_loopback() || tls {
+            return Exposure::Guarded;
+        }
+        match admission {
+            Admission::Token(_) => Exposure::ClearToken,
+            Admission::LoopbackOnly => Exposure::Protected,
+            Admission::Anyone => Exposure::Open,
         }
     }
 }
 
-/// Says loudly, at start, when anyone who reaches `addr` could join the run
-/// and report counts: a non-loopback address with neither token nor TLS. A
-/// token without TLS on such an address crosses the network in clear text,
-/// which gets a plain warning.
-pub(crate) fn warn_if_exposed(addr: SocketAddr, token: bool, tls: bool) {
-    match Exposure::of(addr, token, tls) {
+/// Says at start who can use the port at `addr`. Protected mode gets one
+/// calm line saying how to let other machines join; a port opened with
+/// `--insecure-open-port` beyond loopback gets a warning that anyone who
+/// reaches it can report counts; a token without TLS beyond loopback gets a
+/// warning that it crosses the network in clear text.
+pub(crate) fn announce_exposure(addr: SocketAddr, admission: &Admission, tls: bool) {
+    match Exposure::of(addr, admission, tls) {
         Exposure::Guarded => {}
-        Exposure::Open => error!(
+        Exposure::Protected => info!(
             %addr,
-            "\n\
-             ************************************************************************\n\
-             * UNPROTECTED: listening on {addr} with neither a token nor TLS.\n\
-             * Anyone who can reach this port can register as a worker and report\n\
-             * counts into this run. Set --token (or NQ_TOKEN) on the coordinator\n\
-             * and its workers, add --tls-cert/--tls-key (and --tls-client-ca for\n\
-             * client certificates), or listen on 127.0.0.1 only.\n\
-             ************************************************************************"
+            "protected mode: serving workers on this machine only; to let other \
+             machines join, set the same NQ_TOKEN on the coordinator and its workers \
+             (or serve TLS)"
+        ),
+        Exposure::Open => warn!(
+            %addr,
+            "--insecure-open-port: anyone who can reach {addr} can register as a \
+             worker and report counts into this run; set NQ_TOKEN on the coordinator \
+             and its workers, or serve TLS, to close it"
         ),
         Exposure::ClearToken => warn!(
             %addr,
@@ -103,35 +185,88 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn calls_without_the_token_are_unauthenticated() {
-        let token = Token::new("t0ken").unwrap();
-        let mut check = TokenCheck::new(Some(token.clone()));
-        let status = check.call(Request::new(())).unwrap_err();
-        assert_eq!(status.code(), tonic::Code::Unauthenticated);
-        assert!(status.message().contains("NQ_TOKEN"), "{status:?}");
-        let mut good = Request::new(());
-        good.metadata_mut()
-            .insert(nq_proto::auth::AUTHORIZATION, token.header_value());
-        assert!(check.call(good).is_ok());
-        // No token configured: everything passes.
-        assert!(TokenCheck::new(None).call(Request::new(())).is_ok());
+    /// A request as the server sees it, from `peer`.
+    fn from(peer: &str) -> Request<()> {
+        let mut request = Request::new(());
+        let info = tonic::transport::server::TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(peer.parse().unwrap()),
+        };
+        request.extensions_mut().insert(info);
+        request
     }
 
     #[test]
-    fn only_unprotected_ports_beyond_loopback_are_open() {
+    fn calls_without_the_token_are_unauthenticated() {
+        let token = Token::new("t0ken").unwrap();
+        let mut check =
+            CallerCheck::new(Admission::new(Some(token.clone()), false, false));
+        let status = check.call(from("10.0.0.2:4000")).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert!(status.message().contains("NQ_TOKEN"), "{status:?}");
+        assert!(!nq_proto::auth::is_loopback_only(&status));
+        let mut good = from("10.0.0.2:4000");
+        good.metadata_mut()
+            .insert(nq_proto::auth::AUTHORIZATION, token.header_value());
+        assert!(check.call(good).is_ok());
+        // With a token, loopback callers need it too.
+        assert!(check.call(from("127.0.0.1:4000")).is_err());
+    }
+
+    #[test]
+    fn protected_mode_serves_loopback_peers_only() {
+        let mut check = CallerCheck::new(Admission::new(None, false, false));
+        for local in [
+            "127.0.0.1:1",
+            "127.3.2.1:1",
+            "[::1]:1",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            assert!(check.call(from(local)).is_ok(), "{local}");
+        }
+        for remote in [
+            "10.0.0.2:1",
+            "192.168.1.5:1",
+            "[2001:db8::1]:1",
+            "[::ffff:10.0.0.1]:1",
+        ] {
+            let status = check.call(from(remote)).unwrap_err();
+            assert!(
+                nq_proto::auth::is_loopback_only(&status),
+                "{remote}: {status:?}"
+            );
+            assert!(status.message().contains("--insecure-open-port"));
+        }
+        // No peer address: refused, not waved through.
+        assert!(check.call(Request::new(())).is_err());
+        // TLS or the explicit opt-out: everyone passes.
+        for admission in [
+            Admission::new(None, true, false),
+            Admission::new(None, false, true),
+        ] {
+            assert!(CallerCheck::new(admission).call(from("10.0.0.2:1")).is_ok());
+        }
+    }
+
+    #[test]
+    fn only_ports_opened_by_hand_beyond_loopback_are_open() {
         let any: SocketAddr = "0.0.0.0:50051".parse().unwrap();
         let lan: SocketAddr = "[2001:db8::1]:50051".parse().unwrap();
         let local: SocketAddr = "127.0.0.1:50051".parse().unwrap();
         let local6: SocketAddr = "[::1]:50051".parse().unwrap();
+        let token = || Admission::new(Some(Token::new("t").unwrap()), false, false);
+        let protected = Admission::new(None, false, false);
+        let opened = Admission::new(None, false, true);
         for addr in [any, lan] {
-            assert_eq!(Exposure::of(addr, false, false), Exposure::Open);
-            assert_eq!(Exposure::of(addr, true, false), Exposure::ClearToken);
-            assert_eq!(Exposure::of(addr, false, true), Exposure::Guarded);
-            assert_eq!(Exposure::of(addr, true, true), Exposure::Guarded);
+            assert_eq!(Exposure::of(addr, &protected, false), Exposure::Protected);
+            assert_eq!(Exposure::of(addr, &opened, false), Exposure::Open);
+            assert_eq!(Exposure::of(addr, &token(), false), Exposure::ClearToken);
+            assert_eq!(Exposure::of(addr, &protected, true), Exposure::Guarded);
+            assert_eq!(Exposure::of(addr, &token(), true), Exposure::Guarded);
         }
         for addr in [local, local6] {
-            assert_eq!(Exposure::of(addr, false, false), Exposure::Guarded);
+            assert_eq!(Exposure::of(addr, &opened, false), Exposure::Guarded);
+            assert_eq!(Exposure::of(addr, &protected, false), Exposure::Guarded);
         }
     }
 }

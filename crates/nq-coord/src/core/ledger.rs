@@ -9,7 +9,7 @@
 //! outcome for the reporter. The engine carries a decision out; nothing here
 //! reads a clock, a store or a socket, so every case is a unit test.
 //!
-//! On restore, [`losses_in`] and [`judge_restored`] judge the stored copies
+//! On restore, [`records_in`] and [`judge_restored`] judge the stored copies
 //! again by the same rules: nothing cached is trusted.
 
 use nq_core::split::{SubCounts, SubProblem, Tally};
@@ -17,7 +17,7 @@ use nq_proto::convert::RunShape;
 use nq_store::{Duplicate, DuplicateKind, JobId, StoredResult};
 
 use crate::core::lease::LeaseId;
-use crate::core::quorum::{Identities, IdentityId, Verdict, Vote, judge};
+use crate::core::quorum::{Identities, Verdict, Vote, judge};
 use crate::core::scheduler::{Outcome, Scheduler, Settlement};
 use crate::error::{Error, ReportFault, Result};
 
@@ -298,7 +298,12 @@ pub(crate) fn decide(
     }
     let (votes, reps) = votes_of(sched, &jc.copies);
     let ban_after = sched.policy().ban_after;
-    let verdict = judge(&votes, sched.selected(job), sched.identities(), ban_after);
+    let verdict = judge(
+        &votes,
+        sched.selected(job),
+        sched.identities(),
+        sched.rules(),
+    );
     // The copy the Done record should hold: the leader's first voting copy,
     // or in solutions mode the leader's copy whose solutions are stored.
     let stored_leads = jc
@@ -447,6 +452,8 @@ fn settlement(
         losers,
         disputed: verdict.conflict,
         solutions_missing,
+        confirmed: verdict.confirmed,
+        unchecked: verdict.unchecked,
     }
 }
 
@@ -475,23 +482,22 @@ pub(crate) fn machine_of(identity: &str) -> &str {
     }
 }
 
-/// Restore: the conflicts lost in a disputed job's stored `copies` (the
-/// counted one first), judged with no reputations, as the job was when it
-/// settled.
-pub(crate) fn losses_in(
+/// Restore: what a job's stored `copies` (the counted one first) say of
+/// its voters' records, judged with no reputations, as the job was when it
+/// settled: the conflicts lost (`losers`) and the results confirmed by
+/// another identity (`confirmed`, for probation).
+pub(crate) fn records_in(
     sched: &mut Scheduler,
     job: JobId,
     copies: &[StoredResult],
-) -> Vec<IdentityId> {
+) -> Verdict {
     let (votes, _) = votes_of(sched, copies);
-    let ban_after = sched.policy().ban_after;
     judge(
         &votes,
         sched.selected(job),
         &Identities::default(),
-        ban_after,
+        sched.rules(),
     )
-    .losers
 }
 
 /// Restore: judges a done job's stored `copies` (the Done record's first)
@@ -500,8 +506,8 @@ pub(crate) fn losses_in(
 /// reputations overturn the Done record (they can differ from those it was
 /// recorded under): the record must then move to the counted copy, or the
 /// store and the totals disagree. `stored` says whether the Done record's
-/// solutions are all stored (solutions mode). Losses are not charged again:
-/// [`losses_in`] found them.
+/// solutions are all stored (solutions mode). Losses and confirmations are
+/// not charged again: [`records_in`] found them.
 pub(crate) fn judge_restored(
     sched: &mut Scheduler,
     job: JobId,
@@ -521,13 +527,14 @@ pub(crate) fn judge_restored(
     };
     let mut d = decide(sched, job, &mut jc, None, solutions_mode);
     d.settlement.losers.clear();
+    d.settlement.confirmed.clear();
     (d.settlement, d.writes)
 }
 
 #[cfg(test)]
 mod tests {
     //! One test per case of [`decide`], each also restored: judging the
-    //! stored copies again from scratch ([`losses_in`], then
+    //! stored copies again from scratch ([`records_in`], then
     //! [`judge_restored`]) must reach the live decision's settlement.
 
     use std::time::Duration;
@@ -594,8 +601,12 @@ mod tests {
     /// (the Done record first) and returns its settlement.
     fn restored(share: f64, copies: Vec<StoredResult>, losses: &[&str]) -> Settlement {
         let mut s = sched(share);
-        for loser in losses_in(&mut s, JOB, &copies) {
+        let records = records_in(&mut s, JOB, &copies);
+        for loser in records.losers {
             s.restore_loss(loser);
+        }
+        for confirmed in records.confirmed {
+            s.restore_confirmation(confirmed);
         }
         for name in losses {
             let id = s.intern(name);

@@ -1,10 +1,10 @@
 //! Verification: which jobs are computed twice, who may compute a copy, and
 //! which copy of a job's result counts.
 //!
-//! No worker is trusted, the coordinator's own threads included: a faulty
-//! DIMM or a lying program returns counts that pass every invariant check
-//! (`SubProblem::check`), so the only defence is to compute again, somewhere
-//! else, and compare. This module is the rule book, pure and synchronous; the
+//! No worker is trusted, the coordinator's own threads included (they only
+//! skip probation, see below): a faulty DIMM or a lying program returns
+//! counts that pass every invariant check (`SubProblem::check`), so the only
+//! defence is to compute again, somewhere else, and compare. This module is the rule book, pure and synchronous; the
 //! ledger applies it to stored copies, and the scheduler hands out the copies
 //! it asks for.
 //!
@@ -35,9 +35,29 @@
 //!   leader is the class with the most votes (ties: the class seen first).
 //!   A job is *settled* when its leader has strictly more votes than any other
 //!   class and at least the votes it needs: 2 when the job was selected, when
-//!   its valid copies disagree, or when every voter of the leader is suspect
-//!   (has lost a conflict); 1 otherwise. An unsettled job gets another copy
+//!   its valid copies disagree, when every voter of the leader is suspect
+//!   (has lost a conflict), or when every voter of the leader is on probation
+//!   and a second machine is at work; 1 otherwise. An unsettled job gets another copy
 //!   from an identity that has not reported it yet.
+//! * **Probation.** Every remote identity starts on probation, after BOINC's
+//!   adaptive replication: until [`PROBATION`] of its results were confirmed
+//!   by another identity (the job settled with its copy in the leading class
+//!   and a second, unsuspected voter there), each of its results needs a
+//!   second vote, whatever the selection says. After that it is spot-checked
+//!   at the selection's share like everyone else. The coordinator's own
+//!   threads (`local:KERNEL`) are trusted from the start: they are the
+//!   machine that holds the store and adds up the totals, so a fault there
+//!   corrupts the run whatever the rules say, and their kernels are checked
+//!   against each other and against the depth-first search at start-up.
+//!   `--verify 0` turns probation off with every other check.
+//! * **One machine left.** A check needs a second machine at work. While
+//!   only one is (a lone worker under `--local-threads 0`, or the last worker
+//!   of a run whose others left), a result that needs a check only because
+//!   its voters are on probation settles on its one vote, so that the run
+//!   does not wait for a machine that may never come, and is marked
+//!   *unchecked*: a run that ends with such jobs ends as `unchecked`, never
+//!   as `complete`. When a second machine starts work, the unchecked jobs are
+//!   judged again and get their check.
 //! * **Reputation.** When a job with disagreeing copies settles, every
 //!   identity in a losing class has lost a conflict. One loss makes an
 //!   identity suspect: each of its results needs a second vote, so everything
@@ -61,6 +81,26 @@ pub const AUTO_FRACTION: f64 = 0.02;
 
 /// The default number of lost conflicts after which a worker is refused.
 pub const DEFAULT_BAN_AFTER: u32 = 3;
+
+/// Results of a remote identity that another identity must confirm before
+/// its results count on one vote.
+///
+/// Ten, as BOINC's adaptive replication (a host is not trusted while its
+/// count of consecutive valid results is below 10). The number trades two
+/// costs. Each result on probation is computed twice, so a run pays about
+/// `PROBATION` extra jobs per machine, plus the jobs the machine leased before
+/// its tenth confirmation came back, about two rounds of its threads
+/// (BENCHMARKS.md §9: at 1,000 machines, 10,000 to 32,000 extra jobs against
+/// the half million of a run at N = 27, where a cluster of that size is worth
+/// having; a small run on a few machines pays much more). Against that,
+/// a machine that lies on every result never leaves probation, so none of
+/// its copies ever counts alone; a liar must compute ten jobs honestly before
+/// it may lie, and then it is still spot-checked, and each lost check
+/// makes it suspect again (every result then needs a second vote). A larger
+/// number buys little against a patient liar and costs every honest machine
+/// of every run; a smaller one lets a faulty machine (a bad DIMM that fails
+/// now and then) through on a short lucky streak.
+pub const PROBATION: u32 = 10;
 
 /// How many jobs are computed twice.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -126,6 +166,16 @@ impl Policy {
         keyed(&self.secret, job, 0) < threshold
     }
 
+    /// Confirmed results a remote identity needs to leave probation:
+    /// [`PROBATION`], or 0 under `--verify 0` (`Fraction::Fixed(0.0)`), which
+    /// asks for no check at all.
+    pub fn probation(&self) -> u32 {
+        match self.fraction {
+            Fraction::Fixed(f) if f <= 0.0 => 0,
+            _ => PROBATION,
+        }
+    }
+
     /// True when the first copy of a selected job asks for the alternate
     /// kernel (otherwise its check does).
     pub fn alternate_first(&self, job: JobId) -> bool {
@@ -133,11 +183,23 @@ impl Policy {
     }
 }
 
-/// Every identity seen in the run, with its lost conflicts.
+/// True for the identities of the coordinator's own threads (`local:KERNEL`,
+/// see `scheduler::local_identity`), which are trusted from the start (see
+/// the module doc). A remote identity always contains `@` or is an address,
+/// so a worker cannot pass for one by its registration name.
+pub fn trusted_from_start(name: &str) -> bool {
+    name.strip_prefix("local:")
+        .is_some_and(|kernel| !kernel.is_empty() && !kernel.contains('@'))
+}
+
+/// Every identity seen in the run, with its lost conflicts and its confirmed
+/// results (its record for probation).
 #[derive(Debug, Default)]
 pub struct Identities {
     names: Vec<String>,
     lost: Vec<u32>,
+    /// Results confirmed by another identity (saturating).
+    confirmed: Vec<u32>,
     by_name: HashMap<String, IdentityId>,
     /// Labels for people, where they differ from the name.
     labels: HashMap<IdentityId, String>,
@@ -152,6 +214,7 @@ impl Identities {
         let id = IdentityId(u32::try_from(self.names.len()).unwrap_or(u32::MAX));
         self.names.push(name.to_owned());
         self.lost.push(0);
+        self.confirmed.push(0);
         self.by_name.insert(name.to_owned(), id);
         id
     }
@@ -202,6 +265,39 @@ impl Identities {
         self.lost(id) >= 1
     }
 
+    /// Results of `id` that another identity confirmed.
+    pub fn confirmed(&self, id: IdentityId) -> u32 {
+        self.confirmed.get(id.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// Records a result of `id` confirmed by another identity; returns the
+    /// new count.
+    pub fn add_confirmation(&mut self, id: IdentityId) -> u32 {
+        match self.confirmed.get_mut(id.0 as usize) {
+            Some(c) => {
+                *c = c.saturating_add(1);
+                *c
+            }
+            None => 0,
+        }
+    }
+
+    /// True while `id` has fewer than `probation` confirmed results and is
+    /// not the coordinator's own threads: each of its results needs a second
+    /// vote (where a second machine can give one).
+    pub fn on_probation(&self, id: IdentityId, probation: u32) -> bool {
+        self.confirmed(id) < probation && !trusted_from_start(self.name(id))
+    }
+
+    /// Identities still on probation, with their labels and confirmed
+    /// results (for logs and the status).
+    pub fn probationers(&self, probation: u32) -> impl Iterator<Item = (&str, u32)> {
+        (0..self.names.len())
+            .map(|i| IdentityId(i as u32))
+            .filter(move |&id| self.on_probation(id, probation))
+            .map(|id| (self.label(id), self.confirmed(id)))
+    }
+
     /// True once `id` lost `ban_after` conflicts: it is refused, and its
     /// copies do not vote.
     pub fn is_banned(&self, id: IdentityId, ban_after: u32) -> bool {
@@ -232,6 +328,17 @@ pub struct Vote {
     pub class: usize,
 }
 
+/// The state of the run the rules depend on besides a job's copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    /// Lost conflicts after which an identity's copies do not vote.
+    pub ban_after: u32,
+    /// Confirmed results an identity needs to leave probation (0: none).
+    pub probation: u32,
+    /// True while a second machine is at work, so that a check is possible.
+    pub second_machine: bool,
+}
+
 /// What the rules say about a job's copies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
@@ -248,6 +355,14 @@ pub struct Verdict {
     pub reporters: Vec<IdentityId>,
     /// True when the valid copies disagree.
     pub conflict: bool,
+    /// Identities whose copy another identity confirmed: the leader's
+    /// voters, once the job settled on two votes or more, each of which has
+    /// another voter in the leader that is not suspect.
+    pub confirmed: Vec<IdentityId>,
+    /// True when the job settled on one vote that needed a check no second
+    /// machine could give (every voter of the leader is on probation, and
+    /// only one machine is at work).
+    pub unchecked: bool,
 }
 
 /// Applies the rules to a job's copies, in the order received. `selected`
@@ -256,8 +371,9 @@ pub fn judge(
     copies: &[Vote],
     selected: bool,
     identities: &Identities,
-    ban_after: u32,
+    rules: Rules,
 ) -> Verdict {
+    let ban_after = rules.ban_after;
     let mut reporters: Vec<IdentityId> = Vec::new();
     // (class, identities) for valid, first-per-identity copies.
     let mut classes: Vec<Vec<IdentityId>> = Vec::new();
@@ -288,6 +404,8 @@ pub fn judge(
             losers: vec![],
             reporters,
             conflict: false,
+            confirmed: vec![],
+            unchecked: false,
         };
     };
     let votes = classes[l].len();
@@ -300,12 +418,32 @@ pub fn judge(
         .unwrap_or(0);
     let conflict = classes.iter().filter(|v| !v.is_empty()).count() > 1;
     let all_suspect = classes[l].iter().all(|&i| identities.is_suspect(i));
-    let needed = if selected || conflict || all_suspect {
+    let on_probation = classes[l]
+        .iter()
+        .all(|&i| identities.on_probation(i, rules.probation));
+    let needed = if selected
+        || conflict
+        || all_suspect
+        || (on_probation && rules.second_machine)
+    {
         2
     } else {
         1
     };
     let settled = votes >= needed && votes > runner_up;
+    // Without a second machine a probationer's copy settles alone (the run
+    // must not wait for a machine that may never come), and says so.
+    let unchecked = settled && votes < 2 && on_probation;
+    let confirmed = if settled && votes >= 2 {
+        let leaders = &classes[l];
+        leaders
+            .iter()
+            .copied()
+            .filter(|&i| leaders.iter().any(|&o| o != i && !identities.is_suspect(o)))
+            .collect()
+    } else {
+        vec![]
+    };
     let losers = if settled && conflict {
         classes
             .iter()
@@ -323,6 +461,8 @@ pub fn judge(
         losers,
         reporters,
         conflict,
+        confirmed,
+        unchecked,
     }
 }
 
@@ -340,12 +480,106 @@ mod tests {
         Vote { identity, class }
     }
 
+    /// The rules without probation, for the tests of the other rules (each
+    /// of these was written before probation, for identities that would now
+    /// have left it).
+    const NO_PROBATION: Rules = Rules {
+        ban_after: 3,
+        probation: 0,
+        second_machine: true,
+    };
+
+    /// The default rules with `machines` at work.
+    fn rules(second_machine: bool) -> Rules {
+        Rules {
+            ban_after: 3,
+            probation: PROBATION,
+            second_machine,
+        }
+    }
+
+    #[test]
+    fn a_new_identity_needs_a_second_vote_until_others_confirmed_it_enough() {
+        let (mut i, w) = ids(&["new@1", "old@2"]);
+        let alone = judge(&[vote(w[0], 0)], false, &i, rules(true));
+        assert!(!alone.settled, "a probationer's copy waits for a check");
+        let checked = judge(&[vote(w[0], 0), vote(w[1], 0)], false, &i, rules(true));
+        assert!(checked.settled && checked.votes == 2 && !checked.unchecked);
+        assert_eq!(
+            checked.confirmed,
+            vec![w[0], w[1]],
+            "each confirms the other"
+        );
+        for _ in 0..PROBATION - 1 {
+            i.add_confirmation(w[0]);
+        }
+        assert!(!judge(&[vote(w[0], 0)], false, &i, rules(true)).settled);
+        i.add_confirmation(w[0]);
+        assert!(!i.on_probation(w[0], PROBATION));
+        let v = judge(&[vote(w[0], 0)], false, &i, rules(true));
+        assert!(v.settled && !v.unchecked, "out of probation: one vote");
+        assert!(v.confirmed.is_empty(), "one vote confirms nobody");
+        // A selected job still needs its check.
+        assert!(!judge(&[vote(w[0], 0)], true, &i, rules(true)).settled);
+    }
+
+    #[test]
+    fn a_suspect_confirms_nobody() {
+        let (mut i, w) = ids(&["a@1", "suspect@2", "c@3"]);
+        i.add_loss(w[1]);
+        let v = judge(&[vote(w[0], 0), vote(w[1], 0)], false, &i, rules(true));
+        assert!(v.settled);
+        assert_eq!(v.confirmed, vec![w[1]], "the suspect is confirmed, not a");
+        let v = judge(
+            &[vote(w[0], 0), vote(w[1], 0), vote(w[2], 0)],
+            false,
+            &i,
+            rules(true),
+        );
+        assert_eq!(v.confirmed, vec![w[0], w[1], w[2]]);
+    }
+
+    #[test]
+    fn with_one_machine_at_work_a_probationer_settles_alone_as_unchecked() {
+        let (i, w) = ids(&["lone@1"]);
+        let v = judge(&[vote(w[0], 0)], false, &i, rules(false));
+        assert!(v.settled && v.unchecked && v.votes == 1);
+        // Suspects and disputes still wait: one machine cannot resolve them.
+        let (mut i, w) = ids(&["lone@1", "gone@2"]);
+        i.add_loss(w[0]);
+        assert!(!judge(&[vote(w[0], 0)], false, &i, rules(false)).settled);
+        let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, rules(false));
+        assert!(!v.settled && !v.unchecked);
+    }
+
+    #[test]
+    fn the_coordinators_threads_are_trusted_from_the_start_and_nobody_else() {
+        let (i, w) = ids(&["local:avx2", "local:avx2@127.0.0.1", "10.0.0.7", "local:"]);
+        let v = judge(&[vote(w[0], 0)], false, &i, rules(true));
+        assert!(v.settled && !v.unchecked);
+        for &other in &w[1..] {
+            assert!(
+                i.on_probation(other, PROBATION),
+                "{} is on probation",
+                i.name(other)
+            );
+        }
+        let policy = |f| Policy {
+            secret: [1; 16],
+            fraction: f,
+            ban_after: 3,
+        };
+        assert_eq!(policy(Fraction::Auto).probation(), PROBATION);
+        assert_eq!(policy(Fraction::Fixed(0.5)).probation(), PROBATION);
+        assert_eq!(policy(Fraction::Fixed(0.0)).probation(), 0, "--verify 0");
+    }
+
     #[test]
     fn one_copy_settles_an_unselected_job_and_not_a_selected_one() {
         let (i, w) = ids(&["a@1"]);
-        let v = judge(&[vote(w[0], 0)], false, &i, 3);
+        let v = judge(&[vote(w[0], 0)], false, &i, NO_PROBATION);
         assert!(v.settled && v.leader == Some(0) && v.votes == 1);
-        let v = judge(&[vote(w[0], 0)], true, &i, 3);
+        let v = judge(&[vote(w[0], 0)], true, &i, NO_PROBATION);
         assert!(!v.settled && v.leader == Some(0));
         assert_eq!(v.reporters, vec![w[0]]);
     }
@@ -353,7 +587,7 @@ mod tests {
     #[test]
     fn a_worker_cannot_confirm_itself() {
         let (i, w) = ids(&["a@1"]);
-        let v = judge(&[vote(w[0], 0), vote(w[0], 0)], true, &i, 3);
+        let v = judge(&[vote(w[0], 0), vote(w[0], 0)], true, &i, NO_PROBATION);
         assert!(!v.settled);
         assert_eq!(v.votes, 1);
     }
@@ -363,11 +597,11 @@ mod tests {
         let (i, w) = ids(&["honest@1", "liar@2", "other@3"]);
         // The liar's copy came first.
         let two = [vote(w[1], 0), vote(w[0], 1)];
-        let v = judge(&two, false, &i, 3);
+        let v = judge(&two, false, &i, NO_PROBATION);
         assert!(!v.settled, "one against one decides nothing");
         assert!(v.losers.is_empty());
         let three = [vote(w[1], 0), vote(w[0], 1), vote(w[2], 1)];
-        let v = judge(&three, false, &i, 3);
+        let v = judge(&three, false, &i, NO_PROBATION);
         assert!(v.settled);
         assert_eq!(v.leader, Some(1));
         assert_eq!(v.losers, vec![w[1]]);
@@ -377,15 +611,15 @@ mod tests {
     fn suspects_need_a_second_vote_and_banned_workers_do_not_vote() {
         let (mut i, w) = ids(&["liar@2", "honest@1"]);
         i.add_loss(w[0]);
-        assert!(!judge(&[vote(w[0], 0)], false, &i, 3).settled);
+        assert!(!judge(&[vote(w[0], 0)], false, &i, NO_PROBATION).settled);
         i.add_loss(w[0]);
         i.add_loss(w[0]);
         assert!(i.is_banned(w[0], 3));
-        let v = judge(&[vote(w[0], 0)], false, &i, 3);
+        let v = judge(&[vote(w[0], 0)], false, &i, NO_PROBATION);
         assert_eq!((v.leader, v.settled), (None, false));
         // An honest copy then settles it alone: the banned copy is no vote,
         // so there is no conflict to resolve.
-        let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, 3);
+        let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, NO_PROBATION);
         assert_eq!((v.leader, v.settled), (Some(1), true));
         assert!(v.losers.is_empty());
     }

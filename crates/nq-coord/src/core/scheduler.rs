@@ -48,9 +48,9 @@ use nq_core::split::Tally;
 use nq_store::JobId;
 use rand::{Rng, SeedableRng};
 
+use crate::core::lease::{Lease, LeaseId, LeaseTable, WorkerId};
+use crate::core::quorum::{Identities, IdentityId, Policy, Rules};
 use crate::error::{Error, Refusal, Result};
-use crate::lease::{Lease, LeaseId, LeaseTable, WorkerId};
-use crate::quorum::{Identities, IdentityId, Policy};
 
 /// Most jobs one `Lease` call can grant.
 pub const MAX_GRANT: u32 = 1024;
@@ -328,6 +328,12 @@ pub struct Settlement {
     /// Solutions mode: the stored solutions are not the counted copy's (it
     /// was overturned), so the next copy must store its own.
     pub solutions_missing: bool,
+    /// Identities whose copy of the job another identity confirmed (their
+    /// record for probation), counted when the job settles.
+    pub confirmed: Vec<IdentityId>,
+    /// True when the job settled on one vote that needed a check no second
+    /// machine could give ([`crate::core::quorum::Verdict::unchecked`]).
+    pub unchecked: bool,
 }
 
 /// What a [`Scheduler::settle`] changed beyond its job: the caller must
@@ -337,9 +343,10 @@ pub struct Fallout {
     /// Identities that just became suspect or banned: every job they voted
     /// for is judged again.
     pub discredited: Vec<IdentityId>,
-    /// True when, in a run with `Fraction::Auto`, a second machine began or
-    /// the last but one stopped working: the selection of jobs to check
-    /// changed, and the jobs it adds or drops are judged again.
+    /// True when a second machine began or the last but one stopped
+    /// working: the jobs to check changed (the selection of
+    /// `Fraction::Auto`, and whether probation can be checked), and the jobs
+    /// it adds or drops are judged again.
     pub selection_changed: bool,
 }
 
@@ -350,6 +357,38 @@ struct Open {
     reporters: Vec<IdentityId>,
     /// The kernels its copies ran.
     kernels: Vec<String>,
+}
+
+/// One bit per job, allocated on first use: the jobs settled without the
+/// check they needed. Most runs never set one; a lone worker's run sets one
+/// per job, 12.5 MB at 10^8 jobs.
+#[derive(Debug, Default)]
+struct JobBits {
+    words: Vec<u64>,
+    ones: u64,
+}
+
+impl JobBits {
+    fn get(&self, job: JobId) -> bool {
+        self.words
+            .get((job.0 / 64) as usize)
+            .is_some_and(|w| w & (1 << (job.0 % 64)) != 0)
+    }
+
+    fn set(&mut self, job: JobId, len: u64, on: bool) {
+        if on == self.get(job) {
+            return;
+        }
+        if self.words.is_empty() {
+            self.words = vec![0; len.div_ceil(64) as usize];
+        }
+        self.words[(job.0 / 64) as usize] ^= 1 << (job.0 % 64);
+        if on {
+            self.ones += 1;
+        } else {
+            self.ones -= 1;
+        }
+    }
 }
 
 /// The scheduling state of one coordinator session.
@@ -376,6 +415,9 @@ pub struct Scheduler {
     /// Solutions mode: jobs whose stored solutions are not the counted
     /// copy's.
     solutions_missing: std::collections::HashSet<JobId>,
+    /// Settled jobs that counted one vote where a check was needed and no
+    /// second machine was at work to give it.
+    unchecked: JobBits,
     pending_count: u64,
     leases: LeaseTable,
     /// Every lease this session issued, until its job is settled.
@@ -388,6 +430,10 @@ pub struct Scheduler {
     /// verification checks jobs only then, since a check needs a second
     /// machine, and a run whose second machine left must not wait for one.
     two_machines: bool,
+    /// True when a second machine was seen at registration or lease, ahead
+    /// of the ticker: the next [`Scheduler::refresh_machines`] reports the
+    /// change, so that the jobs it affects are judged again.
+    machines_unreported: bool,
     rng: rand::rngs::StdRng,
     session: u64,
     next_worker: u64,
@@ -449,12 +495,14 @@ impl Scheduler {
             open: HashMap::new(),
             disputed: std::collections::HashSet::new(),
             solutions_missing: std::collections::HashSet::new(),
+            unchecked: JobBits::default(),
             leases: LeaseTable::default(),
             issued: HashMap::new(),
             workers: HashMap::new(),
             identities: Identities::default(),
             policy,
             two_machines: false,
+            machines_unreported: false,
             rng: rand::rngs::StdRng::from_os_rng(),
             session,
             next_worker: 1,
@@ -508,6 +556,22 @@ impl Scheduler {
         &self.policy
     }
 
+    /// What judging depends on besides a job's copies: the ban limit,
+    /// probation, and whether a second machine is at work.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            ban_after: self.policy.ban_after,
+            probation: self.policy.probation(),
+            second_machine: self.two_machines,
+        }
+    }
+
+    /// Records a result of `identity` confirmed by another identity, found
+    /// in stored copies (on startup).
+    pub fn restore_confirmation(&mut self, identity: IdentityId) {
+        self.identities.add_confirmation(identity);
+    }
+
     /// True while two machines are at work: a check is possible.
     pub fn second_source(&self) -> bool {
         self.two_machines
@@ -516,9 +580,37 @@ impl Scheduler {
     /// Counts the machines at work at `now` (distinct identities of workers
     /// heard from within one lease TTL; the local threads are one machine).
     /// Returns true when that changed whether two are at work and the change
-    /// matters to the selection (`Fraction::Auto`): the caller then judges
-    /// the affected jobs again.
+    /// matters to the jobs to check (the selection of `Fraction::Auto`, or
+    /// probation, which `--verify 0` turns off): the caller then judges the
+    /// affected jobs again.
     pub fn refresh_machines(&mut self, now: Instant) -> bool {
+        // Once every job is settled the run is over: a machine that starts
+        // then checks nothing, and must not make a complete run incomplete.
+        let two =
+            self.machines_at_work(now) && (self.two_machines || !self.all_settled());
+        let unreported = std::mem::take(&mut self.machines_unreported);
+        if two == self.two_machines && !unreported {
+            return false;
+        }
+        self.two_machines = two;
+        self.policy.share(true) != self.policy.share(false) || self.policy.probation() > 0
+    }
+
+    /// Notes a second machine as soon as a worker registers or calls in,
+    /// not at the next tick: copies judged in between would count unchecked,
+    /// and a short run could end on them with a second machine at work. Only
+    /// the start of a second machine is noted here (cheaply: only while one
+    /// is at work); the ticker notes the end of one.
+    fn note_machine(&mut self, now: Instant) {
+        if !self.two_machines && !self.all_settled() && self.machines_at_work(now) {
+            self.two_machines = true;
+            self.machines_unreported = true;
+        }
+    }
+
+    /// True when two machines are at work at `now` (see
+    /// [`Scheduler::refresh_machines`]).
+    fn machines_at_work(&self, now: Instant) -> bool {
         let mut machines: Vec<Option<IdentityId>> = self
             .workers
             .values()
@@ -527,12 +619,7 @@ impl Scheduler {
             .collect();
         machines.sort_unstable();
         machines.dedup();
-        let two = machines.len() >= 2;
-        if two == self.two_machines {
-            return false;
-        }
-        self.two_machines = two;
-        self.policy.share(true) != self.policy.share(false)
+        machines.len() >= 2
     }
 
     /// Sets whether two machines are at work (on startup: whether the stored
@@ -634,6 +721,7 @@ impl Scheduler {
                 work_reported: 0,
             },
         );
+        self.note_machine(now);
         id
     }
 
@@ -695,6 +783,7 @@ impl Scheduler {
         if complete {
             w.told_complete = true;
         }
+        self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
         // overflow (found by tests/fuzz_messages.rs).
         let cap = threads.saturating_mul(4).max(16) as usize;
@@ -974,17 +1063,26 @@ impl Scheduler {
     }
 
     /// Settled jobs with a single vote that the current selection wants
-    /// checked (after the selection grew). A scan of the whole table, run
-    /// only when a second machine starts or stops working.
+    /// checked (after the selection grew), and those that settled without
+    /// the check they needed (unchecked: a second machine may now give it).
+    /// A scan of the whole table, run only when a second machine starts or
+    /// stops working.
     pub fn unchecked_selected(&self) -> Vec<JobId> {
         (0..self.table.len)
             .map(JobId)
             .filter(|&j| {
                 self.table.phase(j) == Phase::Done
                     && !self.table.flag(j, VERIFIED)
-                    && self.selected(j)
+                    && (self.unchecked.get(j) || self.selected(j))
             })
             .collect()
+    }
+
+    /// Settled jobs that counted one vote where a check was needed that no
+    /// second machine was at work to give (see [`crate::quorum`], "One
+    /// machine left"). A run that completes with any is `unchecked`.
+    pub fn jobs_unchecked(&self) -> u64 {
+        self.unchecked.ones
     }
 
     /// Applies a decision of the ledger about one job, which the caller has
@@ -1072,8 +1170,24 @@ impl Scheduler {
         } else {
             self.solutions_missing.remove(&s.job);
         }
+        self.unchecked
+            .set(s.job, self.table.len, s.settled && s.unchecked);
+        if s.settled && !was_done {
+            // Once per settlement of the job: a job settled again after it
+            // was reopened (a voter discredited) counts again, which only
+            // shortens a probation that its voters' losses already weighed.
+            for &c in &s.confirmed {
+                self.identities.add_confirmation(c);
+            }
+        }
+        Ok(self.charge_losses(&s.losers))
+    }
+
+    /// Charges a settled dispute's `losers` with a lost conflict each; says
+    /// who was discredited by it (a first loss, or a ban).
+    fn charge_losses(&mut self, losers: &[IdentityId]) -> Fallout {
         let mut fallout = Fallout::default();
-        for &loser in &s.losers {
+        for &loser in losers {
             let lost = self.identities.add_loss(loser);
             if lost == 1 || lost == self.policy.ban_after {
                 fallout.discredited.push(loser);
@@ -1092,7 +1206,7 @@ impl Scheduler {
                 }
             }
         }
-        Ok(fallout)
+        fallout
     }
 
     /// Counts a stored copy of a job of estimated `work` (any outcome)
@@ -1134,8 +1248,15 @@ impl Scheduler {
         self.closed
     }
 
-    /// True when every job is settled.
+    /// True when every job is settled, and none settled unchecked while a
+    /// second machine is at work to check it (the caller judges those again
+    /// once [`Scheduler::refresh_machines`] reports the second machine).
     pub fn is_complete(&self) -> bool {
+        self.all_settled() && !(self.two_machines && self.unchecked.ones > 0)
+    }
+
+    /// True when every job is settled (checked or not).
+    fn all_settled(&self) -> bool {
         self.done_jobs == self.table.len
     }
 
@@ -1323,7 +1444,7 @@ mod tests {
     fn policy(share: f64) -> Policy {
         Policy {
             secret: [3; 16],
-            fraction: crate::quorum::Fraction::Fixed(share),
+            fraction: crate::core::quorum::Fraction::Fixed(share),
             ban_after: 2,
         }
     }
@@ -1351,6 +1472,8 @@ mod tests {
             losers: vec![],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         s.settle(&settlement, true).unwrap()
     }
@@ -1460,6 +1583,8 @@ mod tests {
             losers: vec![],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         s.settle(&one_vote, true).unwrap();
         assert_eq!(
@@ -1488,6 +1613,13 @@ mod tests {
         );
         assert_eq!(
             other_kernel(&["neon".into()]),
+            KernelRequest::Named(Kernel::Scalar)
+        );
+        // A GPU copy (`nq-worker --gpu` reports `cuda`) is checked on a CPU
+        // kernel that every worker has, so a GPU worker cannot take the check
+        // back to its GPU (issue 16).
+        assert_eq!(
+            other_kernel(&["cuda".into()]),
             KernelRequest::Named(Kernel::Scalar)
         );
         let ib = s.worker(&b).unwrap().identity;
@@ -1546,6 +1678,8 @@ mod tests {
             losers: vec![],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         s.settle(&one, true).unwrap();
         assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
@@ -1556,7 +1690,7 @@ mod tests {
     fn automatic_checks_need_two_machines_at_work() {
         let auto = Policy {
             secret: [5; 16],
-            fraction: crate::quorum::Fraction::Auto,
+            fraction: crate::core::quorum::Fraction::Auto,
             ban_after: 3,
         };
         let mut clock = Clock(Instant::now());
@@ -1576,11 +1710,86 @@ mod tests {
         // It comes back.
         s.lease(&w, 0, &[], clock.now()).unwrap();
         assert!(s.refresh_machines(clock.now()));
-        // A fixed share does not depend on the machines at work.
+        // A fixed share does not depend on the machines at work, but
+        // probation does: whether a probationer's copy can be checked (this
+        // assertion said `false` before probation; only `--verify 0`, which
+        // turns probation off, leaves the jobs to check unchanged now).
         let mut fixed = Scheduler::new(vec![1], 1, TTL, policy(0.5));
         fixed.register_local(1, "avx2", clock.now());
         fixed.register("w", 1, lo, clock.now());
-        assert!(!fixed.refresh_machines(clock.now()));
+        assert!(fixed.refresh_machines(clock.now()));
+        let mut none = Scheduler::new(vec![1], 1, TTL, policy(0.0));
+        none.register_local(1, "avx2", clock.now());
+        none.register("w", 1, lo, clock.now());
+        assert!(!none.refresh_machines(clock.now()));
+    }
+
+    #[test]
+    fn confirmations_end_probation_and_unchecked_jobs_are_counted_and_reopened() {
+        let mut clock = Clock(Instant::now());
+        // `--verify 0` has no probation; any other setting has.
+        let none = Scheduler::new(vec![1; 4], 1, TTL, policy(0.0));
+        assert_eq!(none.rules().probation, 0);
+        let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(0.02));
+        assert_eq!(s.rules().probation, crate::core::quorum::PROBATION);
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let a = s.register("a", 1, lo, clock.now());
+        let ia = s.worker(&a).unwrap().identity;
+        assert!(!s.rules().second_machine);
+        // A lone probationer's job settles unchecked, and is counted as such.
+        let lone = Settlement {
+            job: JobId(0),
+            lease: None,
+            counted_before: None,
+            counted: Some(tally(3)),
+            work: 1,
+            attempts: 1,
+            votes: 1,
+            settled: true,
+            reporters: vec![ia],
+            kernels: vec![],
+            losers: vec![],
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: true,
+        };
+        s.settle(&lone, true).unwrap();
+        assert_eq!(s.jobs_unchecked(), 1);
+        assert!(s.is_done(JobId(0)));
+        // A second machine begins: the unchecked job is judged again.
+        let b = s.register("b", 1, lo, clock.now());
+        assert!(s.refresh_machines(clock.now()));
+        assert_eq!(s.unchecked_selected(), vec![JobId(0)]);
+        // Judged again it waits for a check, and is no longer unchecked.
+        let reopened = Settlement {
+            settled: false,
+            unchecked: false,
+            counted_before: Some(tally(3)),
+            ..lone.clone()
+        };
+        s.settle(&reopened, false).unwrap();
+        assert_eq!(s.jobs_unchecked(), 0);
+        assert!(!s.is_done(JobId(0)));
+        let check = s.lease(&b, 1, &[], clock.advance(1)).unwrap().jobs[0].clone();
+        assert_eq!(check.job, JobId(0), "the check goes first, to the other");
+        let ib = s.worker(&b).unwrap().identity;
+        let confirmed = Settlement {
+            lease: Some(check.lease),
+            votes: 2,
+            settled: true,
+            unchecked: false,
+            reporters: vec![ia, ib],
+            confirmed: vec![ia, ib],
+            ..reopened.clone()
+        };
+        s.settle(&confirmed, true).unwrap();
+        assert_eq!(s.identities().confirmed(ia), 1);
+        assert_eq!(s.identities().confirmed(ib), 1);
+        assert_eq!(s.tally().total, 3);
+        // Confirmations count once per settlement, not per copy decided.
+        s.settle(&confirmed, true).unwrap();
+        assert_eq!(s.identities().confirmed(ia), 1);
     }
 
     #[test]
@@ -1603,6 +1812,8 @@ mod tests {
             losers: vec![il],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         assert_eq!(s.settle(&lost(0), true).unwrap().discredited, vec![il]);
         assert!(
@@ -1764,6 +1975,8 @@ mod tests {
             losers: vec![],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         s.settle(&restored, false).unwrap();
         s.restore_attempts(JobId(1), 3);

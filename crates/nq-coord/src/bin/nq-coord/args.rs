@@ -135,12 +135,18 @@ pub(crate) struct RunArgs {
     /// addresses: bind it to a private address.
     #[arg(long, value_name = "ADDR", env = "NQ_METRICS")]
     pub(crate) metrics: Option<String>,
+    /// Without --token or TLS the coordinator serves workers on this machine
+    /// only (protected mode) and refuses every other caller. This flag opens
+    /// the port to ANYONE who can reach it: every such caller can register
+    /// and report counts into the run. Prefer NQ_TOKEN on both sides.
+    #[arg(long, env = "NQ_INSECURE_OPEN_PORT")]
+    pub(crate) insecure_open_port: bool,
     #[command(flatten)]
     pub(crate) security: SecurityArgs,
 }
 
-/// Who may join the run. Without --token and TLS, anyone who reaches the
-/// port can; the coordinator says so loudly when it listens beyond loopback.
+/// Who may join the run. Without --token and TLS, workers on this machine
+/// only (protected mode; see --insecure-open-port).
 #[derive(clap::Args, Debug, Default)]
 pub(crate) struct SecurityArgs {
     /// Shared secret that every worker must send (`authorization: Bearer
@@ -351,6 +357,7 @@ impl TryFrom<RunArgs> for Config {
         };
         config.cache_bytes = a.cache_mib.saturating_mul(1 << 20);
         config.verify = parse_verify(&a.verify)?;
+        config.insecure_open_port = a.insecure_open_port;
         config.ban_after =
             NonZeroU32::new(a.ban_after).ok_or_else(|| nq_coord::Error::Option {
                 option: "--ban-after",

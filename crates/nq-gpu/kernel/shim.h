@@ -1,0 +1,42 @@
+// Host C++ stand-ins for the CUDA features count.cu uses, so that the tests
+// compile the kernel's own text with g++ (under UBSan) and run it on OS
+// threads. Each OS thread plays one GPU thread: `threadIdx`/`blockIdx` are
+// thread-local and set by the caller, and `__shared__` becomes
+// `static thread_local`, which gives every OS thread its own block's stack
+// (only its own column of it is ever touched, as on the GPU).
+#pragma once
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(threads)
+#define __shared__ static thread_local
+
+struct uint4 {
+    unsigned int x, y, z, w;
+};
+
+static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w)
+{
+    return uint4{x, y, z, w};
+}
+
+struct nq_dim3 {
+    unsigned int x, y, z;
+};
+
+extern thread_local nq_dim3 threadIdx;
+extern thread_local nq_dim3 blockIdx;
+
+static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+
+// CUDA defines __clz(0) as 32; the builtin leaves it undefined.
+static inline int __clz(unsigned int x) { return x == 0 ? 32 : __builtin_clz(x); }
+
+// The GPU's atomicAdd returns the old value, as this does; relaxed is enough
+// because each task index is handed out once and the results are read only
+// after the threads are joined.
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}

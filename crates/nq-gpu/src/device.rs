@@ -1,0 +1,395 @@
+//! Every call into the CUDA driver and NVRTC, through cudarc, loaded at run
+//! time.
+//!
+//! cudarc resolves each library on first use and PANICS when it is missing,
+//! so every entry point here first asks [`libraries`] and returns an error
+//! naming the missing library instead.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use nq_core::board::Board;
+use nq_core::search::{self, CountStats};
+use nq_core::split::{SplitSpec, split};
+
+use crate::pack::{Batch, pack};
+use crate::source::{EMBEDDED_PTX, KERNEL_SOURCE, embedded_is_current};
+use crate::{BLOCK, Error, Result};
+
+/// Which CUDA libraries this machine can load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Libraries {
+    /// The driver, `libcuda.so.1`.
+    pub driver: bool,
+    /// The run-time compiler, `libnvrtc.so.12`.
+    pub nvrtc: bool,
+}
+
+/// Tries to load each library (by cudarc's own list of names), without
+/// resolving any symbol.
+pub fn libraries() -> Libraries {
+    // SAFETY: these only try `dlopen` on each candidate name and drop the
+    // handle; loading a library runs its initialisers, which is what any
+    // later use would do too.
+    unsafe {
+        Libraries {
+            driver: cudarc::driver::sys::is_culib_present(),
+            nvrtc: cudarc::nvrtc::sys::is_culib_present(),
+        }
+    }
+}
+
+/// A virtual GPU architecture NVRTC can target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Ampere A100 and later.
+    Compute80,
+    /// Ada (RTX 40xx).
+    Compute89,
+    /// Hopper (H100, H200).
+    Compute90,
+    /// Blackwell desktop (RTX 50xx).
+    Compute120,
+}
+
+impl Arch {
+    /// NVRTC's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Compute80 => "compute_80",
+            Arch::Compute89 => "compute_89",
+            Arch::Compute90 => "compute_90",
+            Arch::Compute120 => "compute_120",
+        }
+    }
+
+    /// Parses `compute_80`, `80`, `sm_90` and the like.
+    pub fn parse(s: &str) -> Option<Arch> {
+        let digits = s.trim_start_matches("compute_").trim_start_matches("sm_");
+        match digits {
+            "80" => Some(Arch::Compute80),
+            "89" => Some(Arch::Compute89),
+            "90" => Some(Arch::Compute90),
+            "120" => Some(Arch::Compute120),
+            _ => None,
+        }
+    }
+
+    /// The newest of these that a device of compute capability
+    /// `major.minor` runs (PTX is compiled forward by the driver, never back).
+    fn for_device(major: i32, minor: i32) -> Arch {
+        match major * 10 + minor {
+            120.. => Arch::Compute120,
+            90.. => Arch::Compute90,
+            89 => Arch::Compute89,
+            _ => Arch::Compute80,
+        }
+    }
+}
+
+/// Compiles the kernel for board size `n` and `arch` through NVRTC, with
+/// `-DNQ_N=n`. The worker's own compile path; CI runs it for each target and
+/// checks the result with `ptxas`.
+///
+/// # Errors
+///
+/// [`Error::NoNvrtc`] when `libnvrtc.so.12` cannot be loaded,
+/// [`Error::Compile`] with NVRTC's log when it rejects the source.
+pub fn compile_ptx(n: u8, arch: Arch) -> Result<String> {
+    if !libraries().nvrtc {
+        return Err(Error::NoNvrtc);
+    }
+    let opts = CompileOptions {
+        arch: Some(arch.name()),
+        options: vec![format!("-DNQ_N={n}"), format!("-DNQ_BLOCK={BLOCK}")],
+        name: Some("count.cu".into()),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(KERNEL_SOURCE, opts)
+        .map(|ptx| ptx.to_src())
+        .map_err(|e| Error::Compile {
+            arch: arch.name(),
+            log: e.to_string(),
+        })
+}
+
+/// One GPU, with the kernel loaded for each board size it has counted.
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// The device's model name.
+    name: String,
+    /// What NVRTC targets for this device.
+    arch: Arch,
+    /// Streaming multiprocessors, for the grid size.
+    sms: u32,
+    /// True when NVRTC is present; otherwise the embedded PTX is used.
+    nvrtc: bool,
+    /// The kernel per board size, with its grid size.
+    kernels: HashMap<u8, (CudaFunction, u32)>,
+}
+
+impl Gpu {
+    /// Opens device `index`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoDriver`], [`Error::NoDevice`] or [`Error::DeviceIndex`] on a
+    /// machine without that GPU; [`Error::Driver`] when the driver fails.
+    pub fn open(index: usize) -> Result<Gpu> {
+        let libs = libraries();
+        if !libs.driver {
+            return Err(Error::NoDriver);
+        }
+        let count = match CudaContext::device_count() {
+            Ok(c) => usize::try_from(c).unwrap_or(0),
+            // cuInit fails with CUDA_ERROR_NO_DEVICE (or a driver/device
+            // mismatch) on a machine with the library but no usable GPU.
+            Err(e) => {
+                return Err(Error::NoDevice {
+                    reason: e.to_string(),
+                });
+            }
+        };
+        if count == 0 {
+            return Err(Error::NoDevice {
+                reason: "0 devices".into(),
+            });
+        }
+        if index >= count {
+            return Err(Error::DeviceIndex { index, count });
+        }
+        let driver = |call| move |source| Error::Driver { call, source };
+        let ctx = CudaContext::new(index).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let name = ctx.name().map_err(driver("cuDeviceGetName"))?;
+        let attr = |a| ctx.attribute(a).map_err(driver("cuDeviceGetAttribute"));
+        let major =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let stream = ctx.default_stream();
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            arch: Arch::for_device(major, minor),
+            sms: u32::try_from(sms).unwrap_or(1).max(1),
+            nvrtc: libs.nvrtc,
+            kernels: HashMap::new(),
+        })
+    }
+
+    /// The device's model name, as the driver gives it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the kernel is compiled here: `"nvrtc"` or `"embedded ptx"`.
+    pub fn compiler(&self) -> &'static str {
+        if self.nvrtc { "nvrtc" } else { "embedded ptx" }
+    }
+
+    /// The kernel for board size `n`, compiled on first use, and its grid.
+    fn kernel(&mut self, n: u8) -> Result<(CudaFunction, u32)> {
+        if let Some(k) = self.kernels.get(&n) {
+            return Ok(k.clone());
+        }
+        let ptx = if self.nvrtc {
+            Ptx::from_src(compile_ptx(n, self.arch)?)
+        } else {
+            // Valid for every board (built for N = 32); a test keeps it in
+            // step with the source.
+            debug_assert!(embedded_is_current());
+            Ptx::from_src(EMBEDDED_PTX)
+        };
+        let module = match self.ctx.load_module(ptx) {
+            Ok(m) => m,
+            Err(e) if !self.nvrtc => {
+                return Err(Error::NoCompiler {
+                    reason: e.to_string(),
+                });
+            }
+            Err(source) => {
+                return Err(Error::Driver {
+                    call: "cuModuleLoadData",
+                    source,
+                });
+            }
+        };
+        let driver = |call| move |source| Error::Driver { call, source };
+        let func = module
+            .load_function("nq_count")
+            .map_err(driver("cuModuleGetFunction"))?;
+        // Persistent threads: exactly as many blocks as stay resident.
+        let per_sm = func
+            .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
+            .map_err(driver("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?;
+        let grid = self.sms * per_sm.max(1);
+        tracing::info!(
+            gpu = %self.name,
+            n,
+            compiler = self.compiler(),
+            arch = self.arch.name(),
+            grid,
+            block = BLOCK,
+            "GPU kernel loaded"
+        );
+        self.kernels.insert(n, (func.clone(), grid));
+        Ok((func, grid))
+    }
+
+    /// Counts every task of `batch` and folds the results per sub-problem.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] when a copy or the launch fails, the compile errors
+    /// of [`compile_ptx`], and those of [`Batch::fold`].
+    pub fn count(&mut self, batch: &Batch) -> Result<Vec<CountStats>> {
+        let tasks = batch.task_count();
+        if tasks == 0 {
+            return batch.fold(&[], &[]);
+        }
+        let (func, grid) = self.kernel(batch.board().n())?;
+        let driver = |call| move |source| Error::Driver { call, source };
+        let s = &self.stream;
+        let tables = s
+            .clone_htod(batch.tables())
+            .map_err(driver("cuMemcpyHtoD"))?;
+        let task_buf = s
+            .clone_htod(batch.tasks())
+            .map_err(driver("cuMemcpyHtoD"))?;
+        let len = tasks as usize;
+        let mut next = s.alloc_zeros::<u32>(1).map_err(driver("cuMemAlloc"))?;
+        let mut counts = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
+        let mut nodes = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = s.launch_builder(&func);
+        launch
+            .arg(&tables)
+            .arg(&task_buf)
+            .arg(&tasks)
+            .arg(&mut next)
+            .arg(&mut counts)
+            .arg(&mut nodes);
+        // SAFETY: the arguments match the kernel's signature in count.cu
+        // (two u32 buffers, a u32, a u32 counter set to 0, two u64 buffers of
+        // one entry per task), and the block size is the NQ_BLOCK it was
+        // compiled for.
+        unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        let counts = s.clone_dtoh(&counts).map_err(driver("cuMemcpyDtoH"))?;
+        let nodes = s.clone_dtoh(&nodes).map_err(driver("cuMemcpyDtoH"))?;
+        batch.fold(&counts, &nodes)
+    }
+
+    /// The startup self-test: counts every sub-problem of N = 12 (border
+    /// split, one extra column) on this GPU and on nq-core's depth-first
+    /// reference, completions and nodes, and fails on the first difference.
+    /// Run it before any work: a faulty GPU, driver or compile shows here in
+    /// milliseconds instead of as a wrong total.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SelfTest`] naming the first sub-problem that differs, or the
+    /// errors of [`Gpu::count`].
+    pub fn self_test(&mut self) -> Result<()> {
+        let board = Board::new(12).expect("a valid board size");
+        let subs = split(board, SplitSpec::border(1).expect("a valid spec"));
+        // Expanded as a real launch would be, so the kernel sees many tasks
+        // per sub-problem and deep stacks alike.
+        let batch = pack(&subs, 1 << 14)?;
+        let got = self.count(&batch)?;
+        compare_with_reference(&subs, &got)
+    }
+}
+
+/// Compares per-sub-problem results with nq-core's depth-first reference.
+pub(crate) fn compare_with_reference(
+    subs: &[nq_core::split::SubProblem],
+    got: &[CountStats],
+) -> Result<()> {
+    let never = AtomicBool::new(false);
+    for (sub, got) in subs.iter().zip(got) {
+        let want = search::count_masked_reference(sub.prefix(), &sub.forbidden(), &never)
+            .expect("never stopped");
+        if *got != want {
+            return Err(Error::SelfTest {
+                subproblem: format!("{:?}", sub.prefix()),
+                got: got.count,
+                got_nodes: got.nodes,
+                want: want.count,
+                want_nodes: want.nodes,
+            });
+        }
+    }
+    if got.len() != subs.len() {
+        return Err(Error::ResultLength {
+            got: got.len(),
+            want: subs.len(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_names_parse_and_devices_map_forward_only() {
+        for a in [
+            Arch::Compute80,
+            Arch::Compute89,
+            Arch::Compute90,
+            Arch::Compute120,
+        ] {
+            assert_eq!(Arch::parse(a.name()), Some(a));
+        }
+        assert_eq!(Arch::parse("sm_90"), Some(Arch::Compute90));
+        assert_eq!(Arch::parse("75"), None);
+        assert_eq!(Arch::for_device(9, 0), Arch::Compute90);
+        assert_eq!(Arch::for_device(10, 0), Arch::Compute90);
+        assert_eq!(Arch::for_device(8, 6), Arch::Compute80);
+        assert_eq!(Arch::for_device(12, 0), Arch::Compute120);
+    }
+
+    /// On a machine without a driver (CI, this project's build machines)
+    /// opening a GPU is an error naming the driver, never a panic.
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        if libraries().driver {
+            return; // a GPU host: covered by the self-test instead
+        }
+        let e = Gpu::open(0).unwrap_err();
+        assert!(matches!(e, Error::NoDriver), "{e}");
+        assert!(e.to_string().contains("libcuda.so.1"), "{e}");
+    }
+
+    #[test]
+    fn the_reference_comparison_names_the_first_difference() {
+        let subs = split(Board::new(8).unwrap(), SplitSpec::BORDER);
+        let never = AtomicBool::new(false);
+        let mut got: Vec<CountStats> = subs
+            .iter()
+            .map(|s| {
+                search::count_masked_reference(s.prefix(), &s.forbidden(), &never)
+                    .unwrap()
+            })
+            .collect();
+        compare_with_reference(&subs, &got).unwrap();
+        got[1].count += 1;
+        let e = compare_with_reference(&subs, &got).unwrap_err().to_string();
+        assert!(e.contains(&format!("{:?}", subs[1].prefix())), "{e}");
+    }
+}

@@ -1,0 +1,482 @@
+//! Buffer packing: sub-problems into the kernel's tables and tasks, and the
+//! kernel's per-task results back into per-sub-problem counts.
+//!
+//! Plain functions with no GPU in sight, so that the tests run the kernel's
+//! host build (`crate::host`) on exactly the buffers the GPU gets.
+//!
+//! # The buffers (see the layout comment in `kernel/count.cu`)
+//!
+//! * One *table* per sub-problem, [`TABLE_WORDS`] words: the rows its search
+//!   may use, its number of free columns, and per free column the shift from
+//!   the previous free column and the rows the prefix and the border split's
+//!   strict lines block. This is nq-core's own plan of a masked count,
+//!   rebuilt here from the public [`SubProblem::prefix`] and
+//!   [`SubProblem::forbidden`].
+//! * One or more *tasks* per sub-problem, [`TASK_WORDS`] words: a node of its
+//!   search tree. The host expands the first levels of each sub-problem's tree
+//!   itself, so that a launch has enough tasks to fill a GPU even when a job
+//!   has few sub-problems, and so that no task leaves more than
+//!   [`MAX_TASK_COLUMNS`] free columns below it.
+//!
+//! # Exactness
+//!
+//! The tasks of a sub-problem partition its completions: each completion
+//! passes through exactly one node at the expansion depth, and nodes whose
+//! next column has no free row are dropped only because they have no
+//! completion. A task below at most 20 free columns has at most `20! < 2^64`
+//! completions and fewer than `e·20! < 2^64` nodes, so the kernel's `u64`
+//! counters cannot wrap; [`Batch::fold`] sums them into `u128` with checked
+//! adds.
+
+use nq_core::board::{Board, MAX_N};
+use nq_core::search::CountStats;
+use nq_core::split::SubProblem;
+
+use crate::{Error, Result};
+
+/// Words per table; `NQ_TABLE_WORDS` in the kernel.
+pub const TABLE_WORDS: usize = 66;
+/// Words per task; `NQ_TASK_WORDS` in the kernel.
+pub const TASK_WORDS: usize = 6;
+/// The most free columns a task leaves below it, which bounds its count by
+/// `20! < 2^64`.
+pub const MAX_TASK_COLUMNS: usize = 20;
+/// The deepest expansion [`pack`] does to reach `min_tasks` (beyond what
+/// [`MAX_TASK_COLUMNS`] demands): each level multiplies the tasks by about
+/// N/3, so four levels turn even one sub-problem into thousands.
+const MAX_HOST_DEPTH: usize = 4;
+
+const MAX: usize = MAX_N as usize;
+
+/// A sub-problem's search, as the kernel reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Table {
+    /// Rows not used by the prefix.
+    full: u32,
+    /// Free columns.
+    free: usize,
+    /// `shift[j]`: columns from free column `j - 1` to free column `j`.
+    shift: [u32; MAX],
+    /// `blocked[j]`: rows of free column `j` the prefix attacks or the split
+    /// forbids.
+    blocked: [u32; MAX],
+}
+
+impl Table {
+    /// The plan of nq-core's masked count (`search::count_masked`), built the
+    /// same way: the prefix's rows leave `full`, and the squares its queens
+    /// attack and the forbidden squares are folded into `blocked`.
+    fn of(sub: &SubProblem) -> Table {
+        let prefix = sub.prefix();
+        let forbidden = sub.forbidden();
+        let n = prefix.board().n();
+        let full = prefix.board().full_mask() & !prefix.used_rows();
+        let mut t = Table {
+            full,
+            free: 0,
+            shift: [0; MAX],
+            blocked: [0; MAX],
+        };
+        let mut prev = 0u8;
+        for x in (0..n).filter(|&x| prefix.get(x).is_none()) {
+            let mut blocked = forbidden[usize::from(x)];
+            for (c, r) in prefix.queens() {
+                // A queen at (c, r) attacks rows r ± d in the column d away.
+                let d = c.abs_diff(x);
+                if u32::from(r) + u32::from(d) < u32::from(n) {
+                    blocked |= 1 << (r + d);
+                }
+                if r >= d {
+                    blocked |= 1 << (r - d);
+                }
+            }
+            t.shift[t.free] = u32::from(x - prev);
+            t.blocked[t.free] = blocked & full;
+            prev = x;
+            t.free += 1;
+        }
+        t
+    }
+
+    fn write(&self, out: &mut Vec<u32>) {
+        out.push(self.full);
+        out.push(u32::try_from(self.free).expect("at most 32 columns"));
+        out.extend_from_slice(&self.shift);
+        out.extend_from_slice(&self.blocked);
+    }
+
+    /// The root of the search: the first free column's free rows.
+    fn root(&self) -> Node {
+        Node {
+            level: 0,
+            rem: if self.free == 0 {
+                0
+            } else {
+                self.full & !self.blocked[0]
+            },
+            used: 0,
+            up: 0,
+            down: 0,
+        }
+    }
+
+    /// True when a node at `level` may be expanded on the host: its children
+    /// are still searched one queen at a time by the kernel (the last two
+    /// columns are always the kernel's closed form).
+    fn expandable(&self, level: usize) -> bool {
+        level + 4 <= self.free
+    }
+
+    /// Calls `f` on each child of `node` that has a free row in its column,
+    /// and returns the queens placed (the nodes of `node`'s column).
+    fn children(&self, node: &Node, f: &mut dyn FnMut(Node)) -> u64 {
+        let mut rem = node.rem;
+        let mut placed = 0;
+        let next = node.level + 1;
+        while rem != 0 {
+            // The lowest candidate row; `x & -x` isolates it.
+            let bit = rem & rem.wrapping_neg();
+            rem ^= bit;
+            placed += 1;
+            let used = node.used | bit;
+            let s = self.shift[next];
+            let (up, down) = ((node.up | bit) << s, (node.down | bit) >> s);
+            let free = self.full & !(used | up | down | self.blocked[next]);
+            if free != 0 {
+                f(Node {
+                    level: next,
+                    rem: free,
+                    used,
+                    up,
+                    down,
+                });
+            }
+        }
+        placed
+    }
+}
+
+/// A node of a search: the kernel's task state.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    level: usize,
+    rem: u32,
+    used: u32,
+    up: u32,
+    down: u32,
+}
+
+/// The kernel's input for a list of sub-problems, and what is needed to fold
+/// its output back. Build it with [`pack`].
+#[derive(Clone, Debug)]
+pub struct Batch {
+    /// The board every sub-problem is on.
+    board: Board,
+    /// [`TABLE_WORDS`] words per sub-problem, in the order given to [`pack`].
+    tables: Vec<u32>,
+    /// [`TASK_WORDS`] words per task; a sub-problem's tasks are contiguous.
+    tasks: Vec<u32>,
+    /// Sub-problem `i` owns tasks `starts[i]..starts[i + 1]`.
+    starts: Vec<usize>,
+    /// Nodes placed by the host's expansion, per sub-problem.
+    host_nodes: Vec<u64>,
+}
+
+impl Batch {
+    /// The board of the sub-problems.
+    pub fn board(&self) -> Board {
+        self.board
+    }
+
+    /// The tables, for the kernel's `tables` argument.
+    pub fn tables(&self) -> &[u32] {
+        &self.tables
+    }
+
+    /// The tasks, for the kernel's `tasks` argument.
+    pub fn tasks(&self) -> &[u32] {
+        &self.tasks
+    }
+
+    /// The number of tasks, for the kernel's `task_count` argument.
+    pub fn task_count(&self) -> u32 {
+        u32::try_from(self.tasks.len() / TASK_WORDS).expect("checked by pack")
+    }
+
+    /// The number of sub-problems.
+    pub fn subproblems(&self) -> usize {
+        self.host_nodes.len()
+    }
+
+    /// Folds the kernel's per-task `counts` and `nodes` into one
+    /// [`CountStats`] per sub-problem, in the order given to [`pack`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ResultLength`] when a slice does not have one entry per task,
+    /// [`Error::Overflow`] if a sum would not fit (no correct result does).
+    pub fn fold(&self, counts: &[u64], nodes: &[u64]) -> Result<Vec<CountStats>> {
+        let tasks = self.tasks.len() / TASK_WORDS;
+        for got in [counts.len(), nodes.len()] {
+            if got != tasks {
+                return Err(Error::ResultLength { got, want: tasks });
+            }
+        }
+        let mut out = Vec::with_capacity(self.subproblems());
+        for (i, w) in self.starts.windows(2).enumerate() {
+            let mut stats = CountStats {
+                count: 0,
+                nodes: self.host_nodes[i],
+            };
+            for t in w[0]..w[1] {
+                stats.count = stats
+                    .count
+                    .checked_add(u128::from(counts[t]))
+                    .ok_or(Error::Overflow)?;
+                stats.nodes = stats.nodes.checked_add(nodes[t]).ok_or(Error::Overflow)?;
+            }
+            out.push(stats);
+        }
+        Ok(out)
+    }
+}
+
+/// Packs `subs` into the kernel's buffers, expanding the first levels of
+/// their searches on the host until there are at least `min_tasks` tasks (or
+/// [`MAX_HOST_DEPTH`] levels), and always far enough that no task leaves more
+/// than [`MAX_TASK_COLUMNS`] free columns.
+///
+/// # Errors
+///
+/// [`Error::MixedBoards`] when the sub-problems are not all on one board,
+/// [`Error::TooManyTasks`] when the tasks would not fit the kernel's 32-bit
+/// task counter.
+pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
+    let board = match subs.first() {
+        Some(s) => s.prefix().board(),
+        None => Board::new(1).expect("a valid board size"),
+    };
+    if let Some(other) = subs.iter().find(|s| s.prefix().board() != board) {
+        return Err(Error::MixedBoards {
+            first: board.n(),
+            other: other.prefix().board().n(),
+        });
+    }
+    let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+    let mut depth = 0;
+    while depth < MAX_HOST_DEPTH && count_tasks(&tables, depth) < min_tasks {
+        depth += 1;
+    }
+    let mut batch = Batch {
+        board,
+        tables: Vec::with_capacity(tables.len() * TABLE_WORDS),
+        tasks: vec![],
+        starts: vec![0],
+        host_nodes: Vec::with_capacity(tables.len()),
+    };
+    for (i, table) in tables.iter().enumerate() {
+        table.write(&mut batch.tables);
+        let index =
+            u32::try_from(i).map_err(|_| Error::TooManyTasks { tasks: subs.len() })?;
+        let mut nodes = 0;
+        let target = target_level(table, depth);
+        expand(table, table.root(), target, &mut nodes, &mut |node| {
+            batch.tasks.extend_from_slice(&[
+                index,
+                u32::try_from(node.level).expect("at most 32 columns"),
+                node.rem,
+                node.used,
+                node.up,
+                node.down,
+            ]);
+        });
+        batch.host_nodes.push(nodes);
+        batch.starts.push(batch.tasks.len() / TASK_WORDS);
+    }
+    let tasks = batch.tasks.len() / TASK_WORDS;
+    if u32::try_from(tasks).is_err() {
+        return Err(Error::TooManyTasks { tasks });
+    }
+    Ok(batch)
+}
+
+/// The level a sub-problem's tasks start at: `depth`, or deeper when that
+/// would leave more than [`MAX_TASK_COLUMNS`] free columns below a task.
+fn target_level(table: &Table, depth: usize) -> usize {
+    depth.max(table.free.saturating_sub(MAX_TASK_COLUMNS))
+}
+
+/// Emits the nodes of `node`'s subtree at level `target` (or the deepest
+/// level the host expands), adding the queens placed on the way to `nodes`.
+fn expand(
+    table: &Table,
+    node: Node,
+    target: usize,
+    nodes: &mut u64,
+    emit: &mut dyn FnMut(Node),
+) {
+    if node.level >= target || !table.expandable(node.level) {
+        return emit(node);
+    }
+    let mut children = vec![];
+    *nodes += table.children(&node, &mut |c| children.push(c));
+    for child in children {
+        expand(table, child, target, nodes, emit);
+    }
+}
+
+/// The number of tasks [`pack`] would make at expansion depth `depth`.
+fn count_tasks(tables: &[Table], depth: usize) -> usize {
+    let mut tasks = 0;
+    let mut nodes = 0;
+    for table in tables {
+        expand(
+            table,
+            table.root(),
+            target_level(table, depth),
+            &mut nodes,
+            &mut |_| tasks += 1,
+        );
+    }
+    tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use nq_core::search;
+    use nq_core::split::{SplitSpec, split};
+
+    use super::*;
+
+    /// The tables rebuild nq-core's plan: a depth-first count over a table (a
+    /// plain recursive walk here, independent of the kernel) gives nq-core's
+    /// reference count and nodes for every sub-problem.
+    #[test]
+    fn tables_and_expansion_reproduce_the_reference_counts() {
+        let never = AtomicBool::new(false);
+        for n in 4..=11u64 {
+            let board = Board::new(n).unwrap();
+            for extra in 0..=2 {
+                let subs = split(board, SplitSpec::border(extra).unwrap());
+                for min_tasks in [0, 1 << 12] {
+                    let batch = pack(&subs, min_tasks).unwrap();
+                    let (counts, nodes) = walk_batch(&batch);
+                    let got = batch.fold(&counts, &nodes).unwrap();
+                    for (sub, got) in subs.iter().zip(got) {
+                        let want = search::count_masked_reference(
+                            sub.prefix(),
+                            &sub.forbidden(),
+                            &never,
+                        )
+                        .unwrap();
+                        assert_eq!(got, want, "n={n} extra={extra} {:?}", sub.prefix());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn expansion_reaches_the_asked_tasks_and_bounds_each_task() {
+        let board = Board::new(16).unwrap();
+        let subs = split(board, SplitSpec::BORDER);
+        let few = pack(&subs, 0).unwrap();
+        let many = pack(&subs, 100_000).unwrap();
+        assert_eq!(few.task_count() as usize, subs.len());
+        assert!(many.task_count() >= 100_000, "{}", many.task_count());
+        // N = 24 leaves 23 free columns after the column-0 queen: the host
+        // must place at least three more before a task is small enough.
+        let subs = split(Board::new(24).unwrap(), SplitSpec::BORDER);
+        let b = pack(&subs[..3], 0).unwrap();
+        for task in b.tasks().chunks(TASK_WORDS) {
+            let table = &b.tables()[task[0] as usize * TABLE_WORDS..];
+            let free = table[1] as usize;
+            assert!(free - task[1] as usize <= MAX_TASK_COLUMNS);
+        }
+    }
+
+    #[test]
+    fn bad_batches_are_refused_by_name() {
+        let a = split(Board::new(6).unwrap(), SplitSpec::BORDER);
+        let b = split(Board::new(7).unwrap(), SplitSpec::BORDER);
+        let mixed = [a[0], b[0]];
+        let e = pack(&mixed, 0).unwrap_err().to_string();
+        assert!(e.contains('6') && e.contains('7'), "{e}");
+        let batch = pack(&a, 0).unwrap();
+        let e = batch.fold(&[], &[]).unwrap_err().to_string();
+        assert!(e.contains("results"), "{e}");
+        let tasks = batch.task_count() as usize;
+        let e = batch
+            .fold(&vec![u64::MAX; tasks], &vec![0; tasks])
+            .map(|v| v.len())
+            .unwrap();
+        assert_eq!(e, a.len(), "u64::MAX per task still folds into u128");
+    }
+
+    /// Counts every task by a plain recursive search over its table.
+    fn walk_batch(batch: &Batch) -> (Vec<u64>, Vec<u64>) {
+        let mut counts = vec![];
+        let mut nodes = vec![];
+        for task in batch.tasks().chunks(TASK_WORDS) {
+            let t = &batch.tables()[task[0] as usize * TABLE_WORDS..][..TABLE_WORDS];
+            let table = Table {
+                full: t[0],
+                free: t[1] as usize,
+                shift: t[2..34].try_into().unwrap(),
+                blocked: t[34..66].try_into().unwrap(),
+            };
+            let node = Node {
+                level: task[1] as usize,
+                rem: task[2],
+                used: task[3],
+                up: task[4],
+                down: task[5],
+            };
+            let (c, k) = walk(&table, node);
+            counts.push(c);
+            nodes.push(k);
+        }
+        (counts, nodes)
+    }
+
+    /// (completions, nodes) below `node`: a queen in each column to the last,
+    /// nodes counted in every free column but the last two.
+    fn walk(table: &Table, node: Node) -> (u64, u64) {
+        if table.free == 0 {
+            return (1, 0);
+        }
+        if node.level + 1 == table.free {
+            return (node.rem.count_ones().into(), 0);
+        }
+        let mut count = 0;
+        let mut nodes = 0;
+        let mut rem = node.rem;
+        while rem != 0 {
+            let bit = rem & rem.wrapping_neg();
+            rem ^= bit;
+            if node.level + 2 < table.free {
+                nodes += 1;
+            }
+            let next = node.level + 1;
+            let s = table.shift[next];
+            let child = Node {
+                level: next,
+                rem: table.full
+                    & !(node.used
+                        | bit
+                        | (node.up | bit) << s
+                        | (node.down | bit) >> s
+                        | table.blocked[next]),
+                used: node.used | bit,
+                up: (node.up | bit) << s,
+                down: (node.down | bit) >> s,
+            };
+            let (c, k) = walk(table, child);
+            count += c;
+            nodes += k;
+        }
+        (count, nodes)
+    }
+}
