@@ -69,6 +69,7 @@ fn the_core_keeps_its_invariants_in_seeded_scenarios() {
             "{stats:?}"
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
+        assert!(stats.probation_claims > 0, "{stats:?}");
         assert_rare_divergence(&stats);
     }
 }
@@ -122,6 +123,9 @@ enum Honesty {
     Honest,
     /// Lies at random, with this chance in percent per report.
     RandomLiar(u32),
+    /// Lies on every report, never as another liar does (the liar of
+    /// probation's claim).
+    AlwaysLiar,
     /// Reports the lie of its group (shared by its colluders) with this
     /// chance in percent per report.
     Colluder {
@@ -347,6 +351,8 @@ struct Sim {
     granted: HashMap<LeaseId, (WorkerId, JobId)>,
     /// The run completed and the coordinator stopped: nothing more happens.
     finished: bool,
+    /// Probation's claim is checked (every liar an `AlwaysLiar`).
+    claim: bool,
     /// `NQ_SIM_DEBUG` is set: log the steps, dump the model on a failure.
     debug: bool,
     stats: Stats,
@@ -387,6 +393,17 @@ impl Sim {
                 tasks: Vec::new(),
             });
         }
+        // Probation's claim: liars that lie on every result, each its own
+        // lie, joining whenever they lease, never change the total while
+        // the honest identities are the majority.
+        let claim = policy.probation() > 0 && rng.random_range(0..4) == 0;
+        if claim {
+            for w in &mut workers {
+                if w.honesty != Honesty::Honest {
+                    w.honesty = Honesty::AlwaysLiar;
+                }
+            }
+        }
         let start = Instant::now();
         let sched = Scheduler::new(works.clone(), 1, TTL, policy.clone());
         Sim {
@@ -402,6 +419,7 @@ impl Sim {
             workers,
             granted: HashMap::new(),
             finished: false,
+            claim,
             debug: std::env::var("NQ_SIM_DEBUG").is_ok(),
             stats: Stats::default(),
             works,
@@ -536,6 +554,9 @@ impl Sim {
                     let i = self.rng.random_range(0..subs);
                     counts[i].count += self.rng.random_range(1..=5);
                 }
+            }
+            Honesty::AlwaysLiar => {
+                counts[0].count += 1000 * (w as u128 + 1) + self.rng.random_range(0..5);
             }
             Honesty::Colluder { group, percent } => {
                 if self.rng.random_range(0..100) < percent {
@@ -1088,10 +1109,28 @@ impl Sim {
                 outnumbered = false;
             }
         }
-        // Once probation lands, a stronger claim holds and belongs here: a
-        // liar that lies on every result never leaves probation, so when
-        // the honest identities outnumber such liars the total is the truth
-        // with no condition on which jobs were disputed.
+        // Probation's claim: a liar that lies on every result never leaves
+        // probation, so each of its results needs a second vote; when the
+        // honest identities are the majority, the total is the truth with
+        // no condition on which jobs were disputed (unless the run ended
+        // unchecked: no second machine could check some jobs).
+        let honest = self
+            .workers
+            .iter()
+            .filter(|w| w.honesty == Honesty::Honest)
+            .count();
+        if self.claim
+            && honest * 2 > self.workers.len()
+            && self.core.sched.jobs_unchecked() == 0
+        {
+            self.stats.probation_claims += 1;
+            if self.core.sched.tally().total != truth {
+                return Err(self.dump(format!(
+                    "probation: the run completed with {} but the truth is {truth}, with liars on every result and an honest majority",
+                    self.core.sched.tally().total
+                )));
+            }
+        }
         if outnumbered {
             self.stats.truth_checked += 1;
             if self.core.sched.tally().total != truth {

@@ -117,6 +117,8 @@ pub(crate) struct Stats {
     /// Restores whose probation state differed (a known divergence, see
     /// `core::Restored`).
     pub(crate) probation_divergences: u64,
+    /// Completed runs where probation's claim was checked.
+    pub(crate) probation_claims: u64,
 }
 
 impl Stats {
@@ -134,6 +136,7 @@ impl Stats {
         self.standing_divergences += o.standing_divergences;
         self.finished_divergences += o.finished_divergences;
         self.probation_divergences += o.probation_divergences;
+        self.probation_claims += o.probation_claims;
     }
 }
 
