@@ -49,6 +49,9 @@
 //!   `report.json`.
 //! * [`audit`] and [`export`]: offline tools over a data directory.
 //! * [`error`]: the crate's one error type.
+//! * `sim` (tests only): seeded simulations of the core and of the engine
+//!   over a real store, with lying, late and vanishing workers and crashes,
+//!   checked against the ledger's invariants after every step.
 //!
 //! Data flows one way: `plan` → store → `engine` (with `core` deciding) ←
 //! `adapters`.
@@ -69,6 +72,8 @@ pub mod report;
 mod restore;
 mod run;
 mod setup;
+#[cfg(test)]
+mod sim;
 
 pub use crate::adapters::grpc as service;
 pub use crate::core::status::Progress;

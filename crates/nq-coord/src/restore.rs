@@ -13,17 +13,26 @@
 //!    again from its counts must equal the stored one, or the store is
 //!    damaged) and every job judged again with those reputations
 //!    ([`ledger::judge_restored`]): settled, or queued for another copy.
+//!    Where the reputations found now overturn a Done record, the record
+//!    moves to the copy that counts (written and flushed before serving),
+//!    so that the store and the totals agree.
+//!
+//! The judging is [`restore_from`], over plain [`ScannedJob`] values, so
+//! that the simulation restores its model of the store exactly as here.
 
 use nq_core::split::Tally;
 use nq_proto::convert::RunShape;
-use nq_store::{DuplicateKind, Scan, ScannedJob, Store, StoredResult};
+use nq_store::{
+    CommitBatch, DuplicateKind, JobState, Scan, ScannedJob, Store, StoredResult,
+};
 
-use crate::core::ledger;
+use crate::core::ledger::{self, Write};
 use crate::core::scheduler::Scheduler;
 use crate::engine::subproblems_in;
 use crate::error::{Error, Result};
 
-/// Restores `sched` from the copies in `store`, a run of `shape`.
+/// Restores `sched` from the copies in `store`, a run of `shape`: the I/O
+/// around [`restore_from`], which does the judging.
 ///
 /// # Errors
 ///
@@ -34,9 +43,72 @@ pub(crate) fn restore(
     shape: &RunShape,
     sched: &mut Scheduler,
 ) -> Result<()> {
+    let writes = restore_from(
+        sched,
+        |scan| store.scan_jobs(scan),
+        |entry| check(store, shape, entry),
+        shape.solutions,
+    )?;
+    if !writes.is_empty() {
+        let mut batch = CommitBatch::new();
+        for w in writes {
+            match w {
+                Write::First {
+                    job,
+                    result,
+                    attempts,
+                } => batch.result(job, result, attempts),
+                Write::Replace {
+                    job,
+                    result,
+                    attempts,
+                } => batch.replace_result(job, result, attempts),
+                Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
+            }
+        }
+        store.apply(batch)?;
+        store.flush()?;
+    }
+    Ok(())
+}
+
+/// What restore learns of a done job beyond its copies, from its stored
+/// definition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Checked {
+    /// The job's estimated work.
+    pub(crate) work: u64,
+    /// Solutions mode: true when the stored solutions are all the Done
+    /// record's (always true otherwise).
+    pub(crate) stored: bool,
+}
+
+/// Restores `sched` from the jobs that `scan` yields, in job order, with
+/// the three passes of the module doc, and returns the writes that move
+/// Done records to the copies that count now (see
+/// [`ledger::judge_restored`]), for the caller to make durable. `check` checks a done job's copies
+/// against its definition (the store's damage checks) and says what restore
+/// needs of it. The judging is all here, over plain [`ScannedJob`] values,
+/// so that a model of the store (the simulation) restores exactly as the
+/// coordinator does.
+///
+/// # Errors
+///
+/// What `scan` and `check` return; [`Error::Inconsistent`] if the totals
+/// overflow.
+pub(crate) fn restore_from<I>(
+    sched: &mut Scheduler,
+    mut scan: impl FnMut(Scan) -> I,
+    mut check: impl FnMut(&ScannedJob) -> Result<Checked>,
+    solutions_mode: bool,
+) -> Result<Vec<Write>>
+where
+    I: Iterator<Item = nq_store::Result<ScannedJob>>,
+{
     let (mut confirmations, mut conflicts) = (0, 0);
+    let mut writes = Vec::new();
     let mut machines: Vec<String> = Vec::new();
-    for entry in store.scan_jobs(Scan::Done) {
+    for entry in scan(Scan::Done) {
         let entry = entry?;
         for d in &entry.duplicates {
             match d.kind {
@@ -70,35 +142,46 @@ pub(crate) fn restore(
     // The selection as the previous session left it: two machines at work if
     // the stored copies came from two.
     sched.restore_two_machines(machines.len() >= 2);
-    for entry in store.scan_jobs(Scan::Every) {
+    for entry in scan(Scan::Every) {
         let entry = entry?;
         if entry.is_done() {
-            judge(store, shape, sched, entry)?;
+            let checked = check(&entry)?;
+            let (job, attempts) = (entry.job, entry.record.attempts);
+            let (settlement, moved) = ledger::judge_restored(
+                sched,
+                job,
+                entry.into_copies(),
+                (attempts, checked.work),
+                checked.stored,
+                solutions_mode,
+            );
+            sched.settle(&settlement, false)?;
+            writes.extend(moved);
         } else {
             // The leased jobs of the last session are pending again.
             sched.restore_attempts(entry.job, entry.record.attempts);
         }
     }
-    Ok(())
+    Ok(writes)
 }
 
-/// Checks a done job's copies against its definition and judges it.
-fn judge(
-    store: &Store,
-    shape: &RunShape,
-    sched: &mut Scheduler,
-    entry: ScannedJob,
-) -> Result<()> {
+/// Checks a done job's copies against its stored definition: every tally
+/// derived again from its counts, and in solutions mode the stored
+/// solutions counted.
+fn check(store: &Store, shape: &RunShape, entry: &ScannedJob) -> Result<Checked> {
     let job = entry.job;
-    let attempts = entry.record.attempts;
     let definition = entry
         .definition
-        .clone()
+        .as_ref()
         .ok_or(Error::DamagedResult { job })?;
     let work = definition.work();
-    let subs = subproblems_in(&definition, shape, job)?;
-    let copies = entry.into_copies();
-    for c in &copies {
+    let subs = subproblems_in(definition, shape, job)?;
+    let JobState::Done(recorded) = &entry.record.state else {
+        return Err(Error::DamagedResult { job });
+    };
+    let copies =
+        std::iter::once(&**recorded).chain(entry.duplicates.iter().map(|d| &d.result));
+    for c in copies {
         check_tally(&subs, c).map_err(|()| Error::DamagedResult { job })?;
     }
     // Solutions mode: the stored solutions must be the recorded copy's.
@@ -108,20 +191,11 @@ fn judge(
         for batch in store.job_solutions(job) {
             rows += (batch?.rows.len() / n) as u64;
         }
-        rows == copies[0].solutions
+        rows == recorded.solutions
     } else {
         true
     };
-    let settlement = ledger::judge_restored(
-        sched,
-        job,
-        copies,
-        (attempts, work),
-        stored,
-        shape.solutions,
-    );
-    sched.settle(&settlement, false)?;
-    Ok(())
+    Ok(Checked { work, stored })
 }
 
 /// A stored copy's tally must be what its counts add up to, over every

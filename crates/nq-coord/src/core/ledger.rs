@@ -501,10 +501,13 @@ pub(crate) fn records_in(
 }
 
 /// Restore: judges a done job's stored `copies` (the Done record's first)
-/// with the reputations as they stand, and returns the settlement to apply.
-/// `stored` says whether the Done record's solutions are all stored
-/// (solutions mode). Losses and confirmations are not charged again:
-/// [`records_in`] found them.
+/// with the reputations as they stand, and returns the settlement to apply
+/// and the writes to make. The writes are not empty when the restored
+/// reputations overturn the Done record (they can differ from those it was
+/// recorded under): the record must then move to the counted copy, or the
+/// store and the totals disagree. `stored` says whether the Done record's
+/// solutions are all stored (solutions mode). Losses and confirmations are
+/// not charged again: [`records_in`] found them.
 pub(crate) fn judge_restored(
     sched: &mut Scheduler,
     job: JobId,
@@ -512,7 +515,7 @@ pub(crate) fn judge_restored(
     (attempts, work): (u32, u64),
     stored: bool,
     solutions_mode: bool,
-) -> Settlement {
+) -> (Settlement, Vec<Write>) {
     let mut jc = JobCopies {
         copies,
         done: Some(0),
@@ -525,7 +528,7 @@ pub(crate) fn judge_restored(
     let mut d = decide(sched, job, &mut jc, None, solutions_mode);
     d.settlement.losers.clear();
     d.settlement.confirmed.clear();
-    d.settlement
+    (d.settlement, d.writes)
 }
 
 #[cfg(test)]
@@ -609,7 +612,7 @@ mod tests {
             let id = s.intern(name);
             assert!(s.identities().lost(id) > 0, "{name} lost on restore");
         }
-        judge_restored(&mut s, JOB, copies, (1, 5), true, false)
+        judge_restored(&mut s, JOB, copies, (1, 5), true, false).0
     }
 
     fn stored_copies(writes: &[Write], before: Vec<StoredResult>) -> Vec<StoredResult> {
@@ -782,9 +785,36 @@ mod tests {
         let id = r.intern("bad@127.0.0.1");
         r.restore_loss(id);
         r.restore_loss(id);
-        let st = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        let (st, _) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
         assert_eq!(st.counted, Some(good.result.tally));
+    }
+
+    #[test]
+    fn a_restore_that_overturns_the_record_moves_it_to_the_counted_copy() {
+        // Live, "bad" was in good standing when its copy became the record;
+        // the restore finds its ban, so the other copy counts, and the
+        // record must follow, or the next copy of the job would take back a
+        // tally that was never counted.
+        let bad = copy("bad@127.0.0.1", 9);
+        let good = copy("good@127.0.0.1", 3);
+        let mut r = sched(0.0);
+        let id = r.intern("bad@127.0.0.1");
+        r.restore_loss(id);
+        r.restore_loss(id);
+        let copies = vec![bad.result.clone(), good.result.clone()];
+        let (st, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        assert!(st.settled);
+        assert_eq!(st.counted, Some(good.result.tally));
+        assert!(
+            matches!(&writes[0], Write::Replace { result, .. } if *result == good.result),
+            "{writes:?}"
+        );
+        // Nothing moves when the record stands.
+        let mut r = sched(0.0);
+        let copies = vec![good.result.clone(), good.result.clone()];
+        let (_, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        assert!(writes.is_empty());
     }
 
     #[test]
@@ -827,7 +857,7 @@ mod tests {
         let mut r = sched(0.0);
         let id = r.intern("sus@127.0.0.1");
         r.restore_loss(id);
-        let st = judge_restored(
+        let (st, _) = judge_restored(
             &mut r,
             JOB,
             vec![copy("sus@127.0.0.1", 3).result],
