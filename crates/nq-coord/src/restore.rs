@@ -28,6 +28,7 @@ use nq_store::{
 
 use crate::core::ledger::{self, Write};
 use crate::core::scheduler::Scheduler;
+use crate::engine::commit::add_writes;
 use crate::engine::subproblems_in;
 use crate::error::{Error, Result};
 
@@ -51,21 +52,7 @@ pub(crate) fn restore(
     )?;
     if !writes.is_empty() {
         let mut batch = CommitBatch::new();
-        for w in writes {
-            match w {
-                Write::First {
-                    job,
-                    result,
-                    attempts,
-                } => batch.result(job, result, attempts),
-                Write::Replace {
-                    job,
-                    result,
-                    attempts,
-                } => batch.replace_result(job, result, attempts),
-                Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
-            }
-        }
+        add_writes(&mut batch, writes);
         store.apply(batch)?;
         store.flush()?;
     }

@@ -38,9 +38,10 @@ use tracing::{debug, error, info, instrument, warn};
 use crate::adapters::in_flight::InFlight;
 use crate::adapters::security::{self, Admission, CallerCheck};
 use crate::core::lease::{LeaseId, WorkerId};
+use crate::core::ledger::Verified;
 use crate::core::scheduler::Outcome;
 use crate::engine::solutions::SolutionWriter;
-use crate::engine::{Admitted, Definition, Engine, Submission, blocking};
+use crate::engine::{Admitted, Engine, Submission, blocking};
 use crate::error::{Error, ReportFault};
 
 /// How long an idle worker waits before asking again, at most.
@@ -62,18 +63,19 @@ impl CoordinatorService {
     }
 
     /// The stages of one `ReportBatch` item before its commit: admission
-    /// under the call's worker and run ids, and the job's definition.
+    /// under the call's worker and run ids, the job's definition, and the
+    /// check of its counts ([`Engine::check`]).
     ///
     /// # Errors
     ///
-    /// As [`Engine::admit`] and [`Engine::definition`]; the item is then
-    /// refused alone.
+    /// As [`Engine::admit`], [`Engine::definition`] and [`Engine::check`];
+    /// the item is then refused alone.
     fn batch_item(
         &self,
         worker: &str,
         run: &str,
         item: pb::JobReport,
-    ) -> crate::Result<(Admitted, Definition, pb::JobResult)> {
+    ) -> crate::Result<(Admitted, Verified)> {
         let admitted = self.engine.admit(worker, item.job_id, item.lease_id, run)?;
         let result = item.result.ok_or(Error::BadReport {
             job: admitted.job,
@@ -81,7 +83,10 @@ impl CoordinatorService {
         })?;
         // The caller runs the whole batch off the async threads.
         let definition = self.engine.definition(admitted.job)?;
-        Ok((admitted, definition, result))
+        let verified =
+            self.engine
+                .check(&admitted, &definition, submission(result, None)?)?;
+        Ok((admitted, verified))
     }
 }
 
@@ -302,7 +307,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 .collect()
         });
         for (i, item) in checked.into_iter().enumerate() {
-            let (admitted, definition, result) = match item {
+            let (admitted, verified) = match item {
                 Ok(item) => item,
                 Err(e) => {
                     refused(&e, peer);
@@ -312,11 +317,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             };
             let engine = Arc::clone(&self.engine);
             commits.spawn(async move {
-                let accepted = match submission(result, None) {
-                    Ok(s) => engine.accept(&admitted, &definition, s).await,
-                    Err(e) => Err(e),
-                };
-                (i, accepted)
+                (i, engine.commit_checked(&admitted, verified).await)
             });
         }
         let mut run_complete = false;

@@ -115,8 +115,8 @@ fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
     ))
 }
 
-/// Adds a decision's writes to the group's batch.
-fn add_writes(batch: &mut CommitBatch, writes: Vec<Write>) {
+/// Adds a decision's writes to a batch (the group's, or restore's).
+pub(crate) fn add_writes(batch: &mut CommitBatch, writes: Vec<Write>) {
     for w in writes {
         match w {
             Write::First {

@@ -246,9 +246,9 @@ impl Engine {
     }
 
     /// The one pipeline of every admitted result, remote or local: checks
-    /// its counts against the job's `definition` (see
-    /// [`ledger::check_counts`]), has the commit loop judge it and make it
-    /// durable, then acknowledges it. Returns only once the copy is durable:
+    /// its counts against the job's `definition` ([`Engine::check`]), has
+    /// the commit loop judge it and make it durable, then acknowledges it
+    /// ([`Engine::commit_checked`]). Returns only once the copy is durable:
     /// the answer is the reporter's permission to forget the job.
     ///
     /// # Errors
@@ -261,6 +261,24 @@ impl Engine {
         definition: &Definition,
         submission: Submission<'_>,
     ) -> Result<Accepted> {
+        let verified = self.check(admitted, definition, submission)?;
+        self.commit_checked(admitted, verified).await
+    }
+
+    /// The first half of [`Engine::accept`], synchronous, so that a caller
+    /// with many results (a `ReportBatch`) checks them all in one step off
+    /// the async threads before their commits overlap: the counts checked
+    /// against the job's `definition` (see [`ledger::check_counts`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadReport`] naming the fault.
+    pub(crate) fn check(
+        &self,
+        admitted: &Admitted,
+        definition: &Definition,
+        submission: Submission<'_>,
+    ) -> Result<Verified> {
         let identity = self
             .core()
             .sched
@@ -279,15 +297,29 @@ impl Engine {
             kernel: submission.kernel,
             stored_solutions: submission.writer.is_some_and(SolutionWriter::stores),
         };
-        let verified = ledger::check_counts(
+        ledger::check_counts(
             &self.shape,
             &definition.subs,
             report,
             identity,
             unix_ms(SystemTime::now()),
-        )?;
+        )
+    }
+
+    /// The second half of [`Engine::accept`]: the checked copy judged and
+    /// made durable by the commit loop, then acknowledged.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShuttingDown`] when the commit loop has stopped.
+    pub(crate) async fn commit_checked(
+        &self,
+        admitted: &Admitted,
+        verified: Verified,
+    ) -> Result<Accepted> {
+        let work = verified.work;
         let outcome = self.commit(verified).await?;
-        let run_complete = self.core().acknowledge(&admitted.worker, definition.work);
+        let run_complete = self.core().acknowledge(&admitted.worker, work);
         Ok(Accepted {
             outcome,
             run_complete,
