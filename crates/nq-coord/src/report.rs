@@ -508,6 +508,7 @@ mod tests {
     fn unchecked_jobs_are_no_silent_success() {
         let mut r = report(8, 92, 12);
         r.unchecked = 3;
+        r.audit_digest = None;
         assert_eq!(r.status(), RunStatus::Unchecked);
         assert_eq!(r.status().exit_code(), 6);
         assert_eq!(
