@@ -372,6 +372,11 @@ def run_cluster(jail: Jail, label: str, coord: tuple, workers: list[tuple],
         for i, (cmd, env, wd) in enumerate(workers):
             print(f"  worker {i}: {shown(cmd)}"
                   + (f"  (NQ_THREADS={env['NQ_THREADS']})" if "NQ_THREADS" in env else ""))
+            # Each replica runs in its own container (its own host name) in a
+            # real deployment; here they share one, so they are told apart by
+            # name, or the coordinator would count them as one machine and
+            # end the run unchecked (probation needs a second voice).
+            env = {**env, "NQ_NAME": f"{label.split(':')[0]}-worker-{i}"}
             procs.append(Proc(f"{label} worker {i}", jail.argv(cmd, env, wd)))
         for p in procs[1:]:
             if (rc := p.wait()) != 0:
