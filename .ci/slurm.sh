@@ -382,7 +382,10 @@ scontrol update JobId="$job" StartTime=now
 wait_until "job $job to restart and restore its jobs" 120 \
     has_line "$out" 'restored finished jobs done=[0-9]+ jobs='
 restored=$(first_number "$out" 'restored finished jobs done=[0-9]+')
-[[ $restored == "$done1" ]] || fail "job $job: the first start recorded $done1 finished jobs, the restart restored $restored"
+# At least as many: a restart judges every stored copy again, and a job the
+# live run held for a probation check that its voter no longer needs (it
+# left probation meanwhile) settles on restore. Fewer would be lost work.
+((restored >= done1)) || fail "job $job: the first start recorded $done1 finished jobs, the restart restored $restored"
 has_line "$out" "token: $token_file \(kept from an earlier job" || { on_failure_show; fail "job $job: the restart did not keep the run's token"; }
 say "2. time-limit signal: both workers drained, $done1 jobs done; requeued; restart restored $restored in $((SECONDS - t)) s"
 
@@ -402,7 +405,7 @@ wait_until "job $job2 (N=18, resubmitted) to end" 120 job_ended "$job2"
 out2=$(out_of "$job2")
 has_line "$out2" "resuming run dir=$data" || { on_failure_show; fail "job $job2 did not resume $data"; }
 restored=$(first_number "$out2" 'restored finished jobs done=[0-9]+')
-[[ $restored == "$done2" ]] || fail "job $job2: the cancelled job recorded $done2 finished jobs, the resubmission restored ${restored:-none}"
+((${restored:-0} >= done2)) || fail "job $job2: the cancelled job recorded $done2 finished jobs, the resubmission restored ${restored:-none}"
 check_result "$job2" 18
 say "3. scancel at $done2 jobs done; resubmission $job2 restored $restored and finished in $((SECONDS - t)) s"
 
