@@ -206,7 +206,7 @@ SlurmctldPort=$ctld_port
 SlurmdPort=$d1_port
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$socket
+AuthInfo=socket=$socket,cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$run/state
@@ -377,8 +377,9 @@ done1=${BASH_REMATCH[1]}
 ((done1 > 0)) || fail "job $job: interrupted with no job done"
 drained=$(count_lines "$out" 'drained: every job is reported or handed back')
 [[ $drained == 2 ]] || { on_failure_show; fail "job $job: $drained of 2 workers drained"; }
-# Slurm holds a requeued job for a while (BeginTime); skip the wait.
-scontrol update JobId="$job" StartTime=now
+# Slurm holds a requeued job until its old credential expires (BeginTime,
+# cred_expire + 1 s: 11 s with the cred_expire=10 above). Starting it
+# earlier by hand raced that expiry ("Job credential revoked").
 wait_until "job $job to restart and restore its jobs" 120 \
     has_line "$out" 'restored finished jobs done=[0-9]+ jobs='
 restored=$(first_number "$out" 'restored finished jobs done=[0-9]+')
