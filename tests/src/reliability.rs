@@ -208,6 +208,19 @@ impl Trial {
         let (exact, outcome) = match &result {
             Ok(r) => (true, exact_outcome(r)),
             Err(e) => {
+                // The error's first two lines name the failure; what follows
+                // is usually a process's whole output. They go first, so that
+                // a CI excerpt of the test's output, which keeps its start
+                // and its end, shows what failed.
+                let text = format!("{e:#}");
+                let head: Vec<&str> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .take(2)
+                    .collect();
+                let outcome = format!("FAILED: {}", head.join(" "));
+                eprintln!("{}: {outcome}", self.fault.id);
                 for w in &self.watched {
                     eprintln!("----- last lines of {} -----\n{}", w.name(), w.tail(300));
                 }
@@ -218,16 +231,7 @@ impl Trial {
                         crate::rng::SEED_ENV
                     );
                 }
-                // The error's first two lines name the failure; what follows
-                // is usually a process's whole output.
-                let text = format!("{e:#}");
-                let head: Vec<&str> = text
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .take(2)
-                    .collect();
-                (false, format!("FAILED: {}", head.join(" ")))
+                (false, outcome)
             }
         };
         let dir = rows_dir()?;

@@ -47,7 +47,7 @@
 use std::fmt;
 use std::io::{self, Write};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nq_proto::convert::RunShape;
 use nq_store::{JobState, Scan, Store, StoreOptions};
@@ -186,7 +186,7 @@ pub fn audit_store(
         ban_after: crate::core::quorum::DEFAULT_BAN_AFTER,
     };
     let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
-    restore(store, &shape, &mut sched)?;
+    restore(store, &shape, &mut sched, Instant::now())?;
     let io = |source| Error::Io {
         context: "cannot write the audit".into(),
         source,

@@ -20,6 +20,8 @@
 //! The judging is [`restore_from`], over plain [`ScannedJob`] values, so
 //! that the simulation restores its model of the store exactly as here.
 
+use std::time::Instant;
+
 use nq_core::split::Tally;
 use nq_proto::convert::RunShape;
 use nq_store::{
@@ -43,12 +45,14 @@ pub(crate) fn restore(
     store: &Store,
     shape: &RunShape,
     sched: &mut Scheduler,
+    now: Instant,
 ) -> Result<()> {
     let writes = restore_from(
         sched,
         |scan| store.scan_jobs(scan),
         |entry| check(store, shape, entry),
         shape.solutions,
+        now,
     )?;
     if !writes.is_empty() {
         let mut batch = CommitBatch::new();
@@ -88,6 +92,7 @@ pub(crate) fn restore_from<I>(
     mut scan: impl FnMut(Scan) -> I,
     mut check: impl FnMut(&ScannedJob) -> Result<Checked>,
     solutions_mode: bool,
+    now: Instant,
 ) -> Result<Vec<Write>>
 where
     I: Iterator<Item = nq_store::Result<ScannedJob>>,
@@ -128,7 +133,7 @@ where
     sched.restore_duplicates(confirmations, conflicts);
     // The selection as the previous session left it: two machines at work if
     // the stored copies came from two.
-    sched.restore_two_machines(machines.len() >= 2);
+    sched.restore_two_machines(machines.len() >= 2, now);
     for entry in scan(Scan::Every) {
         let entry = entry?;
         if entry.is_done() {

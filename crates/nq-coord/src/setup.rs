@@ -97,7 +97,7 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         policy(config, &store)?,
     )?;
     // Totals are derived again from the stored counts, never from a cached sum.
-    restore(&store, &shape_of(&manifest), &mut sched)?;
+    restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),
@@ -271,7 +271,7 @@ fn finished_report(
         config.lease_ttl,
         policy(config, store)?,
     );
-    restore(store, &shape_of(m), &mut sched)?;
+    restore(store, &shape_of(m), &mut sched, Instant::now())?;
     // The stored summary is a cached sum too: it must equal the results.
     let derived = sched.tally().total;
     if derived != s.total {

@@ -241,32 +241,49 @@ pub(crate) struct Client {
 /// Whether a report may go out on the connection it is about to use: only
 /// when the lease loop's last successful answer came over that same
 /// connection, and so told which run the coordinator at the other end
-/// serves. Checked when the transport asks for the report's first chunk,
-/// after it has connected; a report held back ends its stream empty, and
-/// its task waits for the lease loop's next answer and checks the run again.
+/// serves, and that run is the report's. Checked when the transport asks for
+/// the report's first chunk, after it has connected; a report held back ends
+/// its stream empty, and its task waits for the lease loop's next answer and
+/// checks the run again.
+///
+/// The run is checked here too, not only by the report's task: the lease
+/// loop aborts an old run's tasks when it registers in a new one, but a task
+/// (or the batcher's call) already running, whose body the transport asks
+/// for a moment later, would otherwise send the old run's result over the
+/// connection the new run's answer has just vouched for.
 #[derive(Clone, Debug)]
 pub(crate) struct ReportGate {
     connections: Arc<AtomicU64>,
     /// The connection the lease loop's last successful answer came over.
     vouched: Arc<AtomicU64>,
+    /// The run the lease loop is registered in now.
+    session: watch::Receiver<Session>,
     /// Set when a report was held back.
     held: Arc<AtomicBool>,
 }
 
 impl ReportGate {
-    /// A gate for the client's connections, vouched for by the lease loop.
-    pub(crate) fn new(client: &Client, vouched: Arc<AtomicU64>) -> ReportGate {
+    /// A gate for the client's connections, vouched for by the lease loop,
+    /// whose registration `session` follows.
+    pub(crate) fn new(
+        client: &Client,
+        vouched: Arc<AtomicU64>,
+        session: watch::Receiver<Session>,
+    ) -> ReportGate {
         ReportGate {
             connections: Arc::clone(&client.connections),
             vouched,
+            session,
             held: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// True when the report may go out now; else marks it held back.
-    fn open(&self) -> bool {
+    /// True when a report of run `run` may go out now; else marks it held
+    /// back.
+    fn open(&self, run: &str) -> bool {
         let open = self.connections.load(Ordering::SeqCst)
-            == self.vouched.load(Ordering::SeqCst);
+            == self.vouched.load(Ordering::SeqCst)
+            && self.session.borrow().run == run;
         if !open {
             self.held.store(true, Ordering::SeqCst);
         }
@@ -436,7 +453,11 @@ impl Client {
             Status::unavailable(format!("the connection is not ready: {e}"))
         })?;
         let gate = gate.clone();
-        let lazy = std::iter::once_with(move || gate.open().then_some(request)).flatten();
+        let lazy = std::iter::once_with(move || {
+            let open = gate.open(&request.run_id);
+            open.then_some(request)
+        })
+        .flatten();
         let mut call = tonic::Request::new(tokio_stream::iter(lazy));
         call.set_timeout(self.timeout);
         let path = tonic::codegen::http::uri::PathAndQuery::from_static(
@@ -806,9 +827,9 @@ pub(crate) async fn report_job(
             // The chunk is produced when the transport asks for it, after it
             // has connected: the gate then knows which connection it goes
             // out on.
-            let gate = ctx.gate.clone();
+            let (gate, run) = (ctx.gate.clone(), ctx.run.clone());
             let lazy =
-                std::iter::once_with(move || gate.open().then_some(chunk)).flatten();
+                std::iter::once_with(move || gate.open(&run).then_some(chunk)).flatten();
             match ctx.client.report(tokio_stream::iter(lazy), true).await {
                 Ok(ack) => Sent::Acked(ack),
                 Err(_) if ctx.gate.was_held() => Sent::Held,
@@ -1010,7 +1031,7 @@ impl Stream for ReportStream {
             return Poll::Ready(None);
         }
         if let Some(gate) = self.gate.take()
-            && !gate.open()
+            && !gate.open(&self.run)
         {
             // Held back: the stream ends before its first chunk.
             return Poll::Ready(None);
@@ -1081,6 +1102,37 @@ mod tests {
             Backoff::new(Duration::from_millis(100), Duration::from_millis(800))
                 .after_failures(2);
         assert!(later.next_delay() >= Duration::from_millis(200));
+    }
+
+    #[test]
+    fn the_gate_opens_only_for_the_vouched_connection_and_the_registered_run() {
+        let session = watch::Sender::new(Session {
+            worker: WorkerId("w1".into()),
+            run: "run-a".into(),
+        });
+        let gate = ReportGate {
+            connections: Arc::new(AtomicU64::new(1)),
+            vouched: Arc::new(AtomicU64::new(1)),
+            session: session.subscribe(),
+            held: Arc::new(AtomicBool::new(false)),
+        };
+        assert!(gate.open("run-a"));
+        assert!(!gate.was_held());
+        // The coordinator went away; the channel opened a new connection
+        // that no answer has vouched for yet.
+        gate.connections.store(2, Ordering::SeqCst);
+        assert!(!gate.open("run-a"));
+        assert!(gate.was_held());
+        // The lease loop registered in another run over it: a report of the
+        // old run (from a task aborted too late, or the batcher) stays held.
+        session.send_replace(Session {
+            worker: WorkerId("w2".into()),
+            run: "run-b".into(),
+        });
+        gate.vouched.store(2, Ordering::SeqCst);
+        assert!(!gate.open("run-a"));
+        assert!(gate.was_held());
+        assert!(gate.open("run-b"));
     }
 
     #[test]

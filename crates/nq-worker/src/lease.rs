@@ -156,9 +156,13 @@ impl<'a> LeaseLoop<'a> {
         let (stale_tx, stale_rx) = mpsc::unbounded_channel();
         let now = Instant::now();
         let vouched = Arc::new(AtomicU64::new(0));
+        let session = watch::Sender::new(Session {
+            worker: WorkerId(String::new()),
+            run: String::new(),
+        });
         let (batcher, batch_task) = Batcher::start(
             client.clone(),
-            ReportGate::new(&client, Arc::clone(&vouched)),
+            ReportGate::new(&client, Arc::clone(&vouched), session.subscribe()),
         );
         LeaseLoop {
             batcher,
@@ -168,10 +172,7 @@ impl<'a> LeaseLoop<'a> {
             client,
             run: None,
             worker: None,
-            session: watch::Sender::new(Session {
-                worker: WorkerId(String::new()),
-                run: String::new(),
-            }),
+            session,
             heard: watch::Sender::new(0),
             vouched,
             stale_tx,
@@ -578,7 +579,11 @@ impl<'a> LeaseLoop<'a> {
             client: self.client.clone(),
             session: self.session.subscribe(),
             heard: self.heard.subscribe(),
-            gate: ReportGate::new(&self.client, Arc::clone(&self.vouched)),
+            gate: ReportGate::new(
+                &self.client,
+                Arc::clone(&self.vouched),
+                self.session.subscribe(),
+            ),
             run: run.id.clone(),
             kernel: attempt.kernel,
             stale: self.stale_tx.clone(),

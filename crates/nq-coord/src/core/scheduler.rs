@@ -434,6 +434,12 @@ pub struct Scheduler {
     /// of the ticker: the next [`Scheduler::refresh_machines`] reports the
     /// change, so that the jobs it affects are judged again.
     machines_unreported: bool,
+    /// Until when two machines count as at work although fewer were heard
+    /// from: set on restore when the previous session had two, because its
+    /// workers reconnect with back-off and a lone early one must not settle
+    /// every job unchecked before the others are back (as if each machine
+    /// had been heard from at the restart).
+    restored_machines_until: Option<Instant>,
     rng: rand::rngs::StdRng,
     session: u64,
     next_worker: u64,
@@ -503,6 +509,7 @@ impl Scheduler {
             policy,
             two_machines: false,
             machines_unreported: false,
+            restored_machines_until: None,
             rng: rand::rngs::StdRng::from_os_rng(),
             session,
             next_worker: 1,
@@ -586,8 +593,9 @@ impl Scheduler {
     pub fn refresh_machines(&mut self, now: Instant) -> bool {
         // Once every job is settled the run is over: a machine that starts
         // then checks nothing, and must not make a complete run incomplete.
-        let two =
-            self.machines_at_work(now) && (self.two_machines || !self.all_settled());
+        let restoring = self.restored_machines_until.is_some_and(|t| now < t);
+        let two = (self.machines_at_work(now) || restoring && self.two_machines)
+            && (self.two_machines || !self.all_settled());
         let unreported = std::mem::take(&mut self.machines_unreported);
         if two == self.two_machines && !unreported {
             return false;
@@ -622,12 +630,15 @@ impl Scheduler {
         machines.len() >= 2
     }
 
-    /// Sets whether two machines are at work (on startup: whether the stored
-    /// copies came from two machines, so that jobs waiting for a check stay
-    /// waiting as the previous session left them; the ticker corrects it as
-    /// soon as it sees who is at work).
-    pub fn restore_two_machines(&mut self, two: bool) {
+    /// Sets whether two machines are at work (on startup at `now`: whether
+    /// the stored copies came from two machines, so that jobs waiting for a
+    /// check stay waiting as the previous session left them). The ticker
+    /// corrects it once it sees who is at work, but not before one lease TTL
+    /// has passed: the previous session's machines get the time a live one
+    /// gets to call in again.
+    pub fn restore_two_machines(&mut self, two: bool, now: Instant) {
         self.two_machines = two;
+        self.restored_machines_until = two.then(|| now + self.ttl);
     }
 
     /// True when `job` is chosen for a second copy now.
@@ -1684,6 +1695,34 @@ mod tests {
         s.settle(&one, true).unwrap();
         assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
         assert_eq!(s.lease(&x, 1, &[], now).unwrap().jobs.len(), 1);
+    }
+
+    #[test]
+    fn a_restored_second_machine_counts_for_one_lease_ttl() {
+        // The previous session had two machines; after the restart only one
+        // has called in yet (the other is still backing off). Its copies must
+        // keep waiting for checks for one TTL, as a live machine heard from
+        // at the restart would, and not settle unchecked at the first tick.
+        let mut clock = Clock(Instant::now());
+        let mut s = Scheduler::new(vec![1; 4], 2, TTL, policy(0.5));
+        s.restore_two_machines(true, clock.now());
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        s.register("b", 1, lo, clock.now());
+        assert!(!s.refresh_machines(clock.now()), "still two within the TTL");
+        assert!(s.second_source());
+        clock.advance(29);
+        assert!(!s.refresh_machines(clock.now()));
+        assert!(s.second_source());
+        // The other machine never came back: one is left after one TTL.
+        clock.advance(2);
+        assert!(s.refresh_machines(clock.now()), "one machine left");
+        assert!(!s.second_source());
+        // A session restored with one machine gets no such grace.
+        let mut one = Scheduler::new(vec![1; 4], 2, TTL, policy(0.5));
+        one.restore_two_machines(false, clock.now());
+        one.register("b", 1, lo, clock.now());
+        assert!(!one.refresh_machines(clock.now()));
+        assert!(!one.second_source());
     }
 
     #[test]

@@ -999,6 +999,7 @@ impl Sim {
                 })
             },
             false,
+            self.now(),
         )
         .map_err(|e| format!("restore failed: {e}"))?;
         self.model.apply(&writes);
