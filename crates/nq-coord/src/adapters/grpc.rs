@@ -27,7 +27,7 @@ use nq_proto::pb;
 use nq_proto::pb::coordinator_server::CoordinatorServer;
 use nq_store::JobId;
 use tokio::net::TcpListener;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
@@ -294,10 +294,6 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 ..pb::JobReportAck::default()
             })
             .collect();
-        // Each task ends when its item is durable (or refused by the
-        // committer); dropping the set (the caller hung up) aborts the
-        // waits, not the commits already queued, as for a dropped Report.
-        let mut commits = JoinSet::new();
         // Every item's job is read and checked in one step off the async
         // threads (one hand-off per call, not per item).
         let checked: Vec<_> = blocking(|| {
@@ -306,24 +302,34 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
                 .map(|item| self.batch_item(&req.worker_id, &req.run_id, item))
                 .collect()
         });
+        let mut committing = Vec::with_capacity(checked.len());
+        let mut copies = Vec::with_capacity(checked.len());
         for (i, item) in checked.into_iter().enumerate() {
-            let (admitted, verified) = match item {
-                Ok(item) => item,
+            match item {
+                Ok((_, verified)) => {
+                    committing.push(i);
+                    copies.push(verified);
+                }
                 Err(e) => {
                     refused(&e, peer);
                     refuse(&mut acks[i], e);
-                    continue;
                 }
-            };
-            let engine = Arc::clone(&self.engine);
-            commits.spawn(async move {
-                (i, engine.commit_checked(&admitted, verified).await)
-            });
+            }
         }
+        // The checked items go to the commit loop as one request; dropping
+        // this call (the caller hung up) drops the wait, not the commit
+        // already queued, as for a dropped Report.
+        let worker = WorkerId(req.worker_id);
+        let items = copies.len();
+        let accepted = match self.engine.commit_all(&worker, copies).await {
+            Ok(accepted) => accepted,
+            // The commit loop stopped: each item is refused as a one-job
+            // Report of it would be, and the worker sends it again later.
+            Err(_) => (0..items).map(|_| Err(Error::ShuttingDown)).collect(),
+        };
         let mut run_complete = false;
         let mut stored = 0usize;
-        while let Some(joined) = commits.join_next().await {
-            let (i, accepted) = joined.map_err(Error::from)?;
+        for (i, accepted) in committing.into_iter().zip(accepted) {
             match accepted {
                 Ok(a) => {
                     stored += 1;

@@ -31,13 +31,26 @@ const MAX_GROUP: usize = 2048;
 /// more identities, and a chain of them is bounded by the voters.
 const REJUDGE_ROUNDS: usize = 16;
 
-/// A verified result waiting for the commit loop, with where to send the
-/// outcome.
+/// Verified results of one reporter waiting for the commit loop, with where
+/// to send their outcomes. A `ReportBatch` is one request, so that its items
+/// cost one queue hand-off and one wake-up, not one each.
 #[derive(Debug)]
 pub(crate) struct CommitRequest {
-    pub(crate) verified: Verified,
-    /// Answered after the flush that covers the result.
-    pub(crate) reply: oneshot::Sender<Result<Outcome>>,
+    pub(crate) copies: Vec<Verified>,
+    /// Answered, one outcome per copy in order, after the flush that covers
+    /// them.
+    pub(crate) reply: oneshot::Sender<Vec<Result<Outcome>>>,
+}
+
+impl CommitRequest {
+    /// Sends `outcomes` (as many as copies) to the reporter.
+    fn answer(self, outcomes: Vec<Result<Outcome>>) {
+        for (v, outcome) in self.copies.iter().zip(&outcomes) {
+            log_outcome(v, outcome);
+        }
+        // A reporter that gave up waiting is not an error.
+        let _ = self.reply.send(outcomes);
+    }
 }
 
 /// Group-commits verified results until `token` is cancelled, then drains
@@ -90,9 +103,15 @@ pub(crate) async fn commit_loop(
     }
 }
 
-/// Reads the stored copies of `job`, whose estimated work is `work`, as the
-/// core should judge them.
-fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
+/// A job's stored copies and attempts, read from the store without the
+/// core's lock.
+struct Stored {
+    copies: Vec<nq_store::StoredResult>,
+    attempts: u32,
+}
+
+/// Reads the stored copies of `job`.
+fn read(engine: &Engine, job: JobId) -> Result<Stored> {
     let record = engine.store.job_record(job)?;
     let mut copies = Vec::new();
     if let JobState::Done(result) = record.state {
@@ -105,12 +124,22 @@ fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
                 .map(|d| d.result),
         );
     }
+    Ok(Stored {
+        copies,
+        attempts: record.attempts,
+    })
+}
+
+/// Reads the stored copies of `job`, whose estimated work is `work`, as the
+/// core should judge them.
+fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
+    let stored = read(engine, job)?;
     let core = engine.core();
     Ok(JobCopies::new(
         &core.sched,
         job,
-        copies,
-        record.attempts,
+        stored.copies,
+        stored.attempts,
         work,
     ))
 }
@@ -140,18 +169,35 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
         return keep_late_copies(engine, group).await;
     }
     // 1. Decide, in queue order. Only this task changes results, so what it
-    // reads now still holds after the flush.
+    // reads now still holds after the flush. The store is read first, without
+    // the core's lock; the decisions then take it once for the group, not
+    // once per copy, so that lease and report calls wait on it less.
+    let copies = group.iter().flat_map(|req| &req.copies);
     let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
     let mut decisions: Vec<Decision> = Vec::with_capacity(group.len());
     let mut batch = CommitBatch::new();
     blocking(|| -> Result<()> {
-        for req in group.iter() {
-            let v = &req.verified;
+        let mut stored: HashMap<JobId, Stored> = HashMap::new();
+        for v in copies.clone() {
+            if let Entry::Vacant(e) = stored.entry(v.job) {
+                e.insert(read(engine, v.job)?);
+            }
+        }
+        let mut core = engine.core();
+        for v in copies {
             let jc = match overlay.entry(v.job) {
                 Entry::Occupied(e) => e.into_mut(),
-                Entry::Vacant(e) => e.insert(load(engine, v.job, v.work)?),
+                Entry::Vacant(e) => {
+                    let s = stored.remove(&v.job).expect("read above");
+                    e.insert(JobCopies::new(
+                        &core.sched,
+                        v.job,
+                        s.copies,
+                        s.attempts,
+                        v.work,
+                    ))
+                }
             };
-            let mut core = engine.core();
             let mut d = ledger::decide(
                 &mut core.sched,
                 v.job,
@@ -182,10 +228,10 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
         }
     }
     // 4. Answer.
-    for (req, outcome) in group.drain(..).zip(outcomes) {
-        log_outcome(&req.verified, &outcome);
-        // A reporter that gave up waiting is not an error.
-        let _ = req.reply.send(outcome);
+    let mut outcomes = outcomes.into_iter();
+    for req in group.drain(..) {
+        let mine = outcomes.by_ref().take(req.copies.len()).collect();
+        req.answer(mine);
     }
     // 5. Discredited workers and a grown selection: judge again what they
     // touched.
@@ -224,22 +270,27 @@ async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Re
     let mut batch = CommitBatch::new();
     let mut outcomes = Vec::with_capacity(group.len());
     blocking(|| -> Result<()> {
-        for req in group.iter() {
-            let recorded = engine.store.result(req.verified.job)?;
-            let (write, outcome) = ledger::late_copy(recorded.as_ref(), &req.verified);
+        for v in group.iter().flat_map(|req| &req.copies) {
+            let recorded = engine.store.result(v.job)?;
+            let (write, outcome) = ledger::late_copy(recorded.as_ref(), v);
             add_writes(&mut batch, vec![write]);
             outcomes.push(outcome);
         }
         Ok(())
     })?;
     apply_and_flush(engine, batch).await?;
+    let mut outcomes = outcomes.into_iter();
     let mut core = engine.core();
-    for (req, outcome) in group.drain(..).zip(outcomes) {
-        core.sched.note_outcome(outcome);
-        if outcome == Outcome::Conflict {
-            warn!(job = %req.verified.job, worker = %req.verified.result.identity, "a copy that arrived after the run was complete disagrees; kept as evidence");
+    for req in group.drain(..) {
+        let mut mine = Vec::with_capacity(req.copies.len());
+        for (v, outcome) in req.copies.iter().zip(outcomes.by_ref()) {
+            core.sched.note_outcome(outcome);
+            if outcome == Outcome::Conflict {
+                warn!(job = %v.job, worker = %v.result.identity, "a copy that arrived after the run was complete disagrees; kept as evidence");
+            }
+            mine.push(Ok(outcome));
         }
-        let _ = req.reply.send(Ok(outcome));
+        let _ = req.reply.send(mine);
     }
     Ok(())
 }

@@ -317,24 +317,42 @@ impl Engine {
         admitted: &Admitted,
         verified: Verified,
     ) -> Result<Accepted> {
-        let work = verified.work;
-        let outcome = self.commit(verified).await?;
-        let run_complete = self.core().acknowledge(&admitted.worker, work);
-        Ok(Accepted {
-            outcome,
-            run_complete,
-        })
+        let mut accepted = self.commit_all(&admitted.worker, vec![verified]).await?;
+        accepted.pop().unwrap_or(Err(Error::ShuttingDown))
     }
 
-    /// Hands a checked copy to the commit loop and waits until it is
-    /// durable (accepted) or recorded (confirmation or conflict).
-    async fn commit(&self, verified: Verified) -> Result<Outcome> {
+    /// [`Engine::commit_checked`] for many copies of one worker (a
+    /// `ReportBatch`): they go to the commit loop as ONE request, land in the
+    /// same group commit, and are acknowledged under one lock of the core.
+    /// Returns each copy's answer, in order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShuttingDown`] when the commit loop has stopped.
+    pub(crate) async fn commit_all(
+        &self,
+        worker: &WorkerId,
+        copies: Vec<Verified>,
+    ) -> Result<Vec<Result<Accepted>>> {
+        let work: Vec<u64> = copies.iter().map(|v| v.work).collect();
         let (reply, rx) = oneshot::channel();
         self.commits
-            .send(CommitRequest { verified, reply })
+            .send(CommitRequest { copies, reply })
             .await
             .map_err(|_| Error::ShuttingDown)?;
-        rx.await.map_err(|_| Error::ShuttingDown)?
+        let outcomes = rx.await.map_err(|_| Error::ShuttingDown)?;
+        let mut core = self.core();
+        Ok(outcomes
+            .into_iter()
+            .zip(work)
+            .map(|(outcome, work)| {
+                let outcome = outcome?;
+                Ok(Accepted {
+                    outcome,
+                    run_complete: core.acknowledge(worker, work),
+                })
+            })
+            .collect())
     }
 
     /// Advances the clock to `now` (see [`Core::tick`]) and notes the
