@@ -592,3 +592,85 @@ async fn a_plain_text_worker_is_told_that_the_coordinator_speaks_tls() -> Result
     })
     .await
 }
+
+/// Per-machine tokens (`--worker-tokens`): a worker is admitted by its own
+/// token and votes as the token's name. Two processes that share one token
+/// are one voice, whatever their names, so with no other machine nobody
+/// checks them and the run ends `unchecked` (exit 6); the same two
+/// processes with a token each check each other and the run ends
+/// `complete`. A token not in the file is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_worker_token_is_one_voice_whatever_the_processes_behind_it() -> Result<()> {
+    within(LIMIT, "worker tokens", async {
+        let tmp = tempfile::tempdir()?;
+        let tokens = tmp.path().join("worker-tokens");
+        std::fs::write(
+            &tokens,
+            "# one line per machine\nrack1-a tok-a-0123\nrack1-b tok-b-4567\n",
+        )?;
+        let run = |dir: &str| {
+            let tokens = path(&tokens).to_owned();
+            let dir = tmp.path().join(dir);
+            async move {
+                let args = [
+                    "--n",
+                    "14",
+                    "--jobs",
+                    "60",
+                    "--local-threads",
+                    "0",
+                    "--worker-tokens",
+                    &tokens,
+                ];
+                Coord::ephemeral(&dir, &args).await
+            }
+        };
+        // One token behind two processes: one voice.
+        let mut shared = run("shared").await?;
+        let addr = shared.addr.to_string();
+        let mut stranger = worker("stranger", &addr, &["--token", "tok-c-8901"])?;
+        let status = stranger.wait().await?;
+        ensure!(
+            status.code() == Some(1) && stranger.output().contains("refused the token"),
+            "a token not in the file: exit {status}\n{}",
+            stranger.output()
+        );
+        let mut p1 = worker("p1", &addr, &["--token", "tok-a-0123", "--threads", "1"])?;
+        let mut p2 = worker("p2", &addr, &["--token", "tok-a-0123", "--threads", "1"])?;
+        let report = shared.finish_unchecked().await?;
+        p1.success().await?;
+        p2.success().await?;
+        ensure!(
+            report.json["confirmations"] == 0,
+            "two processes of one token confirmed each other: {}",
+            report.json
+        );
+        let log = shared.proc.output();
+        let registrations: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("worker registered"))
+            .collect();
+        ensure!(
+            registrations.len() >= 2
+                && registrations.iter().all(|l| l.contains("token:rack1-a")),
+            "the registrations do not name the token:\n{log}"
+        );
+        ensure!(!log.contains("tok-a-0123"), "the coordinator logs a token");
+        // A token each: two voices, every job checked.
+        let mut two = run("two").await?;
+        let addr = two.addr.to_string();
+        let mut a = worker("p1", &addr, &["--token", "tok-a-0123", "--threads", "1"])?;
+        let mut b = worker("p2", &addr, &["--token", "tok-b-4567", "--threads", "1"])?;
+        let report = two.finish().await?;
+        report.check_published()?;
+        a.success().await?;
+        b.success().await?;
+        ensure!(
+            report.json["confirmations"].as_u64().is_some_and(|c| c > 0),
+            "two tokens, yet nothing confirmed: {}",
+            report.json
+        );
+        Ok(())
+    })
+    .await
+}

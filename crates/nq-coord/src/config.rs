@@ -94,6 +94,11 @@ pub struct Config {
     /// carry `authorization: Bearer <token>`; others get UNAUTHENTICATED. The
     /// health and reflection services stay open.
     pub token: Option<nq_proto::auth::Token>,
+    /// Per-machine tokens (`--worker-tokens`): a call carrying one of them
+    /// is admitted, and its worker votes as the token's name (see
+    /// [`crate::credentials`]). With them, a call needs one of these or
+    /// [`Config::token`].
+    pub worker_tokens: Option<std::sync::Arc<crate::credentials::WorkerTokens>>,
     /// Serve TLS (and require client certificates with a client CA) when set.
     pub tls: Option<nq_proto::tls::ServerTls>,
     /// With neither [`Config::token`] nor [`Config::tls`], the coordinator
@@ -134,6 +139,7 @@ impl Config {
             verify: Fraction::Auto,
             ban_after: DEFAULT_BAN_AFTER_NONZERO,
             token: None,
+            worker_tokens: None,
             tls: None,
             insecure_open_port: false,
             http_listener: None,

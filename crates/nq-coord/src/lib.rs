@@ -62,6 +62,7 @@ pub mod adapters;
 pub mod audit;
 pub mod config;
 pub mod core;
+pub mod credentials;
 mod engine;
 pub mod error;
 pub mod export;

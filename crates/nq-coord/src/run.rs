@@ -247,6 +247,7 @@ impl Tasks {
         let serve_token = CancellationToken::new();
         let guard = grpc::Guard {
             token: config.token.clone(),
+            worker_tokens: config.worker_tokens.clone(),
             tls: config.tls.clone(),
             insecure_open_port: config.insecure_open_port,
         };

@@ -126,6 +126,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let peer = request.remote_addr();
+        let credential = credential_of(&request);
         let req = request.into_inner();
         // Names are logged and kept for the session: bound them.
         if req.name.len() > crate::error::MAX_NAME {
@@ -143,15 +144,17 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }
         // Every call gets a fresh id, even for a known name: a restarted worker
         // cannot prove it is the same one, and its old leases simply expire.
-        let worker = self.engine.core().sched.register(
+        let worker = self.engine.core().sched.register_as(
             &req.name,
             req.threads,
             peer.map(|p| p.ip()),
+            credential.as_deref(),
             Instant::now(),
         );
         info!(
             worker = %worker,
             peer = ?peer,
+            credential = credential.as_deref().unwrap_or("none (its address)"),
             threads = req.threads,
             version = %req.program_version,
             "worker registered"
@@ -374,6 +377,21 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     }
 }
 
+/// The credential a caller votes as (see [`crate::credentials`]): its client
+/// certificate under mutual TLS, else the name of the per-machine token its
+/// calls carry, else none (its address is its identity).
+fn credential_of<T>(request: &Request<T>) -> Option<String> {
+    if let Some(certs) = request.peer_certs()
+        && let Some(leaf) = certs.first()
+    {
+        return Some(crate::credentials::certificate_identity(leaf.as_ref()));
+    }
+    request
+        .extensions()
+        .get::<security::Credential>()
+        .map(|c| c.0.clone())
+}
+
 /// Logs a refused call with the caller's address (a stranger, a confused
 /// worker, or a banned one); other errors are logged where they are mapped.
 fn refused(e: &Error, peer: Option<SocketAddr>) {
@@ -484,6 +502,8 @@ async fn receive(
 #[derive(Debug)]
 pub(crate) struct Guard {
     pub(crate) token: Option<nq_proto::auth::Token>,
+    /// See [`Config::worker_tokens`](crate::Config::worker_tokens).
+    pub(crate) worker_tokens: Option<Arc<crate::credentials::WorkerTokens>>,
     pub(crate) tls: Option<nq_proto::tls::ServerTls>,
     /// See [`Config::insecure_open_port`](crate::Config::insecure_open_port).
     pub(crate) insecure_open_port: bool,
@@ -544,7 +564,12 @@ async fn serve(
     let admission =
         Admission::new(guard.token, guard.tls.is_some(), guard.insecure_open_port);
     if let Ok(addr) = listener.local_addr() {
-        security::announce_exposure(addr, &admission, guard.tls.is_some());
+        security::announce_exposure(
+            addr,
+            &admission,
+            guard.tls.is_some(),
+            guard.worker_tokens.is_some(),
+        );
     }
     if let Some(tls) = &guard.tls {
         info!(mutual = tls.mutual(), "serving TLS");
@@ -552,7 +577,8 @@ async fn serve(
     let service = CoordinatorServer::new(CoordinatorService::new(engine))
         .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
-    let service = InterceptedService::new(service, CallerCheck::new(admission));
+    let check = CallerCheck::new(admission).with_worker_tokens(guard.worker_tokens);
+    let service = InterceptedService::new(service, check);
     // The descriptor set is compiled from our own proto at build time, and a
     // test lists the services through it: decoding it cannot fail at run time.
     let reflection = || {

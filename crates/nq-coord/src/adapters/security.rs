@@ -35,9 +35,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nq_proto::auth::Token;
+use nq_proto::auth::{AUTHORIZATION, Refusal as TokenRefusal, Token};
 use tonic::{Request, Status};
 use tracing::{info, warn};
+
+use crate::credentials::{WorkerTokens, token_identity};
 
 /// Who may call the coordinator's service: the rule chosen at start from the
 /// token, TLS and `--insecure-open-port` (see the module docs).
@@ -67,13 +69,36 @@ impl Admission {
     }
 }
 
-/// The server interceptor that applies an [`Admission`] to every call.
+/// The server interceptor that applies an [`Admission`] to every call, and
+/// admits the holders of per-machine tokens ([`WorkerTokens`]), noting
+/// their [`Credential`] on the call.
 #[derive(Clone, Debug)]
-pub(crate) struct CallerCheck(Admission);
+pub(crate) struct CallerCheck {
+    admission: Admission,
+    tokens: Option<Arc<WorkerTokens>>,
+}
+
+/// The credential a call was admitted with (the identity string of
+/// [`crate::credentials`]), for the handler that registers its worker.
+#[derive(Clone, Debug)]
+pub(crate) struct Credential(pub(crate) String);
 
 impl CallerCheck {
     pub(crate) fn new(admission: Admission) -> CallerCheck {
-        CallerCheck(admission)
+        CallerCheck {
+            admission,
+            tokens: None,
+        }
+    }
+
+    /// Also admits calls carrying one of `tokens`; with them, a call that
+    /// carries none of them needs the run's shared token.
+    pub(crate) fn with_worker_tokens(
+        mut self,
+        tokens: Option<Arc<WorkerTokens>>,
+    ) -> Self {
+        self.tokens = tokens;
+        self
     }
 }
 
@@ -85,8 +110,28 @@ fn peer_of(request: &Request<()>) -> String {
 }
 
 impl tonic::service::Interceptor for CallerCheck {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        match &self.0 {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(tokens) = &self.tokens {
+            if let Some(name) = tokens.name_of(request.metadata()) {
+                let credential = Credential(token_identity(name));
+                request.extensions_mut().insert(credential);
+                return Ok(request);
+            }
+            if !matches!(self.admission, Admission::Token(_)) {
+                let refusal = if request.metadata().get(AUTHORIZATION).is_some() {
+                    TokenRefusal::Wrong
+                } else {
+                    TokenRefusal::Missing
+                };
+                warn!(
+                    peer = %peer_of(&request),
+                    reason = refusal.as_str(),
+                    "refused a call: this coordinator requires a worker token"
+                );
+                return Err(refusal.status());
+            }
+        }
+        match &self.admission {
             Admission::Anyone => Ok(request),
             Admission::LoopbackOnly => {
                 // A peer whose address is unknown is refused: protected mode
@@ -156,8 +201,18 @@ impl Exposure {
 /// `--insecure-open-port` beyond loopback gets a warning that anyone who
 /// reaches it can report counts; a token without TLS beyond loopback gets a
 /// warning that it crosses the network in clear text.
-pub(crate) fn announce_exposure(addr: SocketAddr, admission: &Admission, tls: bool) {
-    match Exposure::of(addr, admission, tls) {
+pub(crate) fn announce_exposure(
+    addr: SocketAddr,
+    admission: &Admission,
+    tls: bool,
+    worker_tokens: bool,
+) {
+    let exposure = match Exposure::of(addr, admission, tls) {
+        // Per-machine tokens close the port as the shared one does.
+        Exposure::Protected | Exposure::Open if worker_tokens => Exposure::ClearToken,
+        exposure => exposure,
+    };
+    match exposure {
         Exposure::Guarded => {}
         Exposure::Protected => info!(
             %addr,
@@ -211,6 +266,48 @@ mod tests {
         assert!(check.call(good).is_ok());
         // With a token, loopback callers need it too.
         assert!(check.call(from("127.0.0.1:4000")).is_err());
+    }
+
+    #[test]
+    fn a_worker_token_admits_its_machine_and_names_it() {
+        let tokens =
+            Arc::new(WorkerTokens::parse("rack1-a tok-a\nrack1-b tok-b").unwrap());
+        let call = |peer: &str, token: Option<&str>| {
+            let mut r = from(peer);
+            if let Some(t) = token {
+                r.metadata_mut().insert(
+                    nq_proto::auth::AUTHORIZATION,
+                    format!("Bearer {t}").parse().unwrap(),
+                );
+            }
+            r
+        };
+        for admission in [
+            Admission::new(None, false, false),
+            Admission::new(None, true, false),
+            Admission::new(None, false, true),
+        ] {
+            let mut check =
+                CallerCheck::new(admission).with_worker_tokens(Some(Arc::clone(&tokens)));
+            // Admitted from any address, and named by its token.
+            for peer in ["10.0.0.2:1", "10.0.0.3:1", "127.0.0.1:1"] {
+                let r = check.call(call(peer, Some("tok-b"))).unwrap();
+                let credential = r.extensions().get::<Credential>().unwrap();
+                assert_eq!(credential.0, "token:rack1-b");
+            }
+            // Without one of the tokens, nobody passes, not even loopback.
+            for token in [None, Some("tok-c")] {
+                let status = check.call(call("127.0.0.1:1", token)).unwrap_err();
+                assert_eq!(status.code(), tonic::Code::Unauthenticated, "{token:?}");
+            }
+        }
+        // Beside a shared token: the shared one still admits, unnamed.
+        let shared = Token::new("shared").unwrap();
+        let mut check = CallerCheck::new(Admission::new(Some(shared), false, false))
+            .with_worker_tokens(Some(tokens));
+        let r = check.call(call("10.0.0.9:1", Some("shared"))).unwrap();
+        assert!(r.extensions().get::<Credential>().is_none());
+        assert!(check.call(call("10.0.0.9:1", Some("other"))).is_err());
     }
 
     #[test]

@@ -674,9 +674,33 @@ impl Scheduler {
         address: Option<IpAddr>,
         now: Instant,
     ) -> WorkerId {
-        let identity = self.identities.intern(&remote_identity(name, address));
-        if let Some(ip) = address {
-            self.identities.set_label(identity, &format!("{name}@{ip}"));
+        self.register_as(name, threads, address, None, now)
+    }
+
+    /// [`Scheduler::register`] for a caller whose calls carry `credential`
+    /// (see [`crate::credentials`]): it votes as that credential, whatever
+    /// its name or address, so that one credential is one voice. Without
+    /// one, its address is its identity.
+    pub fn register_as(
+        &mut self,
+        name: &str,
+        threads: u32,
+        address: Option<IpAddr>,
+        credential: Option<&str>,
+        now: Instant,
+    ) -> WorkerId {
+        let identity = match credential {
+            Some(c) => self.identities.intern(c),
+            None => self.identities.intern(&remote_identity(name, address)),
+        };
+        match (credential, address) {
+            (Some(c), Some(ip)) => self
+                .identities
+                .set_label(identity, &format!("{c} ({name}@{ip})")),
+            (None, Some(ip)) => {
+                self.identities.set_label(identity, &format!("{name}@{ip}"))
+            }
+            _ => {}
         }
         self.add_worker(name, address, identity, threads, now, false)
     }
@@ -1695,6 +1719,24 @@ mod tests {
         s.settle(&one, true).unwrap();
         assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
         assert_eq!(s.lease(&x, 1, &[], now).unwrap().jobs.len(), 1);
+    }
+
+    #[test]
+    fn one_credential_is_one_identity_whatever_its_addresses() {
+        let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(0.5));
+        let now = Instant::now();
+        let ip = |d| Some(IpAddr::from([10, 0, 0, d]));
+        let a = s.register_as("liar-1", 1, ip(2), Some("token:rack9"), now);
+        let b = s.register_as("liar-2", 1, ip(3), Some("token:rack9"), now);
+        let c = s.register_as("honest", 1, ip(3), Some("token:rack1"), now);
+        // Without a credential the address is the identity, as before.
+        let d = s.register("x", 1, ip(2), now);
+        let e = s.register("y", 1, ip(4), now);
+        let id = |w| s.worker(w).unwrap().identity;
+        assert_eq!(id(&a), id(&b), "two addresses, one credential: one voice");
+        assert_ne!(id(&b), id(&c), "one address, two credentials: two voices");
+        assert_ne!(id(&d), id(&e));
+        assert_ne!(id(&d), id(&a));
     }
 
     #[test]

@@ -158,6 +158,14 @@ pub(crate) struct SecurityArgs {
     /// a command line is visible to every user of the machine.
     #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Per-machine tokens: a file of `NAME TOKEN` lines, one per machine.
+    /// A worker whose calls carry one of them (its own --token) is admitted
+    /// and votes as NAME: one token is one voice in verification, however
+    /// many processes or addresses use it. Recommended on any network you
+    /// do not control; with mutual TLS the client certificate is the
+    /// identity instead.
+    #[arg(long, value_name = "FILE", env = "NQ_WORKER_TOKENS")]
+    worker_tokens: Option<PathBuf>,
     /// Serve TLS with this certificate chain (PEM), with --tls-key.
     #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -185,6 +193,13 @@ impl SecurityArgs {
             .map(nq_proto::auth::Token::new)
             .transpose()
             .context("invalid --token (or NQ_TOKEN)")?;
+        config.worker_tokens = self
+            .worker_tokens
+            .as_deref()
+            .map(nq_coord::credentials::WorkerTokens::load)
+            .transpose()
+            .context("invalid --worker-tokens (or NQ_WORKER_TOKENS)")?
+            .map(std::sync::Arc::new);
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
             config.tls = Some(nq_proto::tls::ServerTls::load(
                 cert,
