@@ -203,7 +203,15 @@ async fn a_mutual_tls_run_completes_and_refuses_clients_without_certificate() ->
         // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
         // with the published totals, where it ended `complete` unchecked before.
         coord.finish_unchecked().await?;
-        w.success().await
+        w.success().await?;
+        // Under mutual TLS the worker votes as its certificate (issue 18).
+        let log = coord.proc.output();
+        ensure!(
+            log.lines()
+                .any(|l| l.contains("worker registered") && l.contains("cert:")),
+            "the registration does not name the client certificate:\n{log}"
+        );
+        Ok(())
     })
     .await
 }
