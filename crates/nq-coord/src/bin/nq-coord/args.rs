@@ -145,6 +145,50 @@ pub(crate) struct RunArgs {
     pub(crate) insecure_open_port: bool,
     #[command(flatten)]
     pub(crate) security: SecurityArgs,
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
+}
+
+/// The store key: with one, every value in the data directory is sealed
+/// with an HMAC-SHA256 tag, so that a value edited or moved by someone who
+/// can write the directory but has not the key is refused (see the README's
+/// trust section). A store is made with a key or without one, and is
+/// opened the same way ever after.
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct StoreKeyArgs {
+    /// Seal the data directory with the key in this file: 16 to 64 bytes
+    /// written in hex or base64 (make one with `openssl rand -hex 32`). Keep
+    /// it OUTSIDE the data directory, readable by the coordinator's user
+    /// only. Every later run, resume, audit and export of the directory
+    /// needs the same key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "NQ_STORE_KEY_FILE",
+        conflicts_with = "store_key"
+    )]
+    pub(crate) store_key_file: Option<PathBuf>,
+    /// The store key itself, in hex or base64 (as in --store-key-file). Set
+    /// it in the environment, not on the command line, which every user of
+    /// the machine can read.
+    #[arg(long, value_name = "KEY", env = "NQ_STORE_KEY", hide_env_values = true)]
+    pub(crate) store_key: Option<String>,
+}
+
+impl StoreKeyArgs {
+    /// The key, read and checked, if one was given.
+    pub(crate) fn load(&self) -> anyhow::Result<Option<nq_store::StoreKey>> {
+        use anyhow::Context;
+        match (&self.store_key_file, &self.store_key) {
+            (Some(path), _) => nq_store::StoreKey::load(path)
+                .map(Some)
+                .with_context(|| format!("invalid --store-key-file {}", path.display())),
+            (None, Some(text)) => nq_store::StoreKey::parse(text)
+                .map(Some)
+                .context("invalid --store-key (or NQ_STORE_KEY)"),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 /// Who may join the run. Without --token and TLS, workers on this machine
@@ -276,6 +320,9 @@ pub(crate) struct AuditArgs {
     /// Write the CSV to this file instead of stdout.
     #[arg(long, value_name = "FILE", env = "NQ_AUDIT_OUTPUT")]
     pub(crate) output: Option<PathBuf>,
+    /// The key the run's store was made with, if any.
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
 }
 
 /// Flags of `nq-coord health`.
@@ -325,6 +372,9 @@ pub(crate) struct ExportArgs {
     /// Write to this file instead of stdout.
     #[arg(long, value_name = "FILE", env = "NQ_EXPORT_OUTPUT")]
     pub(crate) output: Option<PathBuf>,
+    /// The key the run's store was made with, if any.
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
 }
 
 /// A command line that the library refuses: `nq-coord` exits 2 for it, as
