@@ -517,3 +517,101 @@ fn csv(field: &str) -> String {
         field.to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// N = 14, finished, every total as it should be.
+    fn honest() -> AuditReport {
+        AuditReport {
+            jobs: 10,
+            settled: 10,
+            total: 365_596,
+            rows_total: 365_596,
+            stored_total: Some(365_596),
+            unique: Some(45_752),
+            stored_unique: Some(45_752),
+            published: nq_core::published::published(14),
+            digest: AuditDigest([0; 32]),
+        }
+    }
+
+    #[test]
+    fn an_honest_finished_run_has_no_difference() {
+        assert_eq!(honest().differences(), vec![]);
+        assert!(honest().agrees());
+    }
+
+    /// Issue 18, item 4: a count edited with its summary made to agree
+    /// passes every comparison inside the store; the published values
+    /// catch it, and the difference names them.
+    #[test]
+    fn a_lie_that_the_store_agrees_with_fails_on_the_published_values() {
+        let lied = AuditReport {
+            total: 365_612,
+            rows_total: 365_612,
+            stored_total: Some(365_612),
+            unique: Some(45_754),
+            stored_unique: Some(45_754),
+            ..honest()
+        };
+        let found = lied.differences();
+        assert_eq!(
+            found,
+            vec![
+                Difference::PublishedTotal {
+                    found: 365_612,
+                    published: 365_596
+                },
+                Difference::PublishedUnique {
+                    found: 45_754,
+                    published: 45_752
+                },
+            ]
+        );
+        assert!(found[0].to_string().contains("published total 365596"));
+        assert!(!lied.agrees());
+    }
+
+    #[test]
+    fn a_summary_that_differs_from_the_counts_is_named() {
+        let edited = AuditReport {
+            total: 365_612,
+            rows_total: 365_612,
+            unique: Some(45_754),
+            published: None,
+            ..honest()
+        };
+        let found = edited.differences();
+        assert!(
+            matches!(found[0], Difference::StoredTotal { .. }),
+            "{found:?}"
+        );
+        assert!(
+            matches!(found[1], Difference::RowsTotal { .. }),
+            "{found:?}"
+        );
+        assert!(
+            matches!(found[2], Difference::StoredUnique { .. }),
+            "{found:?}"
+        );
+        assert_eq!(found.len(), 3);
+    }
+
+    /// An unfinished run's partial total is not the board's: nothing is
+    /// compared with the published values until every job is settled.
+    #[test]
+    fn an_unfinished_run_is_not_held_to_the_published_values() {
+        let partial = AuditReport {
+            settled: 4,
+            total: 120_000,
+            rows_total: 120_000,
+            stored_total: None,
+            unique: None,
+            stored_unique: None,
+            ..honest()
+        };
+        assert_eq!(partial.differences(), vec![]);
+    }
+}

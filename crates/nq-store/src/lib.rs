@@ -28,7 +28,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary` | see the types |
+//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary`, `verify_secret`, the creation records; `store_key_check` in keyed stores | see the types |
 //! | `jobs` | job id / [`job::JOBS_PER_CHUNK`] (8) | that many jobs: work (8) and prefixes (N bytes each) |
 //! | `records` | job id / [`job::RECORDS_PER_CHUNK`] (8) | that many [`JobRecord`]s, with the result once done; an absent record means pending, 0 attempts |
 //! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |

@@ -220,6 +220,12 @@ impl SealedTree {
         open_value(self.name, self.key.as_deref(), key, stored)
     }
 
+    /// [`SealedTree::open`] on a borrowed value, without copying it.
+    fn open_slice<'a>(&self, key: &[u8], stored: &'a [u8]) -> Result<&'a [u8]> {
+        let len = value_len(self.name, self.key.as_deref(), key, stored)?;
+        Ok(&stored[..len])
+    }
+
     pub(crate) fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<IVec>> {
         let key = key.as_ref();
         self.tree.get(key)?.map(|v| self.open(key, v)).transpose()
@@ -305,11 +311,8 @@ impl SealedTree {
         let mut failure = None;
         let old = self.tree.fetch_and_update(key, |old| {
             failure = None;
-            let opened = match old {
-                None => Ok(None),
-                Some(bytes) => self.open(key, IVec::from(bytes)).map(Some),
-            };
-            match opened.and_then(|o| f(o.as_deref())) {
+            let opened = old.map(|bytes| self.open_slice(key, bytes)).transpose();
+            match opened.and_then(&mut f) {
                 Ok(new) => new.map(|v| self.seal(key, &v)),
                 Err(e) => {
                     // Leave a value that fails as it is, and report it.
@@ -351,8 +354,23 @@ fn open_value(
     key: &[u8],
     stored: IVec,
 ) -> Result<IVec> {
-    let Some(store_key) = store_key else {
+    if store_key.is_none() {
         return Ok(stored);
+    }
+    let len = value_len(tree, store_key, key, &stored)?;
+    Ok(stored.subslice(0, len))
+}
+
+/// The length of the value in `stored` once its tag matches `key` in
+/// `tree` (all of it without a store key).
+fn value_len(
+    tree: &'static str,
+    store_key: Option<&StoreKey>,
+    key: &[u8],
+    stored: &[u8],
+) -> Result<usize> {
+    let Some(store_key) = store_key else {
+        return Ok(stored.len());
     };
     let tampered = || Error::Tampered {
         tree,
@@ -362,7 +380,7 @@ fn open_value(
     let (value, tag) = stored.split_at(split);
     let want = store_key.tag(tree, key, value);
     if bool::from(want.as_ref().ct_eq(tag)) {
-        Ok(stored.subslice(0, split))
+        Ok(split)
     } else {
         Err(tampered())
     }
