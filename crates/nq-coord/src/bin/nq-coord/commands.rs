@@ -117,7 +117,7 @@ pub(crate) fn status(args: StatusArgs) -> anyhow::Result<()> {
 /// `nq-coord audit`: the CSV, then the re-added totals against the stored
 /// and the published ones.
 pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
-    let key = args.store_key.load()?;
+    let key = args.store_key.load(&args.data)?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path)
@@ -172,7 +172,7 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
 /// `nq-coord export`: the stored solutions, in the chosen notation.
 pub(crate) fn export_solutions(args: ExportArgs) -> anyhow::Result<()> {
     let format = args.format.parse()?;
-    let key = args.store_key.load()?;
+    let key = args.store_key.load(&args.data)?;
     let options = ExportOptions {
         unique: args.unique,
         format,

@@ -69,7 +69,7 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
     let metrics = args.metrics.clone();
     let mut config = Config::try_from(args)?;
     security.apply(&mut config)?;
-    config.store_key = store_key.load()?;
+    config.store_key = store_key.load(&config.data_dir)?;
     let addr = resolve(&listen, "--listen", "0.0.0.0:50051 or 127.0.0.1:0")?;
     if let Some(metrics) = metrics {
         let at = resolve(&metrics, "--metrics", "127.0.0.1:9464 or 0.0.0.0:0")?;
