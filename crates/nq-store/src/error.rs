@@ -171,6 +171,9 @@ pub enum Error {
         /// The directory.
         dir: PathBuf,
     },
+    /// The operating system gave no random bytes for a keyed store's salt.
+    #[error("cannot draw random bytes from the operating system for the store's salt")]
+    Random,
     /// Any other sled failure (other I/O errors, a reported sled bug).
     #[error("storage error")]
     Sled(#[source] sled::Error),

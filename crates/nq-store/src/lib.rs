@@ -42,9 +42,10 @@
 //!
 //! A CRC stops damage, not an edit. A store opened with a [`StoreKey`]
 //! (given in [`StoreOptions::key`], kept outside the data directory) also
-//! ends EVERY value of every tree with a keyed tag bound to its tree and key
-//! ([`seal`]): a value edited, forged or moved by someone without the key is
-//! refused as [`Error::Tampered`], naming the record.
+//! ends EVERY value of every tree with a keyed tag bound to the store, the
+//! value's tree and its key ([`seal`]): a value edited, forged or moved by
+//! someone without the key is refused as [`Error::Tampered`], naming the
+//! record.
 //!
 //! sled spends about a hundred bytes of memory per entry whatever the cache
 //! size (measured: a million small entries cost 100 to 200 MB), so the layout
@@ -113,8 +114,9 @@ const BOOT: &[u8] = b"boot";
 const ELAPSED: &[u8] = b"elapsed_ms";
 const SUMMARY: &[u8] = b"summary";
 const SECRET: &[u8] = b"verify_secret";
-/// The store key's check value, present in keyed stores only (see [`seal`]).
-/// The one value that carries no tag: it is what tells a keyed store.
+/// The seal record of a keyed store: its salt and the key's check value
+/// (see [`seal`]). The one value that carries no tag: it is what tells a
+/// keyed store.
 const KEY_CHECK: &[u8] = b"store_key_check";
 
 /// Options for [`Store::open`].
@@ -279,24 +281,43 @@ impl Store {
         dir: Option<PathBuf>,
         key: Option<StoreKey>,
     ) -> Result<Store> {
-        let keyed = key.is_some();
-        let key = key.map(std::sync::Arc::new);
-        let tree = |name: &'static str| -> Result<SealedTree> {
-            Ok(SealedTree::new(db.open_tree(name)?, name, key.clone()))
+        let names = [
+            "meta",
+            "jobs",
+            "records",
+            "duplicates",
+            "solutions",
+            "order",
+        ];
+        let [meta, jobs, records, duplicates, solutions, order] =
+            names.map(|name| db.open_tree(name));
+        let (meta, jobs, records, duplicates) = (meta?, jobs?, records?, duplicates?);
+        let dir_name = dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("<temporary store>"));
+        let sealer = seal::open_sealer(
+            &db,
+            &meta,
+            KEY_CHECK,
+            &[&jobs, &records, &duplicates],
+            key,
+            dir_name,
+        )?;
+        let tree = |tree: sled::Tree, name: &'static str| {
+            SealedTree::new(tree, name, sealer.clone())
         };
         let store = Store {
-            meta: tree("meta")?,
-            jobs: tree("jobs")?,
-            records: tree("records")?,
-            duplicates: tree("duplicates")?,
-            solutions: tree("solutions")?,
-            order: tree("order")?,
-            keyed,
+            meta: tree(meta, "meta"),
+            jobs: tree(jobs, "jobs"),
+            records: tree(records, "records"),
+            duplicates: tree(duplicates, "duplicates"),
+            solutions: tree(solutions?, "solutions"),
+            order: tree(order?, "order"),
+            keyed: sealer.is_some(),
             db,
             dir,
             board: OnceLock::new(),
         };
-        store.check_key(key.as_deref())?;
         // Reading the manifest validates it and learns the board.
         if store.manifest()?.is_none()
             && let Some(dir) = &store.dir
@@ -308,37 +329,6 @@ impl Store {
             });
         }
         Ok(store)
-    }
-
-    /// Checks that the store is keyed with `key`, or unkeyed without one; an
-    /// empty store opened with a key becomes keyed (durably, before any
-    /// value is written).
-    fn check_key(&self, key: Option<&StoreKey>) -> Result<()> {
-        use subtle::ConstantTimeEq;
-        let dir = self.dir_for_errors();
-        let stored = self.meta.raw().get(KEY_CHECK)?;
-        match (key, stored) {
-            (None, None) => Ok(()),
-            (None, Some(_)) => Err(Error::KeyNeeded { dir }),
-            (Some(key), Some(check)) => {
-                if bool::from(key.check_value().ct_eq(&check)) {
-                    Ok(())
-                } else {
-                    Err(Error::WrongKey { dir })
-                }
-            }
-            (Some(key), None) => {
-                let empty = [&self.meta, &self.jobs, &self.records, &self.duplicates]
-                    .iter()
-                    .all(|t| t.raw().is_empty());
-                if !empty {
-                    return Err(Error::NotKeyed { dir });
-                }
-                self.meta.raw().insert(KEY_CHECK, &key.check_value()[..])?;
-                self.db.flush()?;
-                Ok(())
-            }
-        }
     }
 
     /// True when the store's values are sealed with a store key.
@@ -1484,6 +1474,44 @@ mod tests {
         assert!(
             err.to_string().contains("`summary` in tree `meta`"),
             "{err}"
+        );
+        drop(store);
+
+        // A sealed value of another store under the same key, at the same
+        // place: each store has its own salt, so it is refused too.
+        let other = dir.path().join("other.sled");
+        keyed_run(&other, &k);
+        {
+            let store = Store::open(&other, &keyed(&k)).unwrap();
+            let mut batch = CommitBatch::new();
+            batch.replace_result(JobId(0), result(4, "w9"), 1);
+            store.apply(batch).unwrap();
+            store.flush().unwrap();
+        }
+        let chunk = {
+            let db = sled::Config::new().path(&other).open().unwrap();
+            let value = db.open_tree("records").unwrap().get(0u64.to_be_bytes());
+            value.unwrap().unwrap()
+        };
+        let target = dir.path().join("target.sled");
+        keyed_run(&target, &k);
+        {
+            let db = sled::Config::new().path(&target).open().unwrap();
+            let records = db.open_tree("records").unwrap();
+            records.insert(0u64.to_be_bytes(), chunk).unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(&target, &keyed(&k)).unwrap();
+        let err = store.result(JobId(0)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Tampered {
+                    tree: "records",
+                    ..
+                }
+            ),
+            "{err:?}"
         );
     }
 

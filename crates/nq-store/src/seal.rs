@@ -5,21 +5,22 @@
 //! was edited: whoever can write the data directory can recompute a CRC, and
 //! nq-store's own API does exactly that. With a [`StoreKey`], kept OUTSIDE
 //! the data directory, every value of every tree is followed by a tag: the
-//! HMAC-SHA256 of the tree's name, the value's key and the value. A value
-//! edited, written or moved to another key by someone without the key fails
-//! its tag when it is read, and is refused as [`Error::Tampered`], naming
-//! the record.
+//! HMAC-SHA256 of the store's salt, the tree's name, the value's key and the
+//! value. A value edited, written or moved to another key (or from another
+//! store sealed with the same key) by someone without the key fails its tag
+//! when it is read, and is refused as [`Error::Tampered`], naming the record.
 //!
 //! The tag binds a value to its place, not to its time: a value copied back
 //! from an earlier state of the same key (a rollback), or deleted, is not
 //! detected here. Nor can a key protect against whoever holds it.
 //!
-//! The `meta` tree also holds the key's check value (an HMAC of a fixed
-//! string, [`StoreKey::check_value`]), written when a keyed store is first
-//! opened. It marks the store as keyed, so that opening it without the key
-//! or with another key fails at once ([`Error::KeyNeeded`],
-//! [`Error::WrongKey`]), and opening an unkeyed store with a key fails too
-//! ([`Error::NotKeyed`]): a store is keyed from its creation or never.
+//! The `meta` tree also holds the store's seal record, written when a keyed
+//! store is first opened: a random salt drawn then, and the key's check
+//! value (an HMAC of a fixed string and the salt). It marks the store as
+//! keyed, so that opening it without the key or with another key fails at
+//! once ([`Error::KeyNeeded`], [`Error::WrongKey`]), and opening an unkeyed
+//! store with a key fails too ([`Error::NotKeyed`]): a store is keyed from
+//! its creation or never.
 //!
 //! Without a key a [`SealedTree`] passes values through unchanged and costs
 //! nothing.
@@ -44,8 +45,15 @@ pub const MIN_KEY_BYTES: usize = 16;
 /// key is hashed down to 32 bytes anyway).
 pub const MAX_KEY_BYTES: usize = 64;
 
-/// What the key's check value is the MAC of. Versioned with the tag layout.
-const CHECK_INPUT: &[u8] = b"nq-store key check v1";
+/// What the key's check value is the MAC of (with the salt). Versioned with
+/// the tag layout.
+const CHECK_INPUT: &[u8] = b"nq-store key check v1\0";
+
+/// Bytes of a store's salt.
+const SALT_LEN: usize = 16;
+
+/// Bytes of the key's check value.
+const CHECK_LEN: usize = 16;
 
 /// Opens every tag's input, so that a tag of this layout can never be
 /// mistaken for a MAC the same key made of anything else.
@@ -153,18 +161,33 @@ impl StoreKey {
         StoreKey::parse(&text)
     }
 
-    /// The key's check value: a MAC of a fixed string, stored in a keyed
-    /// store so that a wrong key is refused at open rather than at the first
-    /// value it reads. It tells nothing of the key.
-    pub fn check_value(&self) -> [u8; 16] {
-        let tag = hmac::sign(&self.hmac, CHECK_INPUT);
-        tag.as_ref()[..16].try_into().expect("a tag has 32 bytes")
+    /// The key's check value for a store of `salt`: a MAC of a fixed string
+    /// and the salt, stored in a keyed store so that a wrong key is refused at
+    /// open rather than at the first value it reads. It tells nothing of the
+    /// key.
+    fn check_value(&self, salt: &[u8; SALT_LEN]) -> [u8; CHECK_LEN] {
+        let mut mac = hmac::Context::with_key(&self.hmac);
+        mac.update(CHECK_INPUT);
+        mac.update(salt);
+        mac.sign().as_ref()[..CHECK_LEN]
+            .try_into()
+            .expect("a tag has 32 bytes")
     }
+}
 
+/// A store key bound to one store by the store's salt: what seals its
+/// values.
+pub(crate) struct Sealer {
+    key: StoreKey,
+    salt: [u8; SALT_LEN],
+}
+
+impl Sealer {
     /// The tag of `value` stored under `key` in `tree`.
     fn tag(&self, tree: &str, key: &[u8], value: &[u8]) -> hmac::Tag {
-        let mut mac = hmac::Context::with_key(&self.hmac);
+        let mut mac = hmac::Context::with_key(&self.key.hmac);
         mac.update(TAG_DOMAIN);
+        mac.update(&self.salt);
         // Tree names hold no NUL, and the key's length comes before it: no
         // two (tree, key, value) triples give the same input.
         mac.update(tree.as_bytes());
@@ -173,6 +196,55 @@ impl StoreKey {
         mac.update(key);
         mac.update(value);
         mac.sign()
+    }
+}
+
+/// The sealer of a store whose `meta` tree is `meta` (raw), opened with
+/// `key`: checks the key against the store's seal record (stored under
+/// `record` in `meta`), or, for an empty store opened with a key, draws a
+/// salt and writes the record durably before anything else. `others` are
+/// the trees that must be empty too for a store to count as empty. `None`
+/// for an unkeyed store.
+pub(crate) fn open_sealer(
+    db: &sled::Db,
+    meta: &sled::Tree,
+    record: &[u8],
+    others: &[&sled::Tree],
+    key: Option<StoreKey>,
+    dir: PathBuf,
+) -> Result<Option<Arc<Sealer>>> {
+    let (key, stored) = match (key, meta.get(record)?) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err(Error::KeyNeeded { dir }),
+        (Some(key), stored) => (key, stored),
+    };
+    let Some(stored) = stored else {
+        let empty = meta.is_empty() && others.iter().all(|t| t.is_empty());
+        if !empty {
+            return Err(Error::NotKeyed { dir });
+        }
+        let mut salt = [0u8; SALT_LEN];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt)
+            .map_err(|_| Error::Random)?;
+        let check = key.check_value(&salt);
+        meta.insert(record, [&salt[..], &check[..]].concat())?;
+        db.flush()?;
+        return Ok(Some(Arc::new(Sealer { key, salt })));
+    };
+    let bad = || Error::Corrupt {
+        tree: "meta",
+        what: crate::Corruption::Field {
+            field: "store key check",
+        },
+    };
+    if stored.len() != SALT_LEN + CHECK_LEN {
+        return Err(bad());
+    }
+    let salt: [u8; SALT_LEN] = stored[..SALT_LEN].try_into().map_err(|_| bad())?;
+    if bool::from(key.check_value(&salt).ct_eq(&stored[SALT_LEN..])) {
+        Ok(Some(Arc::new(Sealer { key, salt })))
+    } else {
+        Err(Error::WrongKey { dir })
     }
 }
 
@@ -185,16 +257,16 @@ impl StoreKey {
 pub(crate) struct SealedTree {
     tree: sled::Tree,
     name: &'static str,
-    key: Option<Arc<StoreKey>>,
+    sealer: Option<Arc<Sealer>>,
 }
 
 impl SealedTree {
     pub(crate) fn new(
         tree: sled::Tree,
         name: &'static str,
-        key: Option<Arc<StoreKey>>,
+        sealer: Option<Arc<Sealer>>,
     ) -> SealedTree {
-        SealedTree { tree, name, key }
+        SealedTree { tree, name, sealer }
     }
 
     /// The tree itself, for operations that do not touch values.
@@ -204,7 +276,7 @@ impl SealedTree {
 
     /// `value` with its tag, as stored under `key`.
     fn seal(&self, key: &[u8], value: &[u8]) -> Vec<u8> {
-        match &self.key {
+        match &self.sealer {
             None => value.to_vec(),
             Some(k) => {
                 let mut out = Vec::with_capacity(value.len() + TAG_LEN);
@@ -217,12 +289,12 @@ impl SealedTree {
 
     /// The value stored under `key`, once its tag matches.
     fn open(&self, key: &[u8], stored: IVec) -> Result<IVec> {
-        open_value(self.name, self.key.as_deref(), key, stored)
+        open_value(self.name, self.sealer.as_deref(), key, stored)
     }
 
     /// [`SealedTree::open`] on a borrowed value, without copying it.
     fn open_slice<'a>(&self, key: &[u8], stored: &'a [u8]) -> Result<&'a [u8]> {
-        let len = value_len(self.name, self.key.as_deref(), key, stored)?;
+        let len = value_len(self.name, self.sealer.as_deref(), key, stored)?;
         Ok(&stored[..len])
     }
 
@@ -238,7 +310,7 @@ impl SealedTree {
     ) -> Result<()> {
         let key = key.as_ref();
         let value = value.as_ref();
-        match &self.key {
+        match &self.sealer {
             None => self.tree.insert(key, value)?,
             Some(_) => self.tree.insert(key, self.seal(key, value))?,
         };
@@ -290,10 +362,10 @@ impl SealedTree {
         &self,
         it: sled::Iter,
     ) -> impl Iterator<Item = Result<(IVec, IVec)>> + 'static {
-        let (name, key) = (self.name, self.key.clone());
+        let (name, sealer) = (self.name, self.sealer.clone());
         it.map(move |entry| {
             let (k, v) = entry?;
-            let v = open_value(name, key.as_deref(), &k, v)?;
+            let v = open_value(name, sealer.as_deref(), &k, v)?;
             Ok((k, v))
         })
     }
@@ -350,14 +422,14 @@ impl SealedTree {
 /// itself without a store key).
 fn open_value(
     tree: &'static str,
-    store_key: Option<&StoreKey>,
+    sealer: Option<&Sealer>,
     key: &[u8],
     stored: IVec,
 ) -> Result<IVec> {
-    if store_key.is_none() {
+    if sealer.is_none() {
         return Ok(stored);
     }
-    let len = value_len(tree, store_key, key, &stored)?;
+    let len = value_len(tree, sealer, key, &stored)?;
     Ok(stored.subslice(0, len))
 }
 
@@ -365,11 +437,11 @@ fn open_value(
 /// `tree` (all of it without a store key).
 fn value_len(
     tree: &'static str,
-    store_key: Option<&StoreKey>,
+    sealer: Option<&Sealer>,
     key: &[u8],
     stored: &[u8],
 ) -> Result<usize> {
-    let Some(store_key) = store_key else {
+    let Some(sealer) = sealer else {
         return Ok(stored.len());
     };
     let tampered = || Error::Tampered {
@@ -378,7 +450,7 @@ fn value_len(
     };
     let split = stored.len().checked_sub(TAG_LEN).ok_or_else(tampered)?;
     let (value, tag) = stored.split_at(split);
-    let want = store_key.tag(tree, key, value);
+    let want = sealer.tag(tree, key, value);
     if bool::from(want.as_ref().ct_eq(tag)) {
         Ok(split)
     } else {
@@ -444,9 +516,17 @@ mod tests {
         StoreKey::from_bytes(&[byte; 32]).unwrap()
     }
 
+    fn sealer(key: StoreKey, salt: u8) -> Option<Arc<Sealer>> {
+        Some(Arc::new(Sealer {
+            key,
+            salt: [salt; SALT_LEN],
+        }))
+    }
+
     fn tree(k: Option<StoreKey>) -> SealedTree {
         let db = sled::Config::new().temporary(true).open().unwrap();
-        SealedTree::new(db.open_tree("records").unwrap(), "records", k.map(Arc::new))
+        let sealer = k.and_then(|k| sealer(k, 0));
+        SealedTree::new(db.open_tree("records").unwrap(), "records", sealer)
     }
 
     #[test]
@@ -457,19 +537,23 @@ mod tests {
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
             .collect();
         assert_eq!(
-            from_hex.check_value(),
-            StoreKey::from_bytes(&bytes).unwrap().check_value()
+            from_hex.check_value(&[0; SALT_LEN]),
+            StoreKey::from_bytes(&bytes)
+                .unwrap()
+                .check_value(&[0; SALT_LEN])
         );
         use base64::Engine;
         let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
         assert_eq!(
-            StoreKey::parse(&b64).unwrap().check_value(),
-            from_hex.check_value()
+            StoreKey::parse(&b64).unwrap().check_value(&[0; SALT_LEN]),
+            from_hex.check_value(&[0; SALT_LEN])
         );
         let unpadded = b64.trim_end_matches('=');
         assert_eq!(
-            StoreKey::parse(unpadded).unwrap().check_value(),
-            from_hex.check_value()
+            StoreKey::parse(unpadded)
+                .unwrap()
+                .check_value(&[0; SALT_LEN]),
+            from_hex.check_value(&[0; SALT_LEN])
         );
         for short in ["00112233", "AAAA"] {
             let err = StoreKey::parse(short).unwrap_err();
@@ -494,19 +578,22 @@ mod tests {
         assert_eq!(&*t.get(1u64.to_be_bytes()).unwrap().unwrap(), b"value");
         let raw = t.raw().get(1u64.to_be_bytes()).unwrap().unwrap();
         assert_eq!(raw.len(), 5 + TAG_LEN);
-        // The same bytes read with another key fail.
-        let other = SealedTree::new(t.raw().clone(), "records", Some(Arc::new(key(8))));
-        let err = other.get(1u64.to_be_bytes()).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Tampered {
-                    tree: "records",
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        // The same bytes read with another key fail, and so do they with
+        // the same key in another store (another salt).
+        for other in [sealer(key(8), 0), sealer(k.clone(), 1)] {
+            let other = SealedTree::new(t.raw().clone(), "records", other);
+            let err = other.get(1u64.to_be_bytes()).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::Tampered {
+                        tree: "records",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
         // An unkeyed reader sees the tag as part of the value: the CRC
         // inside a real value then fails.
         assert_eq!(tree(None).seal(b"k", b"v"), b"v");
