@@ -22,7 +22,7 @@
 //! store with a key fails too ([`Error::NotKeyed`]): a store is keyed from
 //! its creation or never.
 //!
-//! Without a key a [`SealedTree`] passes values through unchanged and costs
+//! Without a key the store's trees pass values through unchanged, which costs
 //! nothing.
 
 use std::fmt;
