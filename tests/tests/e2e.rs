@@ -23,6 +23,7 @@ mod reliability;
 mod security;
 mod solutions;
 mod status;
+mod tamper;
 mod totals;
 
 use std::time::Duration;

@@ -5,8 +5,12 @@
 //! resuming coordinator does (`ledger::restore`: each copy's tally derived
 //! again from its counts, every job judged again from its stored copies),
 //! writes one CSV row per job, and compares the re-added totals with the
-//! summary stored when the run finished. Any difference, or any damaged
-//! record, makes it fail.
+//! summary stored when the run finished and, once every job is settled, with
+//! the published values of the board where they are known (OEIS A000170 and
+//! A002562, N ≤ 27): a count edited in the store together with its summary
+//! still differs from the published total. Any difference
+//! ([`AuditReport::differences`]), or any damaged or (in a keyed store)
+//! tampered record, makes it fail.
 //!
 //! # Format (version 2)
 //!
@@ -50,7 +54,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nq_proto::convert::RunShape;
-use nq_store::{JobState, Scan, Store, StoreOptions};
+use nq_store::{JobState, Scan, Store, StoreKey, StoreOptions};
 use sha2::{Digest, Sha256};
 
 use crate::core::quorum::{Fraction, Policy};
@@ -95,18 +99,145 @@ pub struct AuditReport {
     pub unique: Option<u128>,
     /// The unique count stored when the run finished, if it did.
     pub stored_unique: Option<u128>,
+    /// The published total and unique count of the board (`nq_core::published`),
+    /// where they are known.
+    pub published: Option<(u128, u128)>,
     /// The digest of the audit as written, the value of its last line.
     pub digest: AuditDigest,
 }
 
+/// One total of an audit that differs from what it must equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Difference {
+    /// The re-added total differs from the total stored when the run
+    /// finished.
+    StoredTotal {
+        /// The re-added total.
+        found: u128,
+        /// The stored one.
+        stored: u128,
+    },
+    /// The rows of the audit add up to another total than the stored one.
+    RowsTotal {
+        /// What the rows add up to.
+        found: u128,
+        /// The stored total.
+        stored: u128,
+    },
+    /// The re-added unique count differs from the stored one (or cannot be
+    /// derived, `None`, though the run finished).
+    StoredUnique {
+        /// The re-added unique count.
+        found: Option<u128>,
+        /// The stored one.
+        stored: u128,
+    },
+    /// Every job is settled, but the total differs from the published one.
+    PublishedTotal {
+        /// The re-added total.
+        found: u128,
+        /// The published one.
+        published: u128,
+    },
+    /// Every job is settled, but the unique count differs from the
+    /// published one.
+    PublishedUnique {
+        /// The re-added unique count.
+        found: u128,
+        /// The published one.
+        published: u128,
+    },
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Difference::StoredTotal { found, stored } => write!(
+                f,
+                "the re-added total {found} differs from the total {stored} stored \
+                 when the run finished"
+            ),
+            Difference::RowsTotal { found, stored } => write!(
+                f,
+                "the audit's rows add up to {found}, not to the stored total {stored}"
+            ),
+            Difference::StoredUnique { found, stored } => match found {
+                Some(found) => write!(
+                    f,
+                    "the re-added unique count {found} differs from the unique \
+                     count {stored} stored when the run finished"
+                ),
+                None => write!(
+                    f,
+                    "the run is stored as finished with unique count {stored}, but \
+                     its jobs are not all settled"
+                ),
+            },
+            Difference::PublishedTotal { found, published } => write!(
+                f,
+                "the total {found} differs from the published total {published} \
+                 (OEIS A000170)"
+            ),
+            Difference::PublishedUnique { found, published } => write!(
+                f,
+                "the unique count {found} differs from the published unique count \
+                 {published} (OEIS A002562)"
+            ),
+        }
+    }
+}
+
 impl AuditReport {
-    /// True when the re-added totals, and the total the rows add up to,
-    /// equal the stored ones (or the run is not finished, so nothing was
-    /// stored to compare).
+    /// Every total that differs from what it must equal: the stored summary
+    /// (when the run finished) and the published values (when every job is
+    /// settled and the board's are known). Empty when all agree.
+    pub fn differences(&self) -> Vec<Difference> {
+        let mut out = Vec::new();
+        if let Some(stored) = self.stored_total {
+            if self.total != stored {
+                out.push(Difference::StoredTotal {
+                    found: self.total,
+                    stored,
+                });
+            }
+            if self.rows_total != stored {
+                out.push(Difference::RowsTotal {
+                    found: self.rows_total,
+                    stored,
+                });
+            }
+        }
+        if let Some(stored) = self.stored_unique
+            && self.unique != Some(stored)
+        {
+            out.push(Difference::StoredUnique {
+                found: self.unique,
+                stored,
+            });
+        }
+        // `unique` is known once every job is settled: only then is the
+        // total the board's.
+        if let (Some((total, unique)), Some(found_unique)) = (self.published, self.unique)
+        {
+            if self.total != total {
+                out.push(Difference::PublishedTotal {
+                    found: self.total,
+                    published: total,
+                });
+            }
+            if found_unique != unique {
+                out.push(Difference::PublishedUnique {
+                    found: found_unique,
+                    published: unique,
+                });
+            }
+        }
+        out
+    }
+
+    /// True when no total differs ([`AuditReport::differences`] is empty).
     pub fn agrees(&self) -> bool {
-        self.stored_total
-            .is_none_or(|t| t == self.total && t == self.rows_total)
-            && self.stored_unique.is_none_or(|u| Some(u) == self.unique)
+        self.differences().is_empty()
     }
 }
 
@@ -120,7 +251,29 @@ impl AuditReport {
 /// [`Error::NoRun`]; [`Error::DamagedResult`] or store corruption errors for
 /// a damaged directory; I/O errors writing `out`.
 pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditReport> {
-    let store = Store::open(dir, &StoreOptions::default())?;
+    audit_with_key(dir, None, out, verify)
+}
+
+/// [`audit`] of a store sealed with `key` (or unkeyed, for `None`): every
+/// value read is checked against its tag.
+///
+/// # Errors
+///
+/// As [`audit`]; [`nq_store::Error::Tampered`] for a value the key does not
+/// vouch for, naming the record; [`nq_store::Error::KeyNeeded`],
+/// [`nq_store::Error::WrongKey`] or [`nq_store::Error::NotKeyed`] when the
+/// key does not fit the store.
+pub fn audit_with_key(
+    dir: &Path,
+    key: Option<&StoreKey>,
+    out: &mut dyn Write,
+    verify: Fraction,
+) -> Result<AuditReport> {
+    let options = StoreOptions {
+        key: key.cloned(),
+        ..StoreOptions::default()
+    };
+    let store = Store::open(dir, &options)?;
     audit_store(&store, out, verify)
 }
 
@@ -350,6 +503,7 @@ pub fn audit_store(
         stored_total: summary.as_ref().map(|s| s.total),
         unique,
         stored_unique: summary.as_ref().map(|s| s.unique),
+        published: nq_core::published::published(key.board.n()),
         digest,
     })
 }
@@ -361,5 +515,103 @@ fn csv(field: &str) -> String {
         format!("\"{}\"", field.replace('"', "\"\""))
     } else {
         field.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// N = 14, finished, every total as it should be.
+    fn honest() -> AuditReport {
+        AuditReport {
+            jobs: 10,
+            settled: 10,
+            total: 365_596,
+            rows_total: 365_596,
+            stored_total: Some(365_596),
+            unique: Some(45_752),
+            stored_unique: Some(45_752),
+            published: nq_core::published::published(14),
+            digest: AuditDigest([0; 32]),
+        }
+    }
+
+    #[test]
+    fn an_honest_finished_run_has_no_difference() {
+        assert_eq!(honest().differences(), vec![]);
+        assert!(honest().agrees());
+    }
+
+    /// Issue 18, item 4: a count edited with its summary made to agree
+    /// passes every comparison inside the store; the published values
+    /// catch it, and the difference names them.
+    #[test]
+    fn a_lie_that_the_store_agrees_with_fails_on_the_published_values() {
+        let lied = AuditReport {
+            total: 365_612,
+            rows_total: 365_612,
+            stored_total: Some(365_612),
+            unique: Some(45_754),
+            stored_unique: Some(45_754),
+            ..honest()
+        };
+        let found = lied.differences();
+        assert_eq!(
+            found,
+            vec![
+                Difference::PublishedTotal {
+                    found: 365_612,
+                    published: 365_596
+                },
+                Difference::PublishedUnique {
+                    found: 45_754,
+                    published: 45_752
+                },
+            ]
+        );
+        assert!(found[0].to_string().contains("published total 365596"));
+        assert!(!lied.agrees());
+    }
+
+    #[test]
+    fn a_summary_that_differs_from_the_counts_is_named() {
+        let edited = AuditReport {
+            total: 365_612,
+            rows_total: 365_612,
+            unique: Some(45_754),
+            published: None,
+            ..honest()
+        };
+        let found = edited.differences();
+        assert!(
+            matches!(found[0], Difference::StoredTotal { .. }),
+            "{found:?}"
+        );
+        assert!(
+            matches!(found[1], Difference::RowsTotal { .. }),
+            "{found:?}"
+        );
+        assert!(
+            matches!(found[2], Difference::StoredUnique { .. }),
+            "{found:?}"
+        );
+        assert_eq!(found.len(), 3);
+    }
+
+    /// An unfinished run's partial total is not the board's: nothing is
+    /// compared with the published values until every job is settled.
+    #[test]
+    fn an_unfinished_run_is_not_held_to_the_published_values() {
+        let partial = AuditReport {
+            settled: 4,
+            total: 120_000,
+            rows_total: 120_000,
+            stored_total: None,
+            unique: None,
+            stored_unique: None,
+            ..honest()
+        };
+        assert_eq!(partial.differences(), vec![]);
     }
 }

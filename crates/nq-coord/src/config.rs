@@ -80,6 +80,10 @@ pub struct Config {
     pub linger: Duration,
     /// sled page cache in bytes, more than zero.
     pub cache_bytes: u64,
+    /// The key that seals every stored value (see [`nq_store::seal`]); a
+    /// store created with one must be opened with it. Keep it OUTSIDE the
+    /// data directory.
+    pub store_key: Option<nq_store::StoreKey>,
     /// Receives progress snapshots (a few per second) when set.
     pub progress: Option<watch::Sender<Progress>>,
     /// Log an `info!` progress line this often (more than zero) when set.
@@ -134,6 +138,7 @@ impl Config {
             max_job_size: crate::MAX_SUBS_PER_JOB,
             linger: default_linger(DEFAULT_LEASE_TTL),
             cache_bytes: nq_store::DEFAULT_CACHE_BYTES,
+            store_key: None,
             progress: None,
             progress_log: None,
             verify: Fraction::Auto,

@@ -20,7 +20,7 @@ use std::path::Path;
 
 use nq_core::notation::{Format, write_solution};
 use nq_core::split::{images_of_completion, unique_of_completion};
-use nq_store::{JobState, Store, StoreOptions};
+use nq_store::{JobState, Store, StoreKey, StoreOptions};
 
 use crate::error::{Error, Result};
 
@@ -74,12 +74,34 @@ pub fn export(
     options: &ExportOptions,
     out: &mut dyn Write,
 ) -> Result<ExportSummary> {
+    export_with_key(dir, None, options, out)
+}
+
+/// [`export`] of a store sealed with `key` (or unkeyed, for `None`).
+///
+/// # Errors
+///
+/// As [`export`]; a key that does not fit the store is refused as
+/// [`nq_store::Error::KeyNeeded`], [`nq_store::Error::WrongKey`] or
+/// [`nq_store::Error::NotKeyed`].
+pub fn export_with_key(
+    dir: &Path,
+    key: Option<&StoreKey>,
+    options: &ExportOptions,
+    out: &mut dyn Write,
+) -> Result<ExportSummary> {
     if !dir.exists() {
         return Err(Error::NoRun {
             dir: dir.to_path_buf(),
         });
     }
-    let store = Store::open(dir, &StoreOptions::default())?;
+    let store = Store::open(
+        dir,
+        &StoreOptions {
+            key: key.cloned(),
+            ..StoreOptions::default()
+        },
+    )?;
     let manifest = store.manifest()?.ok_or_else(|| Error::NoRun {
         dir: dir.to_path_buf(),
     })?;

@@ -44,6 +44,7 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     let opened = Instant::now();
     let options = StoreOptions {
         cache_capacity: config.cache_bytes,
+        key: config.store_key.clone(),
     };
     let store = Arc::new(Store::open(&config.data_dir, &options)?);
     let stored = store.manifest()?;

@@ -149,12 +149,13 @@ pub(crate) fn unseal<'a>(tree: &'static str, bytes: &'a [u8]) -> Result<&'a [u8]
 
 /// Opens a value whose first byte is its format version, for formats sealed
 /// (a CRC-32 after the value, see [`seal`]) from version `sealed_from` on:
-/// checks the checksum of a sealed value, then that the version is one this
-/// build reads (1 to `current`). Returns the version and a reader over the
-/// fields after it, without the checksum.
+/// refuses a version before that ([`Corruption::Unsealed`]: nothing could
+/// tell whether it is intact), checks the checksum, then that the version is
+/// one this build reads (`sealed_from` to `current`). Returns the version and
+/// a reader over the fields after it, without the checksum.
 ///
-/// The checksum is checked first, so a damaged version byte reads as damage,
-/// not as a value from a newer program.
+/// The checksum is checked before the version is judged, so a damaged
+/// version byte reads as damage, not as a value from a newer program.
 pub(crate) fn open<'a>(
     tree: &'static str,
     bytes: &'a [u8],
@@ -165,12 +166,13 @@ pub(crate) fn open<'a>(
         tree,
         what: Corruption::Truncated,
     })?;
-    let body = if version >= sealed_from {
-        unseal(tree, bytes)?
-    } else {
-        bytes
-    };
-    let mut r = Reader::new(tree, body);
+    if (1..sealed_from).contains(&version) {
+        return Err(Error::Corrupt {
+            tree,
+            what: Corruption::Unsealed { found: version },
+        });
+    }
+    let mut r = Reader::new(tree, unseal(tree, bytes)?);
     r.u8()?;
     if version == 0 || version > current {
         return Err(r.corrupt(Corruption::Version {

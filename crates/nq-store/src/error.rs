@@ -125,6 +125,55 @@ pub enum Error {
         /// What sled found, in words.
         what: String,
     },
+    /// A value of a keyed store fails its tag: it was edited, written without
+    /// the key, or moved from another record (see [`crate::seal`]).
+    #[error(
+        "the store key does not vouch for {record} in tree `{tree}`: the value \
+         was changed, moved or written by someone without the key; do not trust \
+         this data directory (restore it from a backup, or start the run again \
+         in a new one)"
+    )]
+    Tampered {
+        /// The tree holding the value.
+        tree: &'static str,
+        /// The record, in words (for example "job record chunk 0 (jobs 0 to
+        /// 15)").
+        record: String,
+    },
+    /// The store is keyed, and no key was given.
+    #[error(
+        "data directory {} is sealed with a store key: give the key it was \
+         created with (the coordinator's --store-key-file or NQ_STORE_KEY)",
+        dir.display()
+    )]
+    KeyNeeded {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The store is keyed with another key than the one given.
+    #[error(
+        "data directory {} is sealed with another store key than the one given: \
+         give the key it was created with",
+        dir.display()
+    )]
+    WrongKey {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A key was given for a store that holds values written without one.
+    #[error(
+        "data directory {} was created without a store key, so a key cannot \
+         vouch for its values: resume it without --store-key-file and \
+         NQ_STORE_KEY, or start the run again in a new directory with the key",
+        dir.display()
+    )]
+    NotKeyed {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The operating system gave no random bytes for a keyed store's salt.
+    #[error("cannot draw random bytes from the operating system for the store's salt")]
+    Random,
     /// Any other sled failure (other I/O errors, a reported sled bug).
     #[error("storage error")]
     Sled(#[source] sled::Error),
@@ -252,6 +301,12 @@ pub enum Corruption {
     Core(nq_core::Error),
     /// A value's checksum does not match its bytes: it was damaged at rest.
     Checksum,
+    /// A value in a format from before values were sealed with a checksum:
+    /// nothing can tell whether it is intact, so it is refused.
+    Unsealed {
+        /// Its format version.
+        found: u8,
+    },
 }
 
 impl fmt::Display for Corruption {
@@ -270,6 +325,12 @@ impl fmt::Display for Corruption {
             Corruption::Checksum => {
                 write!(f, "a value does not match its checksum (damaged on disk)")
             }
+            Corruption::Unsealed { found } => write!(
+                f,
+                "a value has format version {found}, from before values were sealed: \
+                 it cannot be checked, so it is refused (start the run again in a \
+                 new data directory)"
+            ),
         }
     }
 }

@@ -5,7 +5,7 @@
 //! so CI runs them on every change. Each format gets three properties:
 //!
 //! * (a) encode → decode round-trips arbitrary valid values (counts up to
-//!   `u128::MAX`, arbitrary strings), in every version still read;
+//!   `u128::MAX`, arbitrary strings), and the unsealed version 1 is refused;
 //! * (b) decoding arbitrary bytes never panics, returns a value or
 //!   [`Error::Corrupt`], and allocates at most in proportion to its input (a
 //!   counting allocator, below, measures it: a length field must not make a
@@ -322,7 +322,7 @@ fn mangled(valid: impl Strategy<Value = Vec<u8>>) -> impl Strategy<Value = Vec<u
     ]
 }
 
-// ----- the version-1 formats, still read ----------------------------------------
+// ----- the version-1 formats, now refused -----------------------------------------
 
 /// A result as version 1 wrote it: no identity, kernel or receipt time.
 fn put_result_v1(out: &mut Vec<u8>, r: &StoredResult) {
@@ -338,16 +338,6 @@ fn put_result_v1(out: &mut Vec<u8>, r: &StoredResult) {
     put_varint(out, r.nodes.into());
     out.extend_from_slice(&r.lease.to_be_bytes());
     put_str(out, &r.worker);
-}
-
-/// What version 1 keeps of a result: its identity reads as its worker id.
-fn as_read_from_v1(r: &StoredResult) -> StoredResult {
-    StoredResult {
-        identity: r.worker.clone(),
-        kernel: String::new(),
-        received_unix_ms: 0,
-        ..r.clone()
-    }
 }
 
 fn encode_record_v1(rec: &JobRecord) -> Vec<u8> {
@@ -464,23 +454,17 @@ proptest! {
     }
 
     #[test]
-    fn records_round_trip_in_both_versions(rec in job_record()) {
+    fn records_round_trip_and_unsealed_ones_are_refused(rec in job_record()) {
         prop_assert_eq!(&JobRecord::decode(&rec.encode())?, &rec);
-        let v1 = JobRecord {
-            state: match &rec.state {
-                JobState::Done(r) => JobState::Done(Box::new(as_read_from_v1(r))),
-                s => s.clone(),
-            },
-            attempts: rec.attempts,
-        };
-        prop_assert_eq!(JobRecord::decode(&encode_record_v1(&rec))?, v1);
+        let err = JobRecord::decode(&encode_record_v1(&rec)).unwrap_err();
+        prop_assert!(is_unsealed(&err), "{:?}", err);
     }
 
     #[test]
-    fn duplicates_round_trip_in_both_versions(d in duplicate()) {
+    fn duplicates_round_trip_and_unsealed_ones_are_refused(d in duplicate()) {
         prop_assert_eq!(&Duplicate::decode(&d.encode())?, &d);
-        let v1 = Duplicate { kind: d.kind, result: as_read_from_v1(&d.result) };
-        prop_assert_eq!(Duplicate::decode(&encode_duplicate_v1(&d))?, v1);
+        let err = Duplicate::decode(&encode_duplicate_v1(&d)).unwrap_err();
+        prop_assert!(is_unsealed(&err), "{:?}", err);
     }
 
     #[test]
@@ -880,27 +864,33 @@ fn a_flipped_bit_in_the_manifest_is_refused() {
     ));
 }
 
-/// The formats sealed since version 2 still read what version 1 wrote, so
-/// an existing data directory resumes.
+/// True for the refusal of a value from before values were sealed.
+fn is_unsealed(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Corrupt {
+            what: Corruption::Unsealed { found: 1 },
+            ..
+        }
+    )
+}
+
+/// What version 1 wrote had no checksum, so nothing can tell an intact
+/// value from a damaged or edited one: every format refuses it, naming the
+/// problem (see issue 18: such values skipped the check altogether).
 #[test]
-fn version_1_values_are_still_read() {
+fn version_1_values_are_refused() {
     let board = Board::new(4).unwrap();
     let jobs = [NewJob {
         rows: vec![1, 3, 0, 2],
         work: 9,
     }];
     let v1 = as_version_1(&encode_chunk(&jobs));
-    assert_eq!(
-        decode_jobs(board, &v1).unwrap(),
-        vec![(9, vec![1, 3, 0, 2])]
-    );
+    assert!(is_unsealed(&decode_jobs(board, &v1).unwrap_err()));
 
     let records = BTreeMap::from([(2u8, done_record()), (7, JobRecord::default())]);
     let v1 = as_version_1(&encode_records(&records));
-    assert_eq!(
-        decode_records(&v1).unwrap(),
-        records.into_iter().collect::<Vec<_>>()
-    );
+    assert!(is_unsealed(&decode_records(&v1).unwrap_err()));
 
     let s = RunSummary {
         total: 92,
@@ -911,7 +901,12 @@ fn version_1_values_are_still_read() {
         conflicts: 4,
         finished_unix_ms: 5,
     };
-    assert_eq!(RunSummary::decode(&as_version_1(&s.encode())).unwrap(), s);
+    let err = RunSummary::decode(&as_version_1(&s.encode())).unwrap_err();
+    assert!(is_unsealed(&err), "{err:?}");
+    assert!(
+        err.to_string().contains("before values were sealed"),
+        "{err}"
+    );
 
     let m = Manifest {
         key: RunKey {
@@ -926,5 +921,7 @@ fn version_1_values_are_still_read() {
         total_work: 9,
         created_unix_ms: 6,
     };
-    assert_eq!(Manifest::decode(&as_version_1(&m.encode())).unwrap(), m);
+    assert!(is_unsealed(
+        &Manifest::decode(&as_version_1(&m.encode())).unwrap_err()
+    ));
 }

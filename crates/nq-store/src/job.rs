@@ -62,7 +62,7 @@ pub const JOBS_PER_CHUNK: u64 = 64;
 /// Format of job chunks. Version 2 seals each chunk with a CRC-32: a flipped
 /// bit in a prefix can turn one valid sub-problem into another, which no
 /// check of the prefix would notice, so the jobs of a run would silently
-/// change. Version 1 is still read.
+/// change. Version 1 (unsealed) is refused.
 const CHUNK_VERSION: u8 = 2;
 
 impl StoredJob {
@@ -242,7 +242,7 @@ impl Default for JobRecord {
 }
 
 /// Format of job records. Version 2 seals every record with a CRC-32 and
-/// stores results in their version 2 form; version 1 is still read.
+/// stores results in their version 2 form; version 1 (unsealed) is refused.
 const RECORD_VERSION: u8 = 2;
 
 /// Job records per value of the `records` tree. Like jobs, records are
@@ -254,7 +254,7 @@ pub const RECORDS_PER_CHUNK: u64 = 16;
 /// refuses indexes out of order or beyond the chunk: each record is sealed
 /// on its own, but its index is not part of it, so in version 1 a flipped bit
 /// in an index moved a result to another job (found by the property tests in
-/// `fuzz`). Version 1 is still read.
+/// `fuzz`). Version 1 (unsealed) is refused.
 const RECORD_CHUNK_VERSION: u8 = 2;
 
 /// The chunk (key of the `records` tree) holding `job`'s record, and the
@@ -360,20 +360,7 @@ impl JobRecord {
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<JobRecord> {
-        let version = bytes.first().copied().unwrap_or(0);
-        let body = if version >= 2 {
-            crate::codec::unseal("records", bytes)?
-        } else {
-            bytes
-        };
-        let mut r = Reader::new("records", body);
-        let version = r.u8()?;
-        if !(1..=RECORD_VERSION).contains(&version) {
-            return Err(r.corrupt(Corruption::Version {
-                found: version,
-                expected: RECORD_VERSION,
-            }));
-        }
+        let (version, mut r) = crate::codec::open("records", bytes, 2, RECORD_VERSION)?;
         let tag = r.u8()?;
         let attempts = r.u32()?;
         let state = match tag {

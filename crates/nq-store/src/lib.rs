@@ -19,6 +19,7 @@
 //! * [`result`]: [`StoredResult`], [`Duplicate`], the group-commit
 //!   [`CommitBatch`] and the final [`RunSummary`].
 //! * `codec` (private): the byte encodings.
+//! * [`seal`]: the [`StoreKey`] and the keyed tags on every value.
 //! * [`error`]: the [`Error`] enum.
 //!
 //! # Trees
@@ -27,7 +28,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary` | see the types |
+//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary`, `verify_secret`, the creation records; `store_key_check` in keyed stores | see the types |
 //! | `jobs` | job id / [`job::JOBS_PER_CHUNK`] (8) | that many jobs: work (8) and prefixes (N bytes each) |
 //! | `records` | job id / [`job::RECORDS_PER_CHUNK`] (8) | that many [`JobRecord`]s, with the result once done; an absent record means pending, 0 attempts |
 //! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |
@@ -36,7 +37,15 @@
 //! Every value that a count depends on (job chunks, record chunks and the
 //! records in them, duplicates, the manifest and the summary) ends with a
 //! CRC-32 of its bytes, checked when it is read: a value damaged at rest is
-//! refused as [`Error::Corrupt`], never read as another value.
+//! refused as [`Error::Corrupt`], never read as another value. Values of the
+//! first, unsealed formats are refused too ([`Corruption::Unsealed`]).
+//!
+//! A CRC stops damage, not an edit. A store opened with a [`StoreKey`]
+//! (given in [`StoreOptions::key`], kept outside the data directory) also
+//! ends EVERY value of every tree with a keyed tag bound to the store, the
+//! value's tree and its key ([`seal`]): a value edited, forged or moved by
+//! someone without the key is refused as [`Error::Tampered`], naming the
+//! record.
 //!
 //! sled spends about a hundred bytes of memory per entry whatever the cache
 //! size (measured: a million small entries cost 100 to 200 MB), so the layout
@@ -64,6 +73,7 @@ pub mod manifest;
 pub mod plan;
 pub mod result;
 mod scan;
+pub mod seal;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -79,8 +89,10 @@ pub use manifest::{Manifest, RunKey};
 pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
 pub use scan::{JobScan, Scan, ScannedJob};
+pub use seal::{KeyError, StoreKey};
 
 use codec::{Reader, key_u64};
+use seal::SealedTree;
 
 /// Default sled page cache, 16 MiB. sled's real heap is several times its
 /// nominal cache (measured: a million small entries take about 100 MB with a
@@ -102,18 +114,26 @@ const BOOT: &[u8] = b"boot";
 const ELAPSED: &[u8] = b"elapsed_ms";
 const SUMMARY: &[u8] = b"summary";
 const SECRET: &[u8] = b"verify_secret";
+/// The seal record of a keyed store: its salt and the key's check value
+/// (see [`seal`]). The one value that carries no tag: it is what tells a
+/// keyed store.
+const KEY_CHECK: &[u8] = b"store_key_check";
 
 /// Options for [`Store::open`].
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     /// sled's page cache size in bytes. Default [`DEFAULT_CACHE_BYTES`].
     pub cache_capacity: u64,
+    /// The key that seals every value (see [`seal`]); `None` for an unkeyed
+    /// store. A store is keyed from its first write on, or never.
+    pub key: Option<StoreKey>,
 }
 
 impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             cache_capacity: DEFAULT_CACHE_BYTES,
+            key: None,
         }
     }
 }
@@ -148,13 +168,15 @@ pub struct SolutionBatch {
 /// takes `&self` and is safe to call from many threads.
 pub struct Store {
     db: sled::Db,
-    meta: sled::Tree,
-    jobs: sled::Tree,
-    records: sled::Tree,
-    duplicates: sled::Tree,
-    solutions: sled::Tree,
+    meta: SealedTree,
+    jobs: SealedTree,
+    records: SealedTree,
+    duplicates: SealedTree,
+    solutions: SealedTree,
     /// The hand-out order of the jobs (see [`plan`]).
-    order: sled::Tree,
+    order: SealedTree,
+    /// Whether values are sealed with a store key.
+    keyed: bool,
     dir: Option<PathBuf>,
     /// The run's board, known once a manifest was read or written; jobs and
     /// solutions cannot be decoded without it.
@@ -166,6 +188,7 @@ impl fmt::Debug for Store {
         f.debug_struct("Store")
             .field("dir", &self.dir)
             .field("board", &self.board.get())
+            .field("keyed", &self.keyed)
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +203,8 @@ impl Store {
     ///   lock for a moment);
     /// * [`Error::NotAStore`] when `dir` is a non-empty directory that holds no
     ///   sled database (it is left untouched);
+    /// * [`Error::KeyNeeded`], [`Error::WrongKey`], [`Error::NotKeyed`] when
+    ///   `options.key` does not fit the store (see [`seal`]);
     /// * [`Error::Open`] for anything else sled refuses, naming `dir`.
     pub fn open(dir: &Path, options: &StoreOptions) -> Result<Store> {
         if let Ok(mut entries) = std::fs::read_dir(dir) {
@@ -219,7 +244,7 @@ impl Store {
                 Err(source) => return Err(Error::open(dir, source)),
             }
         };
-        Store::from_db(db, Some(dir.to_path_buf()))
+        Store::from_db(db, Some(dir.to_path_buf()), options.key.clone())
     }
 
     /// Opens a store from a sled configuration, e.g.
@@ -229,7 +254,17 @@ impl Store {
     ///
     /// [`Error::Sled`] when sled cannot open it.
     pub fn with_config(config: sled::Config) -> Result<Store> {
-        Store::from_db(config.open()?, None)
+        Store::from_db(config.open()?, None, None)
+    }
+
+    /// [`Store::with_config`] for a store sealed with `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sled`] when sled cannot open it; as [`Store::open`] when the
+    /// key does not fit the store.
+    pub fn with_config_and_key(config: sled::Config, key: StoreKey) -> Result<Store> {
+        Store::from_db(config.open()?, None, Some(key))
     }
 
     /// A store that lives in memory (or `/dev/shm`) and vanishes on drop.
@@ -241,14 +276,44 @@ impl Store {
         Store::with_config(sled::Config::new().temporary(true))
     }
 
-    fn from_db(db: sled::Db, dir: Option<PathBuf>) -> Result<Store> {
+    fn from_db(
+        db: sled::Db,
+        dir: Option<PathBuf>,
+        key: Option<StoreKey>,
+    ) -> Result<Store> {
+        let names = [
+            "meta",
+            "jobs",
+            "records",
+            "duplicates",
+            "solutions",
+            "order",
+        ];
+        let [meta, jobs, records, duplicates, solutions, order] =
+            names.map(|name| db.open_tree(name));
+        let (meta, jobs, records, duplicates) = (meta?, jobs?, records?, duplicates?);
+        let dir_name = dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("<temporary store>"));
+        let sealer = seal::open_sealer(
+            &db,
+            &meta,
+            KEY_CHECK,
+            &[&jobs, &records, &duplicates],
+            key,
+            dir_name,
+        )?;
+        let tree = |tree: sled::Tree, name: &'static str| {
+            SealedTree::new(tree, name, sealer.clone())
+        };
         let store = Store {
-            meta: db.open_tree("meta")?,
-            jobs: db.open_tree("jobs")?,
-            records: db.open_tree("records")?,
-            duplicates: db.open_tree("duplicates")?,
-            solutions: db.open_tree("solutions")?,
-            order: db.open_tree("order")?,
+            meta: tree(meta, "meta"),
+            jobs: tree(jobs, "jobs"),
+            records: tree(records, "records"),
+            duplicates: tree(duplicates, "duplicates"),
+            solutions: tree(solutions?, "solutions"),
+            order: tree(order?, "order"),
+            keyed: sealer.is_some(),
             db,
             dir,
             board: OnceLock::new(),
@@ -264,6 +329,11 @@ impl Store {
             });
         }
         Ok(store)
+    }
+
+    /// True when the store's values are sealed with a store key.
+    pub fn is_keyed(&self) -> bool {
+        self.keyed
     }
 
     /// The directory, unless the store is temporary.
@@ -472,7 +542,7 @@ impl Store {
         &self,
     ) -> impl Iterator<Item = Result<(JobId, JobRecord)>> + 'static {
         self.records.iter().flat_map(|entry| {
-            let chunk = entry.map_err(Error::from).and_then(|(k, v)| {
+            let chunk = entry.and_then(|(k, v)| {
                 let first = key_u64("records", &k)? * RECORDS_PER_CHUNK;
                 job::decode_record_chunk(&v)?
                     .into_iter()
@@ -516,20 +586,10 @@ impl Store {
                 .push((index, bytes, replaces_result));
         }
         for (key, updates) in by_chunk {
-            let mut failure = None;
+            // A corrupt chunk is left as it is, and reported.
             self.records.fetch_and_update(key.to_be_bytes(), |old| {
-                match job::update_record_chunk(old, &updates) {
-                    Ok(new) => Some(new),
-                    Err(e) => {
-                        // Leave a corrupt chunk as it is, and report it.
-                        failure = Some(e);
-                        old.map(<[u8]>::to_vec)
-                    }
-                }
+                job::update_record_chunk(old, &updates).map(Some)
             })?;
-            if let Some(e) = failure {
-                return Err(e);
-            }
         }
         Ok(())
     }
@@ -678,12 +738,12 @@ impl Store {
     pub fn clear_solutions(&self, job: JobId) -> Result<u64> {
         let mut batch = sled::Batch::default();
         let mut n = 0;
-        for key in self.solutions.scan_prefix(job.key()).keys() {
+        for key in self.solutions.raw().scan_prefix(job.key()).keys() {
             batch.remove(key?);
             n += 1;
         }
         if n > 0 {
-            self.solutions.apply_batch(batch)?;
+            self.solutions.raw().apply_batch(batch)?;
         }
         Ok(n)
     }
@@ -722,7 +782,7 @@ impl Store {
             let n = old
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
                 .map_or(0, u64::from_be_bytes);
-            Some((n + 1).to_be_bytes().to_vec())
+            Ok(Some((n + 1).to_be_bytes().to_vec()))
         })?;
         let old = match old {
             None => 0,
@@ -740,17 +800,13 @@ impl Store {
     ///
     /// sled errors, [`Error::Corrupt`] for a stored secret of the wrong size.
     pub fn verify_secret(&self, fresh: [u8; 16]) -> Result<[u8; 16]> {
-        let stored =
-            match self
-                .meta
-                .compare_and_swap(SECRET, None::<&[u8]>, Some(&fresh[..]))?
-            {
-                Ok(()) => {
-                    self.db.flush()?;
-                    return Ok(fresh);
-                }
-                Err(cas) => cas.current,
-            };
+        let stored = match self.meta.insert_if_absent(SECRET, &fresh)? {
+            None => {
+                self.db.flush()?;
+                return Ok(fresh);
+            }
+            stored => stored,
+        };
         stored
             .and_then(|b| <[u8; 16]>::try_from(&b[..]).ok())
             .ok_or(Error::Corrupt {
@@ -779,7 +835,7 @@ impl Store {
     ///
     /// sled errors.
     pub fn set_elapsed_ms(&self, ms: u64) -> Result<()> {
-        self.meta.insert(ELAPSED, &ms.to_be_bytes())?;
+        self.meta.insert(ELAPSED, ms.to_be_bytes())?;
         Ok(())
     }
 
@@ -824,9 +880,7 @@ fn solution_key(job: JobId, sub: u32, seq: u32) -> [u8; 16] {
     key
 }
 
-fn decode_solution(
-    entry: sled::Result<(sled::IVec, sled::IVec)>,
-) -> Result<SolutionBatch> {
+fn decode_solution(entry: Result<(sled::IVec, sled::IVec)>) -> Result<SolutionBatch> {
     let (k, v) = entry?;
     let mut r = Reader::new("solutions", &k);
     let batch = SolutionBatch {
@@ -1252,6 +1306,213 @@ mod tests {
         assert_eq!(store.clear_solutions(JobId(1)).unwrap(), 2);
         assert_eq!(store.job_solutions(JobId(1)).count(), 0);
         assert_eq!(store.solutions().count(), 1);
+    }
+
+    fn store_key(byte: u8) -> StoreKey {
+        StoreKey::from_bytes(&[byte; 32]).unwrap()
+    }
+
+    fn keyed(key: &StoreKey) -> StoreOptions {
+        StoreOptions {
+            key: Some(key.clone()),
+            ..StoreOptions::default()
+        }
+    }
+
+    /// A keyed run in `path` with a result for jobs 0 and 1, closed.
+    fn keyed_run(path: &Path, key: &StoreKey) {
+        let store = Store::open(path, &keyed(key)).unwrap();
+        assert!(store.is_keyed());
+        store.create_run(new_run(key_of_4()), jobs()).unwrap();
+        let mut batch = CommitBatch::new();
+        batch.result(JobId(0), result(3, "w1"), 1);
+        batch.result(JobId(1), result(5, "w1"), 1);
+        store.apply(batch).unwrap();
+        store.set_summary(&summary()).unwrap();
+        store.verify_secret([7; 16]).unwrap();
+        store.next_boot().unwrap();
+        store.flush().unwrap();
+    }
+
+    fn key_of_4() -> RunKey {
+        key(4, 1, 0, false)
+    }
+
+    fn summary() -> RunSummary {
+        RunSummary {
+            total: 92,
+            unique: 12,
+            elapsed_ms: 5,
+            jobs: 3,
+            confirmations: 1,
+            conflicts: 0,
+            finished_unix_ms: 2,
+        }
+    }
+
+    #[test]
+    fn a_keyed_store_reads_back_with_its_key_and_tags_every_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keyed.sled");
+        let k = store_key(1);
+        keyed_run(&path, &k);
+        let store = Store::open(&path, &keyed(&k)).unwrap();
+        assert_eq!(store.manifest().unwrap().unwrap().jobs, 3);
+        assert_eq!(store.result(JobId(0)).unwrap(), Some(result(3, "w1")));
+        assert_eq!(store.job(JobId(1)).unwrap().work(), 7);
+        assert_eq!(store.summary().unwrap(), Some(summary()));
+        assert_eq!(store.verify_secret([0; 16]).unwrap(), [7; 16]);
+        assert_eq!(store.next_boot().unwrap(), 2);
+        let (mut listed, mut at) = (0, None);
+        while let Some((k, ids)) = store.order_after(at.as_deref()).unwrap() {
+            listed += ids.len();
+            at = Some(k);
+        }
+        assert_eq!(listed, 3, "the hand-out order reads back");
+        // Every value of every tree carries its tag, besides the key's check
+        // value: the same values unkeyed are shorter by exactly a tag.
+        let plain = Store::temporary().unwrap();
+        plain.create_run(new_run(key_of_4()), jobs()).unwrap();
+        let raw = |s: &Store, tree: &str, k: &[u8]| {
+            s.db.open_tree(tree).unwrap().get(k).unwrap().unwrap().len()
+        };
+        for (tree, k) in [
+            ("meta", MANIFEST),
+            ("jobs", &0u64.to_be_bytes()[..]),
+            ("meta", plan_built_key()),
+        ] {
+            assert_eq!(raw(&store, tree, k), raw(&plain, tree, k) + seal::TAG_LEN);
+        }
+    }
+
+    fn plan_built_key() -> &'static [u8] {
+        b"order_built"
+    }
+
+    #[test]
+    fn a_keyed_store_needs_its_own_key_and_a_key_needs_a_keyed_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keyed.sled");
+        keyed_run(&path, &store_key(1));
+        let err = Store::open(&path, &StoreOptions::default()).unwrap_err();
+        assert!(matches!(err, Error::KeyNeeded { .. }), "{err:?}");
+        assert!(err.to_string().contains("NQ_STORE_KEY"), "{err}");
+        let err = Store::open(&path, &keyed(&store_key(2))).unwrap_err();
+        assert!(matches!(err, Error::WrongKey { .. }), "{err:?}");
+        assert!(err.to_string().contains("keyed.sled"), "{err}");
+
+        let plain = dir.path().join("plain.sled");
+        {
+            let store = Store::open(&plain, &StoreOptions::default()).unwrap();
+            store.create_run(new_run(key_of_4()), jobs()).unwrap();
+        }
+        let err = Store::open(&plain, &keyed(&store_key(1))).unwrap_err();
+        assert!(matches!(err, Error::NotKeyed { .. }), "{err:?}");
+        assert!(err.to_string().contains("without a store key"), "{err}");
+        // Still opens as it was made.
+        assert!(Store::open(&plain, &StoreOptions::default()).is_ok());
+    }
+
+    /// Issue 18, item 4: a count edited through nq-store's own encoding
+    /// (which recomputes every CRC) and a valid value moved to another
+    /// job's key are refused in a keyed store, naming the record.
+    #[test]
+    fn a_value_edited_or_moved_without_the_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keyed.sled");
+        let k = store_key(1);
+        keyed_run(&path, &k);
+        {
+            let db = sled::Config::new().path(&path).open().unwrap();
+            let records = db.open_tree("records").unwrap();
+            // What the API writes for a lie, CRCs and all, but no tag.
+            let lie = JobRecord {
+                state: JobState::Done(Box::new(result(4, "w1"))),
+                attempts: 1,
+            }
+            .encode();
+            let forged = job::encode_record_chunk(&[(0, &lie[..])]);
+            records.insert(0u64.to_be_bytes(), forged).unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(&path, &keyed(&k)).unwrap();
+        let err = store.result(JobId(0)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Tampered {
+                    tree: "records",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains("job record chunk 0 (jobs 0 to 15)"), "{msg}");
+        assert!(store.results().any(|r| r.is_err()), "a scan refuses it too");
+        assert!(store.scan_jobs(Scan::Every).any(|r| r.is_err()));
+        // A write to the chunk refuses it rather than sealing the lie anew.
+        assert!(
+            store
+                .set_job_record(JobId(2), &JobRecord::default())
+                .is_err()
+        );
+        drop(store);
+
+        // A sealed value of one job moved under another job's key.
+        let path = dir.path().join("moved.sled");
+        keyed_run(&path, &k);
+        {
+            let db = sled::Config::new().path(&path).open().unwrap();
+            let meta = db.open_tree("meta").unwrap();
+            let manifest = meta.get(MANIFEST).unwrap().unwrap();
+            meta.insert(SUMMARY, manifest).unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(&path, &keyed(&k)).unwrap();
+        let err = store.summary().unwrap_err();
+        assert!(
+            err.to_string().contains("`summary` in tree `meta`"),
+            "{err}"
+        );
+        drop(store);
+
+        // A sealed value of another store under the same key, at the same
+        // place: each store has its own salt, so it is refused too.
+        let other = dir.path().join("other.sled");
+        keyed_run(&other, &k);
+        {
+            let store = Store::open(&other, &keyed(&k)).unwrap();
+            let mut batch = CommitBatch::new();
+            batch.replace_result(JobId(0), result(4, "w9"), 1);
+            store.apply(batch).unwrap();
+            store.flush().unwrap();
+        }
+        let chunk = {
+            let db = sled::Config::new().path(&other).open().unwrap();
+            let value = db.open_tree("records").unwrap().get(0u64.to_be_bytes());
+            value.unwrap().unwrap()
+        };
+        let target = dir.path().join("target.sled");
+        keyed_run(&target, &k);
+        {
+            let db = sled::Config::new().path(&target).open().unwrap();
+            let records = db.open_tree("records").unwrap();
+            records.insert(0u64.to_be_bytes(), chunk).unwrap();
+            db.flush().unwrap();
+        }
+        let store = Store::open(&target, &keyed(&k)).unwrap();
+        let err = store.result(JobId(0)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Tampered {
+                    tree: "records",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]

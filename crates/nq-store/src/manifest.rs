@@ -59,7 +59,7 @@ pub struct Manifest {
 
 /// Format of the manifest. Version 2 seals it with a CRC-32, so that a
 /// damaged manifest is refused as damaged rather than read as another run.
-/// Version 1 is still read.
+/// Version 1 (unsealed) is refused.
 const VERSION: u8 = 2;
 
 impl Manifest {

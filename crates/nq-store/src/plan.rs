@@ -35,6 +35,7 @@ use crate::codec::{open, put_str, put_varint, seal};
 use crate::error::{Corruption, Error, Result};
 use crate::job::{self, JOBS_PER_CHUNK, JobId, NewJob};
 use crate::manifest::{Manifest, RunKey};
+use crate::seal::SealedTree;
 use crate::{NewRun, Store, write_marker};
 
 /// Most job ids in one value of the `order` tree.
@@ -225,7 +226,7 @@ struct OrderWriter {
 }
 
 impl OrderWriter {
-    fn push(&mut self, tree: &sled::Tree, id: JobId, work: u64) -> Result<()> {
+    fn push(&mut self, tree: &SealedTree, id: JobId, work: u64) -> Result<()> {
         let b = band(work);
         let ids = self.bands.entry(b).or_default();
         ids.push(id);
@@ -236,7 +237,7 @@ impl OrderWriter {
         Ok(())
     }
 
-    fn finish(self, tree: &sled::Tree) -> Result<()> {
+    fn finish(self, tree: &SealedTree) -> Result<()> {
         for (b, ids) in self.bands {
             if let Some(&first) = ids.first() {
                 tree.insert(order_key(b, first), encode_order(&ids))?;
@@ -281,7 +282,7 @@ impl Store {
             &self.solutions,
             &self.order,
         ] {
-            tree.clear()?;
+            tree.raw().clear()?;
         }
         self.meta.remove(CHECKPOINT)?;
         self.meta.remove(ORDER_BUILT)?;
@@ -397,7 +398,7 @@ impl Store {
     /// Writes the `order` tree from a scan of every stored job, and returns
     /// the number of jobs and their total work.
     fn build_order(&self) -> Result<(u64, u128)> {
-        self.order.clear()?;
+        self.order.raw().clear()?;
         self.meta.remove(ORDER_BUILT)?;
         let mut writer = OrderWriter::default();
         let mut work = 0u128;
@@ -406,7 +407,7 @@ impl Store {
             writer.push(&self.order, id, w)
         })?;
         writer.finish(&self.order)?;
-        self.meta.insert(ORDER_BUILT, &count.to_be_bytes())?;
+        self.meta.insert(ORDER_BUILT, count.to_be_bytes())?;
         Ok((count, work))
     }
 
@@ -420,20 +421,9 @@ impl Store {
         &self,
         after: Option<&[u8]>,
     ) -> Result<Option<(Vec<u8>, Vec<JobId>)>> {
-        let next = match after {
-            None => self.order.iter().next(),
-            Some(k) => self
-                .order
-                .range::<&[u8], _>((
-                    std::ops::Bound::Excluded(k),
-                    std::ops::Bound::Unbounded,
-                ))
-                .next(),
-        };
-        match next {
+        match self.order.first_after(after)? {
             None => Ok(None),
-            Some(entry) => {
-                let (k, v) = entry?;
+            Some((k, v)) => {
                 let ids = decode_order(&k, &v)?;
                 Ok(Some((k.to_vec(), ids)))
             }

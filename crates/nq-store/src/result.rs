@@ -2,7 +2,7 @@
 
 use nq_core::split::{SubCounts, Tally};
 
-use crate::codec::{Reader, open, put_str, put_varint, seal, unseal};
+use crate::codec::{Reader, open, put_str, put_varint, seal};
 use crate::error::{Corruption, Result};
 use crate::job::{JobId, JobRecord, JobState};
 
@@ -71,7 +71,7 @@ impl StoredResult {
     #[cfg(test)]
     pub(crate) fn decode(bytes: &[u8]) -> Result<StoredResult> {
         // A result on its own exists in tests only, always sealed.
-        let (version, mut r) = open("results", bytes, 1, RESULT_VERSION)?;
+        let (version, mut r) = open("results", bytes, 2, RESULT_VERSION)?;
         let res = StoredResult::decode_from(&mut r, version)?;
         r.end()?;
         Ok(res)
@@ -121,7 +121,8 @@ impl StoredResult {
 }
 
 /// Format of results and duplicates. Version 2 added identities, kernels and
-/// receipt times, and a CRC-32 after every value; version 1 is still read.
+/// receipt times, and a CRC-32 after every value; version 1 (unsealed) is
+/// refused.
 pub(crate) const RESULT_VERSION: u8 = 2;
 
 /// How a repeated result compared with the stored one.
@@ -156,20 +157,7 @@ impl Duplicate {
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Duplicate> {
-        let version = bytes.first().copied().unwrap_or(0);
-        let body = if version >= 2 {
-            unseal("duplicates", bytes)?
-        } else {
-            bytes
-        };
-        let mut r = Reader::new("duplicates", body);
-        let version = r.u8()?;
-        if !(1..=RESULT_VERSION).contains(&version) {
-            return Err(r.corrupt(Corruption::Version {
-                found: version,
-                expected: RESULT_VERSION,
-            }));
-        }
+        let (version, mut r) = open("duplicates", bytes, 2, RESULT_VERSION)?;
         let kind = match r.u8()? {
             0 => DuplicateKind::Confirmation,
             1 => DuplicateKind::Conflict,
@@ -275,7 +263,7 @@ pub struct RunSummary {
 
 /// Format of the summary. Version 2 seals it with a CRC-32: a finished run
 /// answers from it alone, so a damaged total must be refused, not printed.
-/// Version 1 is still read.
+/// Version 1 (unsealed) is refused.
 const SUMMARY_VERSION: u8 = 2;
 
 impl RunSummary {

@@ -4,7 +4,7 @@
 
 use std::io::IsTerminal;
 use std::num::NonZeroU32;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use nq_coord::Config;
@@ -145,6 +145,66 @@ pub(crate) struct RunArgs {
     pub(crate) insecure_open_port: bool,
     #[command(flatten)]
     pub(crate) security: SecurityArgs,
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
+}
+
+/// The store key: with one, every value in the data directory is sealed
+/// with an HMAC-SHA256 tag, so that a value edited or moved by someone who
+/// can write the directory but has not the key is refused (see the README's
+/// trust section). A store is made with a key or without one, and is
+/// opened the same way ever after.
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct StoreKeyArgs {
+    /// Seal the data directory with the key in this file: 16 to 64 bytes
+    /// written in hex or base64 (make one with `openssl rand -hex 32`). Keep
+    /// it OUTSIDE the data directory, readable by the coordinator's user
+    /// only. Every later run, resume, audit and export of the directory
+    /// needs the same key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "NQ_STORE_KEY_FILE",
+        conflicts_with = "store_key"
+    )]
+    pub(crate) store_key_file: Option<PathBuf>,
+    /// The store key itself, in hex or base64 as in --store-key-file (text
+    /// of hex digits only reads as hex). Set it in the environment, not on
+    /// the command line, which every user of the machine can read.
+    #[arg(long, value_name = "KEY", env = "NQ_STORE_KEY", hide_env_values = true)]
+    pub(crate) store_key: Option<String>,
+}
+
+impl StoreKeyArgs {
+    /// The key, read and checked, if one was given, for the data directory
+    /// `data`. A key file inside `data` is refused: whoever can write the
+    /// directory could read the key there.
+    pub(crate) fn load(&self, data: &Path) -> anyhow::Result<Option<nq_store::StoreKey>> {
+        use anyhow::Context;
+        match (&self.store_key_file, &self.store_key) {
+            (Some(path), _) => {
+                // A directory or file that does not exist yet holds nothing.
+                if let (Ok(file), Ok(dir)) = (path.canonicalize(), data.canonicalize())
+                    && file.starts_with(&dir)
+                {
+                    anyhow::bail!(
+                        "invalid --store-key-file {}: it is inside the data directory \
+                         {}, where whoever can write the directory can read it; keep \
+                         the key outside",
+                        path.display(),
+                        data.display()
+                    );
+                }
+                nq_store::StoreKey::load(path).map(Some).with_context(|| {
+                    format!("invalid --store-key-file {}", path.display())
+                })
+            }
+            (None, Some(text)) => nq_store::StoreKey::parse(text)
+                .map(Some)
+                .context("invalid --store-key (or NQ_STORE_KEY)"),
+            (None, None) => Ok(None),
+        }
+    }
 }
 
 /// Who may join the run. Without --token and TLS, workers on this machine
@@ -291,6 +351,9 @@ pub(crate) struct AuditArgs {
     /// Write the CSV to this file instead of stdout.
     #[arg(long, value_name = "FILE", env = "NQ_AUDIT_OUTPUT")]
     pub(crate) output: Option<PathBuf>,
+    /// The key the run's store was made with, if any.
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
 }
 
 /// Flags of `nq-coord health`.
@@ -340,6 +403,9 @@ pub(crate) struct ExportArgs {
     /// Write to this file instead of stdout.
     #[arg(long, value_name = "FILE", env = "NQ_EXPORT_OUTPUT")]
     pub(crate) output: Option<PathBuf>,
+    /// The key the run's store was made with, if any.
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
 }
 
 /// A command line that the library refuses: `nq-coord` exits 2 for it, as
@@ -479,6 +545,59 @@ mod tests {
         let args = Args::try_parse_from(["c", "--n", "8", "--ban-after", "1"]).unwrap();
         let config = Config::try_from(args.run).unwrap();
         assert_eq!(config.ban_after, NonZeroU32::MIN);
+    }
+
+    /// The store key comes from a file or from the flag (NQ_STORE_KEY), not
+    /// both, for a run and for every subcommand that opens a data
+    /// directory; a bad key is refused naming the flag and the accepted form.
+    #[test]
+    fn the_store_key_is_a_file_or_a_value_for_runs_audits_and_exports() {
+        let both = ["--store-key-file", "k", "--store-key", "00"];
+        let err =
+            Args::try_parse_from([&["c", "--n", "8"][..], &both].concat()).unwrap_err();
+        assert!(err.to_string().contains("cannot be used with"), "{err}");
+        for sub in ["audit", "export"] {
+            let args =
+                Args::try_parse_from(["c", sub, "--data", "d", "--store-key", "zz"])
+                    .unwrap();
+            let key = match args.command {
+                Some(Command::Audit(a)) => a.store_key,
+                Some(Command::Export(e)) => e.store_key,
+                other => panic!("{sub}: {other:?}"),
+            };
+            let err = format!("{:#}", key.load(Path::new("d")).unwrap_err());
+            assert!(
+                err.contains("invalid --store-key") && err.contains("hex"),
+                "{sub}: {err}"
+            );
+        }
+        let hex = "ab".repeat(32);
+        let args = Args::try_parse_from(["c", "--n", "8", "--store-key", &hex]).unwrap();
+        assert!(args.run.store_key.load(Path::new("d")).unwrap().is_some());
+        let missing = StoreKeyArgs {
+            store_key_file: Some("/nonexistent/nq.key".into()),
+            store_key: None,
+        };
+        let err = format!("{:#}", missing.load(Path::new("d")).unwrap_err());
+        assert!(err.contains("/nonexistent/nq.key"), "{err}");
+        assert!(
+            StoreKeyArgs::default()
+                .load(Path::new("d"))
+                .unwrap()
+                .is_none()
+        );
+        // A key file inside the data directory is refused.
+        let tmp = tempfile::tempdir().unwrap();
+        let inside = tmp.path().join("store.key");
+        std::fs::write(&inside, &hex).unwrap();
+        let keyed = StoreKeyArgs {
+            store_key_file: Some(inside),
+            store_key: None,
+        };
+        let err = format!("{:#}", keyed.load(tmp.path()).unwrap_err());
+        assert!(err.contains("inside the data directory"), "{err}");
+        let elsewhere = tempfile::tempdir().unwrap();
+        assert!(keyed.load(elsewhere.path()).unwrap().is_some());
     }
 
     /// Every subcommand that dials a coordinator takes the shared flags.

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use anyhow::{Context, bail};
 use nq_coord::config::parse_duration;
-use nq_coord::export::{ExportOptions, export};
+use nq_coord::export::{ExportOptions, export_with_key};
 use nq_process::DialArgs;
 use nq_process::output::{stderr_line, stdout_line};
 use nq_proto::address::CoordinatorAddress;
@@ -114,8 +114,10 @@ pub(crate) fn status(args: StatusArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `nq-coord audit`: the CSV, then the re-added totals against the stored ones.
+/// `nq-coord audit`: the CSV, then the re-added totals against the stored
+/// and the published ones.
 pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
+    let key = args.store_key.load(&args.data)?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path)
@@ -123,15 +125,23 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let report =
-        nq_coord::audit::audit(&args.data, &mut out, nq_coord::quorum::Fraction::Auto)?;
+    let report = nq_coord::audit::audit_with_key(
+        &args.data,
+        key.as_ref(),
+        &mut out,
+        nq_coord::quorum::Fraction::Auto,
+    )?;
     out.flush().context("cannot write the audit")?;
     drop(out);
     let stored = |v: Option<u128>| {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())
     };
+    let published = match report.published {
+        Some((q, u)) => format!("published {q} and {u}"),
+        None => "no published value for this N".into(),
+    };
     stderr_line(format_args!(
-        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {}); digest {}",
+        "nq-coord audit: {} of {} jobs settled; re-added total {} (stored {}), unique {} (stored {}); {published}; digest {}",
         report.settled,
         report.jobs,
         report.total,
@@ -140,10 +150,20 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         stored(report.stored_unique),
         report.digest,
     ));
-    if !report.agrees() {
+    let differences = report.differences();
+    for difference in &differences {
+        stderr_line(format_args!("nq-coord audit: MISMATCH: {difference}"));
+    }
+    if !differences.is_empty() {
         bail!(
-            "the re-added totals differ from the stored ones: the data directory \
-             is damaged or was written by a faulty coordinator; do not trust its result"
+            "{} total(s) differ ({}): the data directory was damaged or edited, \
+             or written by a faulty coordinator; do not trust its result",
+            differences.len(),
+            differences
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
         );
     }
     Ok(())
@@ -152,6 +172,7 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
 /// `nq-coord export`: the stored solutions, in the chosen notation.
 pub(crate) fn export_solutions(args: ExportArgs) -> anyhow::Result<()> {
     let format = args.format.parse()?;
+    let key = args.store_key.load(&args.data)?;
     let options = ExportOptions {
         unique: args.unique,
         format,
@@ -160,12 +181,18 @@ pub(crate) fn export_solutions(args: ExportArgs) -> anyhow::Result<()> {
         Some(path) => {
             let file = std::fs::File::create(path)
                 .with_context(|| format!("cannot create {}", path.display()))?;
-            export(&args.data, &options, &mut std::io::BufWriter::new(file))
+            export_with_key(
+                &args.data,
+                key.as_ref(),
+                &options,
+                &mut std::io::BufWriter::new(file),
+            )
         }
         None => {
             let stdout = std::io::stdout();
-            export(
+            export_with_key(
                 &args.data,
+                key.as_ref(),
                 &options,
                 &mut std::io::BufWriter::new(stdout.lock()),
             )

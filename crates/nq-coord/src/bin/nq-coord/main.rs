@@ -65,9 +65,11 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
     let listen = args.listen.clone();
     let security = std::mem::take(&mut args.security);
+    let store_key = std::mem::take(&mut args.store_key);
     let metrics = args.metrics.clone();
     let mut config = Config::try_from(args)?;
     security.apply(&mut config)?;
+    config.store_key = store_key.load(&config.data_dir)?;
     let addr = resolve(&listen, "--listen", "0.0.0.0:50051 or 127.0.0.1:0")?;
     if let Some(metrics) = metrics {
         let at = resolve(&metrics, "--metrics", "127.0.0.1:9464 or 0.0.0.0:0")?;
