@@ -18,6 +18,7 @@
 //!   [`JobRecord`] with its [`JobState`] machine.
 //! * [`result`]: [`StoredResult`], [`Duplicate`], the group-commit
 //!   [`CommitBatch`] and the final [`RunSummary`].
+//! * [`backup`]: sealed backup files of a whole store, and restoring one.
 //! * `codec` (private): the byte encodings.
 //! * [`error`]: the [`Error`] enum.
 //!
@@ -55,6 +56,7 @@
 
 #![deny(missing_docs)]
 
+pub mod backup;
 mod codec;
 pub mod error;
 #[cfg(test)]
