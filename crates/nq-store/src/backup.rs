@@ -427,11 +427,10 @@ pub fn restore(path: &Path, dir: &Path, replace: bool) -> Result<BackupInfo> {
         }
         // Refuses a directory that is not a store, and one in use; a store
         // too damaged to open is what a restore is for.
-        match Store::open(dir, &StoreOptions::default()) {
-            Err(e @ (crate::Error::Locked { .. } | crate::Error::NotAStore { .. })) => {
-                return Err(e.into());
-            }
-            Ok(_) | Err(_) => {}
+        if let Err(e @ (crate::Error::Locked { .. } | crate::Error::NotAStore { .. })) =
+            Store::open(dir, &StoreOptions::default())
+        {
+            return Err(e.into());
         }
     }
     let staging = staging_dir(dir);
