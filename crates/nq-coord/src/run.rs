@@ -29,10 +29,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::adapters::in_flight::InFlight;
-use crate::adapters::{grpc, http, local};
+use crate::adapters::{backup_socket, grpc, http, local};
 use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
-use crate::engine::{Engine, commit, unix_ms};
+use crate::engine::{Engine, backup, commit, unix_ms};
 use crate::error::{Error, Result};
 use crate::report::{RunReport, Totals};
 use crate::setup::{Ready, Setup, setup, shape_of};
@@ -281,6 +281,7 @@ impl Tasks {
                 }
             });
         }
+        spawn_backups(engine, config, &tracker, &tick_token)?;
         let progress = config.progress.take();
         let publish = Publish {
             progress: progress.clone(),
@@ -405,6 +406,33 @@ impl Tasks {
         }
         fatal
     }
+}
+
+/// Starts the backup socket and, with `--backup-every`, the periodic
+/// backups; both stop with the ticker.
+fn spawn_backups(
+    engine: &Arc<Engine>,
+    config: &Config,
+    tracker: &TaskTracker,
+    token: &CancellationToken,
+) -> Result<()> {
+    if let Some((listener, path)) = backup_socket::bind(&config.data_dir) {
+        let (engine, token) = (Arc::clone(engine), token.clone());
+        tracker.spawn(backup_socket::serve(engine, listener, path, token));
+    }
+    if let Some(periodic) = &config.backup {
+        std::fs::create_dir_all(&periodic.to).map_err(|source| Error::Io {
+            context: format!("cannot create --backup-to {}", periodic.to.display()),
+            source,
+        })?;
+        tracker.spawn(backup::every(
+            Arc::clone(engine),
+            periodic.every,
+            periodic.to.clone(),
+            token.clone(),
+        ));
+    }
+    Ok(())
 }
 
 /// After the last job: keep answering until every recently seen worker was
