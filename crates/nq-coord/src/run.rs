@@ -209,8 +209,9 @@ async fn open(config: &Config, stop: &CancellationToken) -> Result<Setup> {
 
 /// The session's tasks, one token per stage, cancelled in the shutdown
 /// order: a single token would stop the commit loop while in-flight reports
-/// still wait for it. The tracker holds the ticker, the HTTP port and the
-/// local threads' commit tasks, which must end before the commit loop does.
+/// still wait for it. The tracker holds the ticker, the HTTP port, the
+/// backup socket and periodic backups, and the local threads' commit tasks,
+/// which must end before the commit loop does.
 struct Tasks {
     tracker: TaskTracker,
     committer: JoinHandle<Result<()>>,
