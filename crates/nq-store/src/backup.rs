@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::job::{self, JobRecord, JobState};
-use crate::{Store, StoreOptions};
+use crate::{MARKER_FILE, Store, StoreOptions};
 
 /// The format this version writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -402,14 +402,22 @@ pub fn check(path: &Path) -> Result<BackupInfo> {
 }
 
 /// Rebuilds a store in `dir` from the backup at `path`: checks the backup
-/// whole ([`check`]) before anything is written, restores it into a
-/// directory beside `dir`, checks the result against the backup's header
-/// (run id, N, jobs, jobs done), and only then renames it to `dir`. A crash
-/// midway leaves `dir` as it was.
+/// whole ([`check`]) before anything is written, restores it into a staging
+/// directory, checks the result against the backup's header (run id, N,
+/// jobs, jobs done), and only then moves it into place.
+///
+/// When `dir` does not exist, the staging directory is beside it and is
+/// renamed to `dir`: a crash midway leaves no `dir`. When `dir` exists (an
+/// empty directory, such as the mount point of a new disk, or a store to
+/// replace), the staging directory is `dir/.nq-restoring`, on the same file
+/// system, and its files are moved up into `dir` with the run marker last:
+/// a crash before the marker is moved leaves a directory that a coordinator
+/// does not take for a finished restore (and a new restore with `replace`
+/// starts over).
 ///
 /// `dir` must be missing or empty unless `replace` is set; with `replace`, a
-/// data directory there is deleted once the backup is restored beside it
-/// (a directory that is not a data directory is never deleted).
+/// data directory there is emptied once the backup is restored (a directory
+/// that is not a data directory is never touched).
 ///
 /// # Errors
 ///
@@ -418,6 +426,8 @@ pub fn check(path: &Path) -> Result<BackupInfo> {
 /// [`Error::Malformed`] when the restored store disagrees with the header.
 pub fn restore(path: &Path, dir: &Path, replace: bool) -> Result<BackupInfo> {
     let info = check(path)?;
+    let inside = dir.join(STAGING);
+    remove_staging(&inside)?;
     let occupied = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
     if occupied {
         if !replace {
@@ -433,37 +443,74 @@ pub fn restore(path: &Path, dir: &Path, replace: bool) -> Result<BackupInfo> {
             return Err(e.into());
         }
     }
-    let staging = staging_dir(dir);
-    if staging.exists() {
-        // Left by a restore that crashed: ours by its name.
-        std::fs::remove_dir_all(&staging).map_err(|source| Error::Io {
-            action: "cannot remove the unfinished restore",
-            path: staging.clone(),
-            source,
-        })?;
-    }
+    let exists = dir.is_dir();
+    let staging = if exists { inside } else { staging_dir(dir) };
+    remove_staging(&staging)?;
     let result = restore_into(path, &staging, &info);
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
     result?;
-    let moved = |action, source| Error::Io {
+    let io = |action, source| Error::Io {
         action,
         path: dir.to_path_buf(),
         source,
     };
-    if dir.exists() {
-        std::fs::remove_dir_all(dir)
-            .map_err(|e| moved("cannot remove the directory to replace", e))?;
+    if exists {
+        move_up(&staging, dir)
+            .map_err(|e| io("cannot move the restored store into", e))?;
+        sync_dir(dir)?;
+    } else {
+        std::fs::rename(&staging, dir)
+            .map_err(|e| io("cannot move the restored store to", e))?;
+        sync_dir(
+            dir.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        )?;
     }
-    std::fs::rename(&staging, dir)
-        .map_err(|e| moved("cannot move the restored store to", e))?;
-    sync_dir(
-        dir.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new(".")),
-    )?;
     Ok(info)
+}
+
+/// The staging directory's name inside an existing target.
+const STAGING: &str = ".nq-restoring";
+
+/// Removes a staging directory left by a restore that crashed: ours by its
+/// name.
+fn remove_staging(staging: &Path) -> Result<()> {
+    if !staging.exists() {
+        return Ok(());
+    }
+    std::fs::remove_dir_all(staging).map_err(|source| Error::Io {
+        action: "cannot remove the unfinished restore",
+        path: staging.to_path_buf(),
+        source,
+    })
+}
+
+/// Empties `dir` but for `staging`, moves `staging`'s entries into it (the
+/// run marker last) and removes `staging`.
+fn move_up(staging: &Path, dir: &Path) -> io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path == staging {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    let mut names: Vec<_> = std::fs::read_dir(staging)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<io::Result<_>>()?;
+    // The marker last: with it, the directory claims a whole run.
+    names.sort_by_key(|n| n == MARKER_FILE);
+    for name in names {
+        std::fs::rename(staging.join(&name), dir.join(&name))?;
+    }
+    std::fs::remove_dir(staging)
 }
 
 /// `.<name>.restoring` beside `dir`.
@@ -757,7 +804,7 @@ mod tests {
     use nq_core::split::{SPLIT_VERSION, SplitSpec, SubCounts, Tally};
 
     use super::*;
-    use crate::{CommitBatch, JobId, MARKER_FILE, NewJob, NewRun, RunKey, StoredResult};
+    use crate::{CommitBatch, JobId, NewJob, NewRun, RunKey, StoredResult};
 
     /// A stopped run of 20 jobs in `dir`, the first `done` of them done.
     fn run_in(dir: &Path, done: u64) {
@@ -917,6 +964,23 @@ mod tests {
             Err(Error::Store(crate::Error::NotAStore { .. }))
         ));
         assert!(home.join("notes.txt").exists());
+    }
+
+    /// The mount point of a new disk: an empty directory that cannot be
+    /// replaced, only filled.
+    #[test]
+    fn a_restore_fills_an_existing_empty_directory_in_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (path, info) = backup_of_a_run(tmp.path());
+        let mount = tmp.path().join("mount");
+        std::fs::create_dir(&mount).unwrap();
+        // A staging directory left by a restore that crashed is cleared.
+        std::fs::create_dir_all(mount.join(STAGING).join("db")).unwrap();
+        assert_eq!(restore(&path, &mount, false).unwrap(), info);
+        assert!(!mount.join(STAGING).exists());
+        let store = Store::open(&mount, &StoreOptions::default()).unwrap();
+        assert_eq!(store.scan_jobs(crate::Scan::Done).count(), 7);
+        assert_eq!(store.manifest().unwrap().unwrap().run_id, "backup-test");
     }
 
     #[test]
