@@ -30,17 +30,16 @@ pub enum Taken {
 ///
 /// # Errors
 ///
-/// [`Error::Store`] when `data_dir` is not a data directory;
+/// [`Error::NoRunToBackUp`] when `data_dir` is not a data directory;
 /// [`Error::BackupUnreachable`] when a coordinator holds it but does not
 /// answer on its socket; [`Error::BackupRefused`] when the serving
 /// coordinator could not write the file; [`Error::Backup`] when this process
 /// could not.
 pub fn take(data_dir: &Path, to: &Path) -> Result<(BackupInfo, Taken)> {
     if !data_dir.join("db").is_file() && !data_dir.join(nq_store::MARKER_FILE).is_file() {
-        return Err(nq_store::Error::NotAStore {
+        return Err(Error::NoRunToBackUp {
             dir: data_dir.to_path_buf(),
-        }
-        .into());
+        });
     }
     // The serving coordinator resolves the path, so it must not depend on
     // this process's working directory.

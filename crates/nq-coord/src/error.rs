@@ -37,6 +37,16 @@ pub enum Error {
         /// What it answered.
         message: String,
     },
+    /// `nq-coord backup` was given a directory that holds no run.
+    #[error(
+        "{} holds no nq run (no database there): give the data directory of the run \
+         to back up (--data)",
+        dir.display()
+    )]
+    NoRunToBackUp {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// A data directory is in use by a coordinator that does not answer on
     /// its backup socket.
     #[error(
