@@ -134,6 +134,12 @@ async fn a_lost_directory_restored_from_a_backup_resumes_exactly() -> Result<()>
             "{restored_line}"
         );
         let recomputed = resumed.proc.lines_containing(DONE).len() as u64;
+        // Shown with --nocapture: what the backup held, what the kill lost.
+        eprintln!(
+            "jobs {}: done at the backup {at_backup}, at the kill at least {at_kill}; \
+             computed after the restore {recomputed}",
+            report.jobs
+        );
         ensure!(
             recomputed == report.jobs - at_backup && recomputed > report.jobs - at_kill,
             "jobs {}, done at backup {at_backup}, at kill {at_kill}, computed after \
