@@ -10,6 +10,7 @@
 //! The harness builds `nq-coord` and `nq-worker` with the test's own profile
 //! before the first test that needs them (see `nq_e2e::binary`).
 
+mod backup;
 mod batch;
 mod chaos;
 mod creation;

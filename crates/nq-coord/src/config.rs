@@ -114,6 +114,21 @@ pub struct Config {
     /// Bound by the caller, so that it knows the address before the run
     /// starts. `None` serves no HTTP.
     pub http_listener: Option<Arc<std::net::TcpListener>>,
+    /// Periodic backups of the store while the run serves
+    /// (`--backup-every`, `--backup-to`). `None` takes none; `nq-coord
+    /// backup` takes one on request either way.
+    pub backup: Option<PeriodicBackup>,
+}
+
+/// Periodic backups (see [`Config::backup`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeriodicBackup {
+    /// Time between two backups, from the start of the session.
+    pub every: Duration,
+    /// The directory that holds them (created if missing), named
+    /// `backup-<unix ms>.nqbackup`; the newest two are kept. One directory
+    /// per run: older backups of another run there would be deleted.
+    pub to: PathBuf,
 }
 
 impl Config {
@@ -148,6 +163,7 @@ impl Config {
             tls: None,
             insecure_open_port: false,
             http_listener: None,
+            backup: None,
         })
     }
 
@@ -197,6 +213,9 @@ impl Config {
             && !(0.0..=1.0).contains(&share)
         {
             return refuse("--verify", share.to_string(), VERIFY_FORMS);
+        }
+        if self.backup.as_ref().is_some_and(|b| b.every.is_zero()) {
+            return refuse("--backup-every", "0s".into(), "more than zero, such as 1h");
         }
         Ok(())
     }

@@ -26,6 +26,40 @@ pub enum Error {
     /// The data directory or its database.
     #[error(transparent)]
     Store(#[from] nq_store::Error),
+    /// A backup could not be written, or a backup file is refused.
+    #[error(transparent)]
+    Backup(#[from] nq_store::backup::Error),
+    /// The coordinator serving a data directory could not take a backup.
+    #[error("the coordinator on {} could not take the backup: {message}", socket.display())]
+    BackupRefused {
+        /// Its backup socket.
+        socket: PathBuf,
+        /// What it answered.
+        message: String,
+    },
+    /// `nq-coord backup` was given a directory that holds no run.
+    #[error(
+        "{} holds no nq run (no database there): give the data directory of the run \
+         to back up (--data)",
+        dir.display()
+    )]
+    NoRunToBackUp {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A data directory is in use by a coordinator that does not answer on
+    /// its backup socket.
+    #[error(
+        "data directory {} is in use by a coordinator that does not answer on {}/backup.sock \
+         (a version without backups, or a path too long for a socket); stop it, then \
+         back up the stopped directory",
+        dir.display(),
+        dir.display()
+    )]
+    BackupUnreachable {
+        /// The data directory.
+        dir: PathBuf,
+    },
     /// The board size is not supported.
     #[error("invalid --n")]
     Board(#[source] nq_core::Error),

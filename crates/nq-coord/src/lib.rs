@@ -48,6 +48,8 @@
 //! * [`report`]: [`RunReport`] (built in one place), its stdout line and
 //!   `report.json`.
 //! * [`audit`] and [`export`]: offline tools over a data directory.
+//! * [`backup`]: `nq-coord backup` and `restore` (a serving run writes its
+//!   own backup: `engine::backup`, asked on `adapters::backup_socket`).
 //! * [`error`]: the crate's one error type.
 //! * `sim` (tests only): seeded simulations of the core and of the engine
 //!   over a real store, with lying, late and vanishing workers and crashes,
@@ -60,6 +62,7 @@
 
 pub mod adapters;
 pub mod audit;
+pub mod backup;
 pub mod config;
 pub mod core;
 pub mod credentials;

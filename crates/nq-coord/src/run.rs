@@ -29,10 +29,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, error, info, warn};
 
 use crate::adapters::in_flight::InFlight;
-use crate::adapters::{grpc, http, local};
+use crate::adapters::{backup_socket, grpc, http, local};
 use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
-use crate::engine::{Engine, commit, unix_ms};
+use crate::engine::{Engine, backup, commit, unix_ms};
 use crate::error::{Error, Result};
 use crate::report::{RunReport, Totals};
 use crate::setup::{Ready, Setup, setup, shape_of};
@@ -209,8 +209,9 @@ async fn open(config: &Config, stop: &CancellationToken) -> Result<Setup> {
 
 /// The session's tasks, one token per stage, cancelled in the shutdown
 /// order: a single token would stop the commit loop while in-flight reports
-/// still wait for it. The tracker holds the ticker, the HTTP port and the
-/// local threads' commit tasks, which must end before the commit loop does.
+/// still wait for it. The tracker holds the ticker, the HTTP port, the
+/// backup socket and periodic backups, and the local threads' commit tasks,
+/// which must end before the commit loop does.
 struct Tasks {
     tracker: TaskTracker,
     committer: JoinHandle<Result<()>>,
@@ -282,6 +283,7 @@ impl Tasks {
                 }
             });
         }
+        spawn_backups(engine, config, &tracker, &tick_token)?;
         let progress = config.progress.take();
         let publish = Publish {
             progress: progress.clone(),
@@ -406,6 +408,33 @@ impl Tasks {
         }
         fatal
     }
+}
+
+/// Starts the backup socket and, with `--backup-every`, the periodic
+/// backups; both stop with the ticker.
+fn spawn_backups(
+    engine: &Arc<Engine>,
+    config: &Config,
+    tracker: &TaskTracker,
+    token: &CancellationToken,
+) -> Result<()> {
+    if let Some((listener, path)) = backup_socket::bind(&config.data_dir) {
+        let (engine, token) = (Arc::clone(engine), token.clone());
+        tracker.spawn(backup_socket::serve(engine, listener, path, token));
+    }
+    if let Some(periodic) = &config.backup {
+        std::fs::create_dir_all(&periodic.to).map_err(|source| Error::Io {
+            context: format!("cannot create --backup-to {}", periodic.to.display()),
+            source,
+        })?;
+        tracker.spawn(backup::every(
+            Arc::clone(engine),
+            periodic.every,
+            periodic.to.clone(),
+            token.clone(),
+        ));
+    }
+    Ok(())
 }
 
 /// After the last job: keep answering until every recently seen worker was

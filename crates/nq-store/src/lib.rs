@@ -18,6 +18,7 @@
 //!   [`JobRecord`] with its [`JobState`] machine.
 //! * [`result`]: [`StoredResult`], [`Duplicate`], the group-commit
 //!   [`CommitBatch`] and the final [`RunSummary`].
+//! * [`backup`]: sealed backup files of a whole store, and restoring one.
 //! * `codec` (private): the byte encodings.
 //! * [`seal`]: the [`StoreKey`] and the keyed tags on every value.
 //! * [`error`]: the [`Error`] enum.
@@ -64,6 +65,7 @@
 
 #![deny(missing_docs)]
 
+pub mod backup;
 mod codec;
 pub mod error;
 #[cfg(test)]

@@ -293,7 +293,11 @@ impl SealedTree {
     }
 
     /// [`SealedTree::open`] on a borrowed value, without copying it.
-    fn open_slice<'a>(&self, key: &[u8], stored: &'a [u8]) -> Result<&'a [u8]> {
+    pub(crate) fn open_slice<'a>(
+        &self,
+        key: &[u8],
+        stored: &'a [u8],
+    ) -> Result<&'a [u8]> {
         let len = value_len(self.name, self.sealer.as_deref(), key, stored)?;
         Ok(&stored[..len])
     }

@@ -1,7 +1,9 @@
 //! The thin adapters over the [`crate::engine`]: each translates one way in
-//! (gRPC calls, the coordinator's own threads, HTTP requests) into the
+//! (gRPC calls, the coordinator's own threads, HTTP requests, backup
+//! requests on the data directory's socket) into the
 //! engine's calls, and owns no judgement of its own.
 
+pub(crate) mod backup_socket;
 pub mod grpc;
 pub(crate) mod http;
 pub(crate) mod in_flight;

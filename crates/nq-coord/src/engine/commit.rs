@@ -296,8 +296,9 @@ async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Re
 }
 
 /// Writes a batch and flushes, with sled's synchronous writes kept off the
-/// async threads.
+/// async threads, under the write gate (a backup waits for the whole group).
 async fn apply_and_flush(engine: &Engine, batch: CommitBatch) -> Result<()> {
+    let _gate = engine.write_gate.lock().await;
     if !batch.is_empty() {
         let store = Arc::clone(&engine.store);
         tokio::task::spawn_blocking(move || store.apply(batch)).await??;

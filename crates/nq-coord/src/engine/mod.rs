@@ -24,7 +24,13 @@
 //!   held: the lease records (`Engine::records`) and a solution writer's
 //!   listing are locked only after the core's guard is dropped, so no two
 //!   locks are ever held at once and no order can deadlock.
+//! * **The write gate.** `Engine::write_gate` is an async mutex, held by
+//!   the commit loop while it applies and flushes a group and by a backup
+//!   while it copies the store ([`backup`]), so that a backup holds whole
+//!   groups. It is taken with no other lock held, and the core's lock is
+//!   never held across it.
 
+pub(crate) mod backup;
 pub(crate) mod commit;
 pub(crate) mod solutions;
 pub(crate) mod ticker;
@@ -75,6 +81,10 @@ pub(crate) struct Engine {
     /// are out of date by then (the job is done, the lease is gone) are not
     /// written at all: at high rates most lease records never cost a write.
     records: Mutex<Vec<(JobId, Option<LeaseId>, JobRecord)>>,
+    /// Held by the commit loop while it applies and flushes a group, and by
+    /// [`Engine::backup`] while it copies the store: a backup never sees half
+    /// a group. Released on drop of the guard.
+    pub(crate) write_gate: tokio::sync::Mutex<()>,
     /// Cancelled by the commit loop once the last job is settled; `run`
     /// then lingers and shuts down.
     pub(crate) complete: CancellationToken,
@@ -146,6 +156,7 @@ impl Engine {
             run_id,
             commits,
             records: Mutex::new(Vec::new()),
+            write_gate: tokio::sync::Mutex::new(()),
             complete,
             machines_changed: Notify::new(),
         };

@@ -23,6 +23,13 @@
 //! checked (an aborted group may be half settled). sled flushes on drop, so
 //! a crash here does not lose applied writes; the durability of an
 //! acknowledgement is checked at the acknowledgement instead.
+//!
+//! Backups ([`Engine::backup`]) are taken now and then with reports in
+//! flight, and some hard crashes lose the data directory: it is rebuilt
+//! from the last backup (`nq_store::backup::restore`) before the new
+//! session opens it, so the session resumes with the copies stored since
+//! the backup gone, and the invariants and the final truth must hold all
+//! the same.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -71,6 +78,7 @@ fn the_engine_keeps_its_invariants_over_a_real_store() {
             "{stats:?}"
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
+        assert!(stats.backups > 0 && stats.disk_losses > 0, "{stats:?}");
         super::core::assert_rare_divergence(&stats);
     }
 }
@@ -177,6 +185,8 @@ struct Sim {
     workers: Vec<SimWorker>,
     granted: HashMap<LeaseId, (WorkerId, JobId)>,
     inflight: JoinSet<Result<Option<Outcome>, String>>,
+    /// The last backup taken, if any.
+    backup: Option<std::path::PathBuf>,
     /// Per job, the copies judged before the run completed.
     sealed: Option<Vec<usize>>,
     /// At the last check before completion: per job, its copies and
@@ -257,6 +267,7 @@ impl Sim {
             workers,
             granted: HashMap::new(),
             inflight: JoinSet::new(),
+            backup: None,
             sealed: None,
             before: None,
             stats: Stats::default(),
@@ -284,10 +295,34 @@ impl Sim {
             92..96 => return self.crash(false).await,
             _ => return self.crash(true).await,
         }
+        if self.rng.random_range(0..20) == 0 {
+            self.take_backup().await?;
+        }
         // Let some reports stay in flight across steps.
         if self.rng.random_range(0..3) > 0 {
             self.pause().await?;
         }
+        Ok(())
+    }
+
+    /// A backup, with whatever reports are in flight going on beside it: the
+    /// commit loop waits for the copy (the write gate).
+    async fn take_backup(&mut self) -> Result<(), String> {
+        let path = self.config.data_dir.with_file_name("last.nqbackup");
+        let info = self
+            .engine()
+            .backup(path.clone())
+            .await
+            .map_err(|e| format!("backup failed: {}", e.chain()))?;
+        let done = nq_store::backup::check(&path)
+            .map_err(|e| format!("a fresh backup does not check: {e}"))?
+            .jobs_done;
+        ensure!(
+            done == info.jobs_done,
+            "backup says {done} done, wrote {info:?}"
+        );
+        self.stats.backups += 1;
+        self.backup = Some(path);
         Ok(())
     }
 
@@ -594,6 +629,9 @@ impl Sim {
         }
         self.session.token.cancel();
         let _ = (&mut self.session.committer).await;
+        if hard && self.backup.is_some() && self.rng.random_range(0..2) == 0 {
+            self.lose_disk()?;
+        }
         let (session, _) = open(&self.config)?;
         self.session = session;
         self.granted.clear();
@@ -627,6 +665,23 @@ impl Sim {
             }
         }
         self.check()
+    }
+
+    /// The data directory is lost and rebuilt from the last backup. What
+    /// the checks remember of the lost copies is forgotten with them.
+    fn lose_disk(&mut self) -> Result<(), String> {
+        let backup = self.backup.as_ref().expect("checked by the caller");
+        nq_store::backup::restore(
+            backup,
+            &self.config.data_dir,
+            true,
+            &nq_store::StoreOptions::default(),
+        )
+        .map_err(|e| format!("restore failed: {e}"))?;
+        self.stats.disk_losses += 1;
+        self.sealed = None;
+        self.before = None;
+        Ok(())
     }
 
     fn config_policy(&self) -> crate::core::quorum::Policy {

@@ -119,6 +119,10 @@ pub(crate) struct Stats {
     pub(crate) probation_divergences: u64,
     /// Completed runs where probation's claim was checked.
     pub(crate) probation_claims: u64,
+    /// Backups taken while reports were in flight.
+    pub(crate) backups: u64,
+    /// Crashes that lost the data directory, restored from the last backup.
+    pub(crate) disk_losses: u64,
 }
 
 impl Stats {
@@ -127,6 +131,8 @@ impl Stats {
         self.reports += o.reports;
         self.refused += o.refused;
         self.lies += o.lies;
+        self.backups += o.backups;
+        self.disk_losses += o.disk_losses;
         self.conflicts += o.conflicts;
         self.bans += o.bans;
         self.crashes += o.crashes;

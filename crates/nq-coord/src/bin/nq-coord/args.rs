@@ -112,6 +112,27 @@ pub(crate) struct RunArgs {
         env = "NQ_PROGRESS_INTERVAL"
     )]
     progress_interval: String,
+    /// Take a sealed backup of the run's store this often while it serves
+    /// (a duration: 30m, 6h), into --backup-to. A restore loses at most the
+    /// jobs finished since the last backup: they are computed again.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "NQ_BACKUP_EVERY",
+        requires = "backup_to"
+    )]
+    backup_every: Option<String>,
+    /// Directory of the periodic backups (created if missing; one per run):
+    /// `backup-<unix ms>.nqbackup`, each written to a temporary file, synced
+    /// and renamed; the newest two are kept. Put it on another disk than
+    /// --data.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "NQ_BACKUP_TO",
+        requires = "backup_every"
+    )]
+    backup_to: Option<PathBuf>,
     /// Share of jobs computed a second time by a different worker (on another
     /// kernel where it can) and compared: `auto`, or 0 to 1 (`0.05`, `5%`).
     /// A disagreement goes to a third computation, and the majority counts.
@@ -312,6 +333,52 @@ pub(crate) enum Command {
     /// throughput and when each was last seen, conflicts, and the result
     /// once known. Text for people, or --json for scripts.
     Status(StatusArgs),
+    /// Writes a sealed backup of a run's store (SHA-256 over its content,
+    /// with the run id, N, job count and time) to a file. A serving
+    /// coordinator writes it itself, between two commits, when asked on
+    /// DIR/backup.sock; a stopped run's directory is read directly. Prints
+    /// `backup written: path=.. run=.. n=.. jobs=.. done=.. sha256=..`.
+    Backup(BackupArgs),
+    /// Rebuilds a data directory from a backup, after checking its seal (a
+    /// truncated or altered file is refused, naming the problem). Then run
+    /// `nq-coord --n N --data DIR` to resume: the jobs finished after the
+    /// backup are computed again.
+    Restore(RestoreArgs),
+}
+
+/// Flags of `nq-coord backup`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct BackupArgs {
+    /// The run's data directory (serving or stopped).
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    pub(crate) data: PathBuf,
+    /// The backup file to write (replaced atomically if it exists).
+    #[arg(long, value_name = "FILE", env = "NQ_BACKUP_FILE")]
+    pub(crate) to: PathBuf,
+    /// The run's store key, for a stopped run whose store is keyed (a
+    /// serving run writes its backup itself, with its own key).
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
+}
+
+/// Flags of `nq-coord restore`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct RestoreArgs {
+    /// The backup file.
+    #[arg(long, value_name = "FILE", env = "NQ_RESTORE_FROM")]
+    pub(crate) from: PathBuf,
+    /// The data directory to rebuild: new or empty, unless --force.
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    pub(crate) data: PathBuf,
+    /// Replace the data directory at --data (its run is lost; the backup is
+    /// checked whole first). A directory that is not a data directory is
+    /// never replaced.
+    #[arg(long, env = "NQ_RESTORE_FORCE")]
+    pub(crate) force: bool,
+    /// The store key of the run backed up, for a keyed store: the restore
+    /// reads the run back to check it against the backup's header.
+    #[command(flatten)]
+    pub(crate) store_key: StoreKeyArgs,
 }
 
 /// Flags of `nq-coord status`.
@@ -445,6 +512,12 @@ impl TryFrom<RunArgs> for Config {
         config.cache_bytes = a.cache_mib.saturating_mul(1 << 20);
         config.verify = parse_verify(&a.verify)?;
         config.insecure_open_port = a.insecure_open_port;
+        if let (Some(every), Some(to)) = (&a.backup_every, a.backup_to) {
+            config.backup = Some(nq_coord::config::PeriodicBackup {
+                every: parse_duration(every)?,
+                to,
+            });
+        }
         config.ban_after =
             NonZeroU32::new(a.ban_after).ok_or_else(|| nq_coord::Error::Option {
                 option: "--ban-after",

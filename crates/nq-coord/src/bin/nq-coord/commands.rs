@@ -1,6 +1,7 @@
 //! The subcommands: `health` and `status` ask a running coordinator (one
 //! call each, through the shared dial flags), `audit` and `export` read a
-//! data directory.
+//! data directory, `backup` and `restore` write a backup file and a data
+//! directory.
 
 use std::io::Write;
 
@@ -11,7 +12,9 @@ use nq_process::DialArgs;
 use nq_process::output::{stderr_line, stdout_line};
 use nq_proto::address::CoordinatorAddress;
 
-use crate::args::{AuditArgs, ExportArgs, HealthArgs, StatusArgs};
+use crate::args::{
+    AuditArgs, BackupArgs, ExportArgs, HealthArgs, RestoreArgs, StatusArgs,
+};
 
 /// The endpoint and token interceptor for `--connect` and the dial flags,
 /// with `timeout` on connecting and on the call.
@@ -216,5 +219,47 @@ pub(crate) fn export_solutions(args: ExportArgs) -> anyhow::Result<()> {
             summary.jobs
         ));
     }
+    Ok(())
+}
+
+/// `nq-coord backup`: a sealed backup of a serving or stopped run.
+pub(crate) fn backup(args: BackupArgs) -> anyhow::Result<()> {
+    use nq_coord::backup::Taken;
+    let key = args.store_key.load(&args.data)?;
+    let (info, taken) = nq_coord::backup::take(&args.data, &args.to, key)?;
+    let by = match taken {
+        Taken::ByServingRun => "serving-run",
+        Taken::FromStoppedRun => "stopped-run",
+    };
+    stdout_line(format_args!(
+        "backup written: path={} run={} n={} jobs={} done={} by={by} sha256={}",
+        args.to.display(),
+        info.run_id,
+        info.n,
+        info.jobs,
+        info.jobs_done,
+        info.sha256
+    ))?;
+    Ok(())
+}
+
+/// `nq-coord restore`: a data directory rebuilt from a checked backup.
+pub(crate) fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let key = args.store_key.load(&args.data)?;
+    let info = nq_coord::backup::restore(&args.from, &args.data, args.force, key)?;
+    stdout_line(format_args!(
+        "restored: data={} run={} n={} jobs={} done={} sha256={}",
+        args.data.display(),
+        info.run_id,
+        info.n,
+        info.jobs,
+        info.jobs_done,
+        info.sha256
+    ))?;
+    stderr_line(format_args!(
+        "nq-coord: resume with: nq-coord --n {} --data {} (the jobs finished after the backup are computed again)",
+        info.n,
+        args.data.display()
+    ));
     Ok(())
 }

@@ -3,7 +3,8 @@
 //! runs a subcommand. Nothing else happens here.
 //!
 //! * `args`: the clap structs, and `Args` → [`Config`].
-//! * `commands`: the subcommands (`status`, `health`, `audit`, `export`).
+//! * `commands`: the subcommands (`status`, `health`, `audit`, `export`,
+//!   `backup`, `restore`).
 //! * `display`: the progress bar, and log lines drawn above it.
 
 mod args;
@@ -36,6 +37,8 @@ fn main() -> ExitCode {
         Some(Command::Health(h)) => commands::health(h).map(|()| 0),
         Some(Command::Audit(a)) => commands::audit(a).map(|()| 0),
         Some(Command::Status(a)) => commands::status(a).map(|()| 0),
+        Some(Command::Backup(a)) => commands::backup(a).map(|()| 0),
+        Some(Command::Restore(a)) => commands::restore(a).map(|()| 0),
         None => run_coordinator(args.run, bar),
     };
     match result {
