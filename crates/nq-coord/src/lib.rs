@@ -79,7 +79,7 @@ pub use crate::adapters::grpc as service;
 pub use crate::core::status::Progress;
 pub use crate::core::{lease, quorum, scheduler, status};
 pub use config::Config;
-pub use error::{Error, Refusal, ReportFault, Result};
+pub use error::{Error, Refusal, RegistrationLimit, ReportFault, Result};
 pub use nq_store::JobId;
 pub use plan::MAX_SUBS_PER_JOB;
 pub use report::RunReport;

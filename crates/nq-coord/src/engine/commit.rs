@@ -10,8 +10,8 @@
 //! worker voted for, so that none of its unverified results stays counted
 //! without a second vote.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use nq_store::{CommitBatch, JobId, JobState, Scan};
@@ -139,6 +139,11 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     if engine.complete.is_cancelled() {
         return keep_late_copies(engine, group).await;
     }
+    // 0. A late copy never settles a job alone.
+    refuse_late_alone(engine, group)?;
+    if group.is_empty() {
+        return Ok(());
+    }
     // 1. Decide, in queue order. Only this task changes results, so what it
     // reads now still holds after the flush.
     let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
@@ -193,6 +198,36 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     if engine.core().sched.is_complete() {
         engine.complete.cancel();
     }
+    Ok(())
+}
+
+/// Answers and removes the copies of `group` that came under a lease no
+/// longer live for a job with no copy yet, stored or earlier in the group
+/// ([`ledger::refuse_late_alone`]). Nothing is written for them, so the
+/// refusal needs no flush.
+fn refuse_late_alone(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<()> {
+    let mut seen: HashSet<JobId> = HashSet::new();
+    let mut kept = Vec::with_capacity(group.len());
+    for req in group.drain(..) {
+        let v = &req.verified;
+        let late = engine.core().sched.is_late(v.lease);
+        // The store is read only for late copies, which are rare.
+        let has_copies = seen.contains(&v.job)
+            || (late
+                && matches!(
+                    blocking(|| engine.store.job_record(v.job))?.state,
+                    JobState::Done(_)
+                ));
+        let verdict = ledger::refuse_late_alone(&engine.core().sched, v, has_copies);
+        if let Err(e) = verdict {
+            warn!(job = %v.job, lease = %v.lease, worker = %v.result.identity, "refused a late copy: its lease is no longer live and the job has no other copy");
+            let _ = req.reply.send(Err(e));
+            continue;
+        }
+        seen.insert(v.job);
+        kept.push(req);
+    }
+    *group = kept;
     Ok(())
 }
 

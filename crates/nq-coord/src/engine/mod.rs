@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::Core;
 use crate::core::lease::{Lease, LeaseId, WorkerId};
 use crate::core::ledger::{self, Report, Verified};
-use crate::core::scheduler::{Granted, Issued, Outcome, Scheduler};
+use crate::core::scheduler::{Granted, Issued, Outcome, Reclaimed, Scheduler};
 use crate::core::status::{Progress, Snapshot};
 use crate::error::{Error, Refusal, Result};
 use commit::CommitRequest;
@@ -319,7 +319,12 @@ impl Engine {
     ) -> Result<Accepted> {
         let work = verified.work;
         let outcome = self.commit(verified).await?;
-        let run_complete = self.core().acknowledge(&admitted.worker, work);
+        let run_complete = self.core().acknowledge(
+            &admitted.worker,
+            admitted.lease,
+            work,
+            Instant::now(),
+        );
         Ok(Accepted {
             outcome,
             run_complete,
@@ -340,13 +345,17 @@ impl Engine {
     /// Advances the clock to `now` (see [`Core::tick`]) and notes the
     /// expired leases' jobs as pending. Wakes the commit loop when the
     /// selection of jobs to check changed.
-    pub(crate) fn tick(&self, now: Instant, prune: bool) -> Vec<Lease> {
+    pub(crate) fn tick(&self, now: Instant, prune: bool) -> (Vec<Lease>, Vec<Reclaimed>) {
         let ticked = self.core().tick(now, prune);
         if ticked.machines_changed {
             self.machines_changed.notify_one();
         }
-        self.persist_pending(ticked.expired.iter().map(|l| &l.job));
-        ticked.expired
+        self.persist_pending(
+            (ticked.expired.iter())
+                .chain(ticked.reclaimed.iter().map(|r| &r.lease))
+                .map(|l| &l.job),
+        );
+        (ticked.expired, ticked.reclaimed)
     }
 
     /// The run's snapshot now.

@@ -463,12 +463,15 @@ impl Sim {
 
     /// Registers worker `w` in this session if it is not yet.
     fn registered(&mut self, w: usize) -> WorkerId {
-        if let Some(id) = &self.workers[w].id {
+        if let Some(id) = &self.workers[w].id
+            && self.core.sched.worker(id).is_some()
+        {
             return id.clone();
         }
         let now = self.now();
         let (name, ip) = (self.workers[w].name.clone(), self.workers[w].ip);
-        let id = self.core.sched.register(&name, 1, Some(ip), now);
+        let id = (self.core.sched.register(&name, 1, Some(ip), now))
+            .expect("the simulation registers within the limits");
         self.workers[w].id = Some(id.clone());
         id
     }
@@ -621,9 +624,15 @@ impl Sim {
                 self.stats.refused += 1;
                 let ours = self.granted.get(&task.lease)
                     == Some(&(task.worker.clone(), task.job));
-                let banned = s.worker(&task.worker).is_some_and(|x| {
-                    s.identities().is_banned(x.identity, self.policy.ban_after)
-                });
+                // By identity: the registration may be forgotten meanwhile.
+                let key = crate::core::scheduler::remote_identity(
+                    &self.workers[w].name,
+                    Some(self.workers[w].ip),
+                );
+                let banned = s
+                    .identities()
+                    .get(&key)
+                    .is_some_and(|i| s.identities().is_banned(i, self.policy.ban_after));
                 // Leases of settled jobs are forgotten: nothing under them
                 // can change anything.
                 ensure!(
@@ -697,6 +706,19 @@ impl Sim {
             }
             return Ok(());
         }
+        // As the engine's commit loop: a late copy never settles a job alone.
+        let mut seen = std::collections::HashSet::new();
+        let mut kept = Vec::with_capacity(group.len());
+        for item in group {
+            let v = &item.1.0;
+            let has_copies = seen.contains(&v.job)
+                || self.model.jobs[v.job.0 as usize].record.is_some();
+            if ledger::refuse_late_alone(&self.core.sched, v, has_copies).is_ok() {
+                seen.insert(v.job);
+                kept.push(item);
+            }
+        }
+        let group = kept;
         let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
         let mut decisions: Vec<Decision> = Vec::new();
         for (_, (v, _)) in &group {
@@ -743,7 +765,8 @@ impl Sim {
             }
             fallout.discredited.extend(f.discredited);
             fallout.selection_changed |= f.selection_changed;
-            self.core.acknowledge(worker, v.work);
+            let now = self.now();
+            self.core.acknowledge(worker, v.lease, v.work, now);
         }
         self.rejudge(fallout)
     }
