@@ -23,11 +23,13 @@
 //!   every job not done is leased, an identity holding more than its share
 //!   of the leased jobs (their number over the identities holding or asking)
 //!   gives back its excess, from the leases granted at least a lease
-//!   lifetime ago (so that work just started is not thrown away).
-//! * **No progress.** An identity whose lease is taken back and that has
-//!   delivered nothing for [`PROGRESS_TTLS`] lease lifetimes is *stalled*:
-//!   its cap is one job until it delivers a copy. The engine names it in a
-//!   WARN line and in the metrics.
+//!   lifetime ago (so that work just started is not thrown away). An
+//!   identity without progress (nothing delivered for [`PROGRESS_TTLS`]
+//!   lease lifetimes, or [`OVERDUE_SLACK`] times its expected time) has no
+//!   share while others wait: it gives back all such leases.
+//! * **No progress.** An identity whose lease is taken back and that made
+//!   no progress is *stalled*: its cap is one job until it delivers a copy.
+//!   The engine names it in a WARN line and in the metrics.
 //!
 //! The coordinator's own threads are trusted and exempt.
 
@@ -173,12 +175,16 @@ impl Allowances {
     }
 
     /// True when `identity` delivered nothing in the last
-    /// [`PROGRESS_TTLS`] lease lifetimes.
+    /// [`PROGRESS_TTLS`] lease lifetimes, or in [`OVERDUE_SLACK`] times its
+    /// expected time if that is longer (a worker of long jobs delivers
+    /// rarely and is not idle for that).
     pub fn without_progress(&self, identity: IdentityId, now: Instant) -> bool {
+        let window =
+            (self.ttl * PROGRESS_TTLS).max(self.expected(identity) * OVERDUE_SLACK);
         self.accounts
             .get(&identity)
             .and_then(|a| a.last_progress)
-            .is_none_or(|t| now.saturating_duration_since(t) > self.ttl * PROGRESS_TTLS)
+            .is_none_or(|t| now.saturating_duration_since(t) > window)
     }
 
     /// Counts a lease taken back from `identity` at `now`; returns true when

@@ -978,10 +978,10 @@ impl Scheduler {
 
     /// Fair share: `asker` got no job because every job not done is
     /// leased. Takes back, from each remote identity holding more than its
-    /// share of the live leases, its excess among the leases it was granted
-    /// at least a lease lifetime ago (work just started is not thrown away),
-    /// the most recently granted first. Returns true when any job went back
-    /// to the queue.
+    /// share of the live leases (none, for an identity without progress),
+    /// its excess among the leases it was granted at least a lease lifetime
+    /// ago (work just started is not thrown away), the most recently granted
+    /// first. Returns true when any job went back to the queue.
     fn take_back_excess(&mut self, asker: IdentityId, now: Instant) -> bool {
         let holders: Vec<(IdentityId, usize)> = self.leases.holders().collect();
         let askers =
@@ -989,7 +989,14 @@ impl Scheduler {
         let share = fair_share(self.leases.len(), askers);
         let mut victims: Vec<(Lease, TakenBack)> = Vec::new();
         for (holder, held) in holders {
-            if holder == asker || held <= share || self.is_local_identity(holder) {
+            // An identity that delivered nothing lately has no share while
+            // others wait.
+            let keep = if self.allowances.without_progress(holder, now) {
+                0
+            } else {
+                share
+            };
+            if holder == asker || held <= keep || self.is_local_identity(holder) {
                 continue;
             }
             let mut old: Vec<&Lease> = self
@@ -1000,7 +1007,7 @@ impl Scheduler {
             old.sort_by_key(|l| std::cmp::Reverse((l.granted, l.job)));
             victims.extend(
                 old.into_iter()
-                    .take(held - share)
+                    .take(held - keep)
                     .map(|l| (l.clone(), TakenBack::OverShare)),
             );
         }
@@ -2327,15 +2334,13 @@ mod tests {
 
     #[test]
     fn while_others_wait_no_identity_holds_more_than_its_fair_share() {
-        let (mut s, mut clock) = setup(&[1; 20]);
-        let hoarder = s.register("hoarder", 1, None, clock.now()).unwrap();
-        let held: Vec<LeaseId> = (s.lease(&hoarder, 16, &[], clock.now()).unwrap().jobs)
-            .iter()
-            .map(|j| j.lease)
-            .collect();
+        let (mut s, mut clock) = setup(&[1; 21]);
+        let busy = s.register("busy", 1, None, clock.now()).unwrap();
+        let g = s.lease(&busy, 16, &[], clock.now()).unwrap();
+        let held: Vec<LeaseId> = g.jobs.iter().map(|j| j.lease).collect();
         let honest = s.register("honest", 1, None, clock.now()).unwrap();
         let mine = s.lease(&honest, 16, &[], clock.now()).unwrap();
-        assert_eq!(mine.jobs.len(), 4, "the rest of the pending jobs");
+        assert_eq!(mine.jobs.len(), 5, "the rest of the pending jobs");
         let mine: Vec<LeaseId> = mine.jobs.iter().map(|j| j.lease).collect();
         // Work just granted is not taken back.
         assert!(
@@ -2344,22 +2349,47 @@ mod tests {
                 .jobs
                 .is_empty()
         );
-        // A lease lifetime later the honest worker still waits: the hoarder,
-        // holding 16 of 20 leased jobs, gives back all above its share of 10.
-        clock.advance(25);
-        s.lease(&hoarder, 0, &held, clock.now()).unwrap();
-        clock.advance(5);
+        // A lease lifetime later `busy` delivers one of its jobs, and the
+        // honest worker still waits: `busy`, holding 15 of 20 leased jobs,
+        // gives back all above its share of 10.
+        clock.advance(30);
+        first_copy(&mut s, g.jobs[0].job, held[0], 1);
+        s.note_copy(&busy, held[0], 1, clock.now());
+        s.lease(&busy, 0, &held[1..], clock.now()).unwrap();
         let got = s.lease(&honest, 16, &mine, clock.now()).unwrap();
-        assert_eq!(got.jobs.len(), 6);
+        assert_eq!(got.jobs.len(), 5);
         let taken = s.take_reclaimed();
-        assert_eq!(taken.len(), 6);
+        assert_eq!(taken.len(), 5);
         assert!(
-            taken
-                .iter()
-                .all(|r| r.reason == TakenBack::OverShare && r.name == "hoarder")
+            taken.iter().all(|r| r.reason == TakenBack::OverShare
+                && r.name == "busy"
+                && !r.stalled)
         );
-        let ident = s.worker(&hoarder).unwrap().identity;
+        let ident = s.worker(&busy).unwrap().identity;
         assert_eq!(s.leases.held_by_identity(ident), 10);
+    }
+
+    #[test]
+    fn an_identity_without_progress_has_no_share_while_others_wait() {
+        let (mut s, mut clock) = setup(&[1; 20]);
+        let hoarder = s.register("hoarder", 1, None, clock.now()).unwrap();
+        let held: Vec<LeaseId> = (s.lease(&hoarder, 16, &[], clock.now()).unwrap().jobs)
+            .iter()
+            .map(|j| j.lease)
+            .collect();
+        let honest = s.register("honest", 1, None, clock.now()).unwrap();
+        let mine = s.lease(&honest, 4, &[], clock.now()).unwrap();
+        let mine: Vec<LeaseId> = mine.jobs.iter().map(|j| j.lease).collect();
+        clock.advance(31);
+        s.lease(&hoarder, 0, &held, clock.now()).unwrap();
+        let got = s.lease(&honest, 16, &mine, clock.now()).unwrap();
+        assert_eq!(got.jobs.len(), 12, "all it may hold: 16 less its 4");
+        let taken = s.take_reclaimed();
+        assert_eq!(taken.len(), 16, "every old lease of the hoarder");
+        assert!(taken.iter().all(|r| r.name == "hoarder" && r.stalled));
+        // Stalled: one job at a time, and the honest worker gets the rest.
+        let g = s.lease(&hoarder, 16, &held, clock.now()).unwrap();
+        assert_eq!((g.revoked.len(), g.jobs.len()), (16, 1));
     }
 
     /// See: issue 18, item 7: 20,000 registrations from one address grew
