@@ -1062,6 +1062,11 @@ impl Scheduler {
         }
     }
 
+    /// Every live lease, in no particular order.
+    pub fn live_leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.iter()
+    }
+
     /// The leases taken back since the last call, for the log and metrics.
     pub fn take_reclaimed(&mut self) -> Vec<Reclaimed> {
         std::mem::take(&mut self.reclaimed)

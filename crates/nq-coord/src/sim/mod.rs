@@ -119,6 +119,10 @@ pub(crate) struct Stats {
     pub(crate) probation_divergences: u64,
     /// Completed runs where probation's claim was checked.
     pub(crate) probation_claims: u64,
+    /// Live leases taken back (overdue, or over a fair share).
+    pub(crate) taken_back: u64,
+    /// Late reports of stream stallers (a lie under a lease taken back).
+    pub(crate) stalled_reports: u64,
 }
 
 impl Stats {
@@ -137,6 +141,8 @@ impl Stats {
         self.finished_divergences += o.finished_divergences;
         self.probation_divergences += o.probation_divergences;
         self.probation_claims += o.probation_claims;
+        self.taken_back += o.taken_back;
+        self.stalled_reports += o.stalled_reports;
     }
 }
 
