@@ -1601,7 +1601,7 @@ impl Scheduler {
         }
     }
 
-    /// Forgets workers not heard from for [`FORGET_AFTER_TTLS`] lease TTLs
+    /// Forgets workers not heard from for three lease TTLs
     /// (their leases expired long before): their registrations, and the
     /// allowances of identities left with no worker and no lease, so that
     /// churn does not grow memory. A forgotten worker that calls again is
