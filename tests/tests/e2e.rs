@@ -16,6 +16,7 @@ mod chaos;
 mod creation;
 mod drain;
 mod faults;
+mod hoarding;
 mod inprocess;
 mod input;
 mod liar;

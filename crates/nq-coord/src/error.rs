@@ -210,6 +210,35 @@ pub enum Error {
     /// The coordinator is shutting down and takes no more results.
     #[error("the coordinator is shutting down; retry against its next session")]
     ShuttingDown,
+    /// A report stream went on for longer than its deadline allows (scaled
+    /// with the job's size and its reporter's measured speed).
+    #[error(
+        "the report stream of job {job} exceeded its {which} deadline of {limit:?}; \
+         a stream must send a chunk at least every idle deadline and end within \
+         its total deadline (compute the job again under a new lease)"
+    )]
+    ReportDeadline {
+        /// The job.
+        job: JobId,
+        /// `idle` or `total`.
+        which: &'static str,
+        /// The deadline.
+        limit: std::time::Duration,
+    },
+    /// A report stream holding the claim on a job's solutions outlived its
+    /// lease: the claim ends with the lease, so that the job's next holder
+    /// can store its solutions.
+    #[error(
+        "lease {lease} of job {job} is no longer live (it expired or was taken \
+         back, and the job was reissued); its report stream ends, and with it \
+         the claim on the job's solutions"
+    )]
+    ClaimOutlivedLease {
+        /// The job.
+        job: JobId,
+        /// The lease the stream reported under.
+        lease: LeaseId,
+    },
     /// A wire message that does not describe a valid value.
     #[error(transparent)]
     Convert(#[from] nq_proto::ConvertError),
@@ -365,6 +394,43 @@ pub enum Refusal {
         /// Conflicts it lost.
         lost: u32,
     },
+    /// A copy under a lease that is no longer live (expired or taken back,
+    /// its job perhaps reissued) for a job that has no copy yet: it would
+    /// settle the job alone, which a late copy never may.
+    LateCopy {
+        /// The job.
+        job: JobId,
+        /// The lease it came under.
+        lease: LeaseId,
+    },
+    /// A registration over the limit of live registrations per identity or
+    /// per address (each one is a worker record the coordinator keeps).
+    TooManyRegistrations {
+        /// Which limit.
+        per: RegistrationLimit,
+        /// The identity or address that holds them.
+        holder: String,
+        /// The limit.
+        limit: u32,
+    },
+}
+
+/// Which bound a registration hit ([`Refusal::TooManyRegistrations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistrationLimit {
+    /// Live registrations of one verification identity.
+    Identity,
+    /// Live registrations from one IP address.
+    Address,
+}
+
+impl fmt::Display for RegistrationLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RegistrationLimit::Identity => "identity",
+            RegistrationLimit::Address => "address",
+        })
+    }
 }
 
 impl fmt::Display for Refusal {
@@ -397,6 +463,18 @@ impl fmt::Display for Refusal {
                 "worker {identity} lost {lost} verification conflicts (its results \
                  disagreed with the majority) and gets no more work; check its \
                  hardware (memory, CPU) before it joins a run again"
+            ),
+            Refusal::LateCopy { job, lease } => write!(
+                f,
+                "lease {lease} of job {job} is no longer live and the job has no other \
+                 copy: a copy under an expired or taken-back lease never settles a job \
+                 alone; the job's current holder computes it (drop this report)"
+            ),
+            Refusal::TooManyRegistrations { per, holder, limit } => write!(
+                f,
+                "{per} {holder} already holds {limit} live registrations, the most \
+                 allowed per {per}; reuse a worker id (a registration is forgotten \
+                 after three lease lifetimes of silence) instead of registering again"
             ),
         }
     }

@@ -16,7 +16,8 @@
 //!
 //! * [`core`]: the pure core. The state of one session
 //!   ([`core::scheduler`]: jobs, leases, workers, identities; claims; the
-//!   history behind the rates), the rule book ([`core::quorum`]), the
+//!   history behind the rates), what each identity may hold and when a
+//!   lease is taken back ([`core::allowance`]), the rule book ([`core::quorum`]), the
 //!   judging of a job's copies (`core::ledger`, decisions returned as data),
 //!   and what a run looks like from outside ([`core::status`]: one fraction,
 //!   one ETA). No tokio, tonic, sled-backed store or wall clock: time is
@@ -83,7 +84,7 @@ pub use crate::adapters::grpc as service;
 pub use crate::core::status::Progress;
 pub use crate::core::{lease, quorum, scheduler, status};
 pub use config::Config;
-pub use error::{Error, Refusal, ReportFault, Result};
+pub use error::{Error, Refusal, RegistrationLimit, ReportFault, Result};
 pub use nq_store::JobId;
 pub use plan::MAX_SUBS_PER_JOB;
 pub use report::RunReport;

@@ -28,6 +28,8 @@
 //! | `nq_worker_jobs_total`, `nq_worker_work_total` | counter | `worker`, `address` |
 //! | `nq_worker_jobs_per_second`, `nq_worker_work_per_second` | gauge | `worker`, `address` |
 //! | `nq_worker_last_seen_seconds` | gauge | `worker`, `address` |
+//! | `nq_worker_leases_taken_back_total` | counter | `worker`, `address` |
+//! | `nq_worker_stalled` | gauge (0/1) | `worker`, `address` |
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -57,6 +59,8 @@ struct WorkerSeries {
     jobs_per_second: f64,
     work_per_second: f64,
     last_seen: f64,
+    taken_back: u64,
+    stalled: bool,
 }
 
 /// A gauge holding `v`, registered as `name`.
@@ -211,12 +215,16 @@ fn workers(r: &mut Registry, s: &Snapshot) {
         e.jobs_per_second += w.jobs_per_second;
         e.work_per_second += w.work_per_second;
         e.last_seen = e.last_seen.min(w.last_seen_seconds);
+        e.taken_back += w.leases_taken_back;
+        e.stalled |= w.stalled;
     }
     let jobs = Family::<Labels, Counter>::default();
     let work = Family::<Labels, Counter<f64, AtomicU64>>::default();
     let jobs_rate = Family::<Labels, FloatGauge>::default();
     let work_rate = Family::<Labels, FloatGauge>::default();
     let seen = Family::<Labels, FloatGauge>::default();
+    let taken_back = Family::<Labels, Counter>::default();
+    let stalled = Family::<Labels, Gauge>::default();
     for ((name, address), w) in by_label {
         let labels = vec![("worker".to_owned(), name), ("address".to_owned(), address)];
         jobs.get_or_create(&labels).inc_by(w.jobs);
@@ -224,6 +232,8 @@ fn workers(r: &mut Registry, s: &Snapshot) {
         jobs_rate.get_or_create(&labels).set(w.jobs_per_second);
         work_rate.get_or_create(&labels).set(w.work_per_second);
         seen.get_or_create(&labels).set(w.last_seen);
+        taken_back.get_or_create(&labels).inc_by(w.taken_back);
+        stalled.get_or_create(&labels).set(i64::from(w.stalled));
     }
     r.register(
         "nq_worker_jobs",
@@ -249,5 +259,15 @@ fn workers(r: &mut Registry, s: &Snapshot) {
         "nq_worker_last_seen_seconds",
         "Seconds since a worker last called",
         seen,
+    );
+    r.register(
+        "nq_worker_leases_taken_back",
+        "Leases taken back from a worker: held far past its measured time, or over its fair share while others waited",
+        taken_back,
+    );
+    r.register(
+        "nq_worker_stalled",
+        "1 while a worker holds leases without progress (it may hold one job until it delivers)",
+        stalled,
     );
 }

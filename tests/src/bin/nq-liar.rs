@@ -18,8 +18,22 @@
 //! ```text
 //! nq-liar --connect 127.0.0.1:50051 --name liar --lie-rate 1.0
 //! ```
+//!
+//! Two more adversaries of issue 18:
+//!
+//! * `--hoard`: registers `--registrations` times under one name, leases as
+//!   many jobs as each registration is granted, heartbeats them forever and
+//!   never reports. Prints `hoarding job=J lease=L` per lease it gets and
+//!   `revoked lease=L` per lease the coordinator says it lost.
+//! * `--stall`: in a `--solutions` run, leases a job, opens its Report
+//!   stream with one true solution and then sends nothing, heartbeating the
+//!   lease, until the coordinator ends the stream (`stream ended: CODE:
+//!   MESSAGE`); then reports the job with count 0 under the same lease and
+//!   prints `lie job=J outcome=…` or `lie refused: CODE: MESSAGE`, and waits
+//!   for the end of the run.
 
 use std::net::SocketAddr;
+use std::ops::ControlFlow;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -27,7 +41,9 @@ use anyhow::{Result, anyhow};
 use clap::Parser;
 use nq_e2e::client::{ProtocolWorker, lie, status_of};
 use nq_e2e::rng::Rng;
+use nq_proto::pb;
 use nq_proto::pb::report_ack::Outcome;
+use tokio_stream::StreamExt;
 use tonic::Code;
 
 /// The exit status when the coordinator refuses this worker
@@ -50,6 +66,15 @@ struct Args {
     /// Seed of the choice of jobs to lie on (only matters below 1.0).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Hoard leases instead: never report, heartbeat forever.
+    #[arg(long, conflicts_with = "stall")]
+    hoard: bool,
+    /// With --hoard: registrations to hoard under, all with --name.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    registrations: u32,
+    /// Stall a report stream instead (a --solutions run).
+    #[arg(long)]
+    stall: bool,
 }
 
 /// How the liar ended.
@@ -68,7 +93,14 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    match run(&args).await {
+    let ended = if args.hoard {
+        hoard(&args).await
+    } else if args.stall {
+        stall(&args).await
+    } else {
+        run(&args).await
+    };
+    match ended {
         Ok(End::Complete) => ExitCode::SUCCESS,
         Ok(End::Refused(status)) => {
             eprintln!("nq-liar: refused: PERMISSION_DENIED: {}", status.message());
@@ -155,5 +187,156 @@ async fn run(args: &Args) -> Result<End> {
                 s.message()
             ),
         }
+    }
+}
+
+/// The heartbeat interval the coordinator's lease lifetime asks for.
+fn heartbeat(lease_ttl_ms: u64) -> Duration {
+    Duration::from_millis((lease_ttl_ms / 3).max(10))
+}
+
+/// `--hoard`: see the module doc.
+async fn hoard(args: &Args) -> Result<End> {
+    let mut hoarders = Vec::new();
+    for _ in 0..args.registrations.max(1) {
+        match ProtocolWorker::register(args.connect, &args.name).await {
+            Ok(w) => hoarders.push((w, Vec::<u64>::new())),
+            Err(e) => return denied(&e).map(End::Refused).ok_or(e),
+        }
+    }
+    eprintln!(
+        "nq-liar: hoarding under {} registrations as {}",
+        hoarders.len(),
+        args.name
+    );
+    let mut failures = 0u32;
+    loop {
+        let mut ttl_ms = 1000;
+        for (w, held) in &mut hoarders {
+            let request = pb::LeaseRequest {
+                worker_id: w.id.clone(),
+                want: 1024,
+                held: held.clone(),
+            };
+            let resp = match w.client.lease(request).await {
+                Ok(r) => r.into_inner(),
+                Err(s) if s.code() == Code::PermissionDenied => {
+                    return Ok(End::Refused(s));
+                }
+                Err(s) if s.code() == Code::FailedPrecondition => {
+                    // Forgotten: register again, holding nothing.
+                    *w = ProtocolWorker::register(args.connect, &args.name).await?;
+                    held.clear();
+                    continue;
+                }
+                Err(s) => {
+                    failures += 1;
+                    if failures > 20 {
+                        return Err(anyhow!(s).context("the coordinator keeps failing"));
+                    }
+                    continue;
+                }
+            };
+            failures = 0;
+            for lost in &resp.revoked {
+                held.retain(|l| l != lost);
+                println!("revoked lease={lost}");
+            }
+            for job in &resp.jobs {
+                held.push(job.lease_id);
+                println!("hoarding job={} lease={}", job.job_id, job.lease_id);
+            }
+            if resp.run_complete {
+                return Ok(End::Complete);
+            }
+            ttl_ms = resp.lease_ttl_ms;
+        }
+        tokio::time::sleep(heartbeat(ttl_ms)).await;
+    }
+}
+
+/// One true solution of a sub-problem of `job`: its index and rows.
+fn first_solution(w: &ProtocolWorker, job: &pb::Job) -> Result<Option<(u32, Vec<u8>)>> {
+    for (i, s) in job.subproblems.iter().enumerate() {
+        let sub = w.shape.subproblem(s)?;
+        let mut found = None;
+        sub.list(&mut |rows: &[u8]| {
+            found = Some(rows.to_vec());
+            ControlFlow::Break(())
+        });
+        if let Some(rows) = found {
+            return Ok(Some((u32::try_from(i)?, rows)));
+        }
+    }
+    Ok(None)
+}
+
+/// `--stall`: see the module doc.
+async fn stall(args: &Args) -> Result<End> {
+    let mut w = match ProtocolWorker::register(args.connect, &args.name).await {
+        Ok(w) => w,
+        Err(e) => return denied(&e).map(End::Refused).ok_or(e),
+    };
+    // A job with a solution to open the stream with.
+    let (job, (sub, rows)) = loop {
+        let Some(job) = w.lease_one().await? else {
+            return Ok(End::Complete);
+        };
+        if let Some(first) = first_solution(&w, &job)? {
+            break (job, first);
+        }
+    };
+    let first = pb::ReportChunk {
+        worker_id: w.id.clone(),
+        job_id: job.job_id,
+        lease_id: job.lease_id,
+        body: Some(pb::report_chunk::Body::Solutions(pb::SolutionBatch {
+            subproblem: sub,
+            rows,
+        })),
+        run_id: w.run_id.clone(),
+    };
+    // One chunk, then silence: the stream never ends by itself.
+    let stream = tokio_stream::iter([first]).chain(tokio_stream::pending());
+    let mut client = w.client.clone();
+    let call = client.report(stream);
+    tokio::pin!(call);
+    println!("stalling job={} lease={}", job.job_id, job.lease_id);
+    let ended = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            () = tokio::time::sleep(Duration::from_millis(300)) => {
+                // The heartbeat: the lease stays live while the stream stalls.
+                let request = pb::LeaseRequest {
+                    worker_id: w.id.clone(),
+                    want: 0,
+                    held: vec![job.lease_id],
+                };
+                if let Ok(r) = w.client.lease(request).await
+                    && r.get_ref().revoked.contains(&job.lease_id)
+                {
+                    println!("revoked lease={}", job.lease_id);
+                }
+            }
+        }
+    };
+    match ended {
+        Ok(ack) => println!("stream ended: OK: {:?}", ack.get_ref().outcome()),
+        Err(s) => println!("stream ended: {:?}: {}", s.code(), s.message()),
+    }
+    // The lie, late: every sub-problem counted 0.
+    let zeros = vec![nq_core::split::SubCounts::default(); job.subproblems.len()];
+    let chunk = w.result_chunk(&job, &zeros, "scalar");
+    match w.send(chunk).await {
+        Ok(ack) => println!("lie job={} outcome={:?}", job.job_id, ack.outcome()),
+        Err(s) => println!("lie refused: {:?}: {}", s.code(), s.message()),
+    }
+    // Then wait for the end of the run, asking for nothing.
+    loop {
+        let resp = w.lease(0).await?;
+        if resp.run_complete {
+            return Ok(End::Complete);
+        }
+        tokio::time::sleep(Duration::from_millis(resp.retry_after_ms.max(100))).await;
     }
 }

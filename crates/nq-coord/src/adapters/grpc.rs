@@ -37,6 +37,7 @@ use tracing::{debug, error, info, instrument, warn};
 
 use crate::adapters::in_flight::InFlight;
 use crate::adapters::security::{self, Admission, CallerCheck};
+use crate::core::allowance::StreamDeadlines;
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::ledger::Verified;
 use crate::core::scheduler::Outcome;
@@ -46,6 +47,10 @@ use crate::error::{Error, ReportFault};
 
 /// How long an idle worker waits before asking again, at most.
 const RETRY_AFTER_MS: u64 = 500;
+
+/// How often a report stream that holds a job's claim, while it waits for a
+/// chunk, checks that its lease is still live.
+const CLAIM_CHECK: Duration = Duration::from_millis(250);
 
 /// The coordinator's gRPC service. Built by [`crate::run`].
 #[derive(Debug, Clone)]
@@ -110,6 +115,16 @@ impl From<Error> for Status {
                 Status::invalid_argument(msg)
             }
             Error::Busy { .. } | Error::ShuttingDown => Status::unavailable(msg),
+            // Retryable for an honest worker: it computes the job again
+            // under a new lease.
+            Error::ReportDeadline { .. } => {
+                warn!(error = %msg, "ended a report stream");
+                Status::deadline_exceeded(msg)
+            }
+            Error::ClaimOutlivedLease { .. } => {
+                warn!(error = %msg, "ended a report stream");
+                Status::aborted(msg)
+            }
             _ => {
                 error!(error = %msg, "internal error");
                 Status::internal(msg)
@@ -144,13 +159,14 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }
         // Every call gets a fresh id, even for a known name: a restarted worker
         // cannot prove it is the same one, and its old leases simply expire.
-        let worker = self.engine.core().sched.register_as(
+        let registered = self.engine.core().sched.register_as(
             &req.name,
             req.threads,
             peer.map(|p| p.ip()),
             credential.as_deref(),
             Instant::now(),
         );
+        let worker = registered.inspect_err(|e| refused(e, peer))?;
         info!(
             worker = %worker,
             peer = ?peer,
@@ -222,7 +238,18 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
     ) -> Result<Response<pb::ReportAck>, Status> {
         let peer = request.remote_addr();
         let mut stream = request.into_inner();
-        let first = stream.message().await?.ok_or(Error::EmptyReport)?;
+        let started = Instant::now();
+        // Before the first chunk the job is unknown: the smallest deadlines.
+        let opening = StreamDeadlines::for_job(self.engine.ttl, 1, Duration::ZERO);
+        let opening = Limits {
+            deadlines: opening,
+            started,
+            lease: LeaseId(0),
+            claim: None,
+        };
+        let first = next_chunk(&mut stream, JobId(0), &opening)
+            .await?
+            .ok_or(Error::EmptyReport)?;
         let span = tracing::Span::current();
         span.record("worker", first.worker_id.as_str());
         span.record("job", first.job_id);
@@ -247,7 +274,31 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         } else {
             None
         };
-        let result = receive(first, &mut stream, writer.as_ref()).await?;
+        let deadlines = StreamDeadlines::for_job(
+            self.engine.ttl,
+            definition.subs.len(),
+            self.engine
+                .core()
+                .sched
+                .allowances()
+                .expected(admitted.issued.identity),
+        );
+        // A stream that holds the job's claim ends with its lease, so that
+        // the job's next holder is never refused as busy past the lease.
+        let lease = admitted.lease;
+        let engine = Arc::clone(&self.engine);
+        let live = move || engine.core().sched.is_live(lease);
+        let claim = writer
+            .as_ref()
+            .is_some_and(SolutionWriter::stores)
+            .then_some(&live as &(dyn Fn() -> bool + Send + Sync));
+        let limits = Limits {
+            deadlines,
+            started,
+            lease,
+            claim,
+        };
+        let result = receive(first, &mut stream, writer.as_ref(), &limits).await?;
         let submission = submission(result, writer.as_ref())?;
         // Returns once the copy is judged and durable: the ack is the
         // worker's permission to forget the job.
@@ -456,6 +507,7 @@ async fn receive(
     first: pb::ReportChunk,
     stream: &mut Streaming<pb::ReportChunk>,
     writer: Option<&SolutionWriter>,
+    limits: &Limits<'_>,
 ) -> Result<pb::JobResult, Status> {
     let job = JobId(first.job_id);
     let bad = |fault| Error::BadReport { job, fault };
@@ -469,8 +521,7 @@ async fn receive(
     let result = loop {
         let c = match chunk.take() {
             Some(c) => c,
-            None => stream
-                .message()
+            None => next_chunk(stream, job, limits)
                 .await?
                 .ok_or(bad(ReportFault::MissingResult))?,
         };
@@ -490,10 +541,75 @@ async fn receive(
     };
     // The contract says the stream ends after the result; a sender that goes
     // on is confused, and nothing of its report is kept.
-    if stream.message().await?.is_some() {
+    let unclaimed = Limits {
+        claim: None,
+        ..*limits
+    };
+    if next_chunk(stream, job, &unclaimed).await?.is_some() {
         return Err(bad(ReportFault::ChunkAfterResult).into());
     }
     Ok(result)
+}
+
+/// What bounds one report stream.
+#[derive(Clone, Copy)]
+struct Limits<'a> {
+    deadlines: StreamDeadlines,
+    /// When the call began.
+    started: Instant,
+    /// The lease the stream reports under.
+    lease: LeaseId,
+    /// Solutions mode, when the stream holds the job's claim: true while its
+    /// lease is live.
+    claim: Option<&'a (dyn Fn() -> bool + Send + Sync)>,
+}
+
+/// The next chunk of a report stream of `job`, within the deadlines of
+/// `limits` counted from its start (total) and from now (idle); with a
+/// claim, the stream also ends as soon as its lease is no longer live
+/// (checked every [`CLAIM_CHECK`] while it waits).
+///
+/// # Errors
+///
+/// [`Error::ReportDeadline`], [`Error::ClaimOutlivedLease`], or the
+/// transport's error.
+async fn next_chunk(
+    stream: &mut Streaming<pb::ReportChunk>,
+    job: JobId,
+    limits: &Limits<'_>,
+) -> Result<Option<pb::ReportChunk>, Status> {
+    let Limits {
+        deadlines,
+        started,
+        lease,
+        claim,
+    } = *limits;
+    let waiting = Instant::now();
+    let idle_end = waiting + deadlines.idle;
+    let total_end = started + deadlines.total;
+    loop {
+        if let Some(live) = claim
+            && !live()
+        {
+            return Err(Error::ClaimOutlivedLease { job, lease }.into());
+        }
+        let now = Instant::now();
+        let (end, which, limit) = if total_end <= idle_end {
+            (total_end, "total", deadlines.total)
+        } else {
+            (idle_end, "idle", deadlines.idle)
+        };
+        if now >= end {
+            return Err(Error::ReportDeadline { job, which, limit }.into());
+        }
+        let mut wait = end - now;
+        if claim.is_some() {
+            wait = wait.min(CLAIM_CHECK);
+        }
+        if let Ok(next) = tokio::time::timeout(wait, stream.message()).await {
+            return next;
+        }
+    }
 }
 
 /// Who may call the coordinator's service: see

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use nq_store::JobId;
 
+use crate::core::quorum::IdentityId;
 pub use crate::ids::{LeaseId, WorkerId};
 
 /// One live lease.
@@ -26,6 +27,12 @@ pub struct Lease {
     pub job: JobId,
     /// Who holds it.
     pub worker: WorkerId,
+    /// The identity the holder computes under: the lease cap and the fair
+    /// share are counted per identity, whatever the registrations behind it.
+    pub identity: IdentityId,
+    /// When it was granted (renewals do not move it): how long a job has
+    /// been held without a result.
+    pub granted: Instant,
     /// When it expires unless renewed.
     pub deadline: Instant,
 }
@@ -37,15 +44,45 @@ pub struct Lease {
 pub struct LeaseTable {
     live: HashMap<LeaseId, Lease>,
     by_job: HashMap<JobId, LeaseId>,
+    /// Live leases per identity (only identities that hold one), so that a
+    /// grant checks an identity's cap without a scan.
+    by_identity: HashMap<IdentityId, usize>,
 }
 
 impl LeaseTable {
     /// Adds a lease. It replaces any live lease of the same job.
     pub fn insert(&mut self, lease: Lease) {
-        if let Some(old) = self.by_job.insert(lease.job, lease.id) {
-            self.live.remove(&old);
+        if let Some(old) = self.by_job.insert(lease.job, lease.id)
+            && let Some(old) = self.live.remove(&old)
+        {
+            self.uncount(old.identity);
         }
+        *self.by_identity.entry(lease.identity).or_insert(0) += 1;
         self.live.insert(lease.id, lease);
+    }
+
+    fn uncount(&mut self, identity: IdentityId) {
+        if let Some(n) = self.by_identity.get_mut(&identity) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_identity.remove(&identity);
+            }
+        }
+    }
+
+    /// Live leases held under `identity`, over all its registrations.
+    pub fn held_by_identity(&self, identity: IdentityId) -> usize {
+        self.by_identity.get(&identity).copied().unwrap_or(0)
+    }
+
+    /// Every identity that holds a live lease, with how many it holds.
+    pub fn holders(&self) -> impl Iterator<Item = (IdentityId, usize)> + '_ {
+        self.by_identity.iter().map(|(&i, &n)| (i, n))
+    }
+
+    /// Every live lease, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
+        self.live.values()
     }
 
     /// The live lease `id`, if any.
@@ -69,13 +106,14 @@ impl LeaseTable {
     pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
         let lease = self.live.remove(&id)?;
         self.by_job.remove(&lease.job);
+        self.uncount(lease.identity);
         Some(lease)
     }
 
     /// Removes the live lease of `job`, if any.
     pub fn remove_job(&mut self, job: JobId) -> Option<Lease> {
-        let id = self.by_job.remove(&job)?;
-        self.live.remove(&id)
+        let id = *self.by_job.get(&job)?;
+        self.remove(id)
     }
 
     /// Removes and returns every lease whose deadline is before `now`.
@@ -86,8 +124,7 @@ impl LeaseTable {
             .filter(|l| l.deadline < now)
             .map(|l| l.id)
             .collect();
-        let mut out: Vec<Lease> =
-            ids.iter().filter_map(|id| self.live.remove(id)).collect();
+        let mut out: Vec<Lease> = ids.iter().filter_map(|&id| self.remove(id)).collect();
         // Oldest deadline first (lease ids are random, so they say nothing
         // of age); ties in job order, which is the order they were granted in.
         out.sort_by_key(|l| (l.deadline, l.job));
@@ -136,6 +173,8 @@ mod tests {
                 id: LeaseId(i),
                 job: JobId(i),
                 worker: w.clone(),
+                identity: IdentityId(i as u32),
+                granted: t0,
                 deadline: t0 + Duration::from_secs(10),
             });
         }
@@ -146,7 +185,14 @@ mod tests {
         assert_eq!(gone[0].id, LeaseId(1));
         assert_eq!(table.len(), 1);
         assert!(table.get(LeaseId(2)).is_some());
+        assert_eq!(
+            table.held_by_identity(IdentityId(1)),
+            0,
+            "expired: uncounted"
+        );
+        assert_eq!(table.held_by_identity(IdentityId(2)), 1);
         assert_eq!(table.remove_job(JobId(2)).map(|l| l.id), Some(LeaseId(2)));
         assert!(table.is_empty() && table.remove(LeaseId(2)).is_none());
+        assert_eq!(table.holders().count(), 0, "no identity left holding");
     }
 }

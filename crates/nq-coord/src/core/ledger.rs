@@ -457,6 +457,29 @@ fn settlement(
     }
 }
 
+/// Refuses a copy `v` that came under a lease no longer live (expired or
+/// taken back, see [`Scheduler::is_late`]) when its job has no copy yet
+/// (`has_copies` false): it would settle the job alone, and a stalled
+/// report's lie must not land as a job's result under a lease that was
+/// reissued long before. With other copies it only votes beside them.
+///
+/// # Errors
+///
+/// [`Error::Refused`] with [`crate::Refusal::LateCopy`].
+pub(crate) fn refuse_late_alone(
+    sched: &Scheduler,
+    v: &Verified,
+    has_copies: bool,
+) -> Result<()> {
+    if !has_copies && sched.is_late(v.lease) {
+        return Err(Error::Refused(crate::error::Refusal::LateCopy {
+            job: v.job,
+            lease: v.lease,
+        }));
+    }
+    Ok(())
+}
+
 /// A copy that arrives once the run is complete: the result is final, so it
 /// is only compared with the recorded copy and kept as evidence.
 pub(crate) fn late_copy(
@@ -632,6 +655,37 @@ mod tests {
             }
         }
         copies
+    }
+
+    /// See: issue 18, item 4: a stalled stream's count-0 report landed as
+    /// its job's result under a lease expired and reissued long before.
+    #[test]
+    fn a_late_copy_never_settles_a_job_alone() {
+        let mut s = sched(0.0);
+        let t0 = std::time::Instant::now();
+        let a = s.register("a", 1, None, t0).unwrap();
+        let b = s.register("b", 1, None, t0).unwrap();
+        let la = s.lease(&a, 1, &[], t0).unwrap().jobs[0].lease;
+        let later = t0 + Duration::from_secs(31);
+        s.expire(later);
+        let lb = s.lease(&b, 1, &[], later).unwrap().jobs[0].lease;
+        let late = Verified {
+            lease: la,
+            ..copy("a@unknown", 0)
+        };
+        assert!(matches!(
+            refuse_late_alone(&s, &late, false),
+            Err(Error::Refused(crate::Refusal::LateCopy { .. }))
+        ));
+        // Beside another copy it is one vote among others.
+        assert!(refuse_late_alone(&s, &late, true).is_ok());
+        let on_time = Verified {
+            lease: lb,
+            ..copy("b@unknown", 3)
+        };
+        assert!(refuse_late_alone(&s, &on_time, false).is_ok());
+        // A lease this session never issued is admission's business.
+        assert!(refuse_late_alone(&s, &copy("c@unknown", 3), false).is_ok());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! ([`crate::engine`]) carries out. The test `tests/layout.rs` holds that
 //! line, so that it survives the next feature.
 
+pub mod allowance;
 pub mod lease;
 pub(crate) mod ledger;
 pub mod quorum;
@@ -26,8 +27,8 @@ use std::time::Instant;
 use nq_proto::convert::RunShape;
 use nq_store::JobId;
 
-use crate::core::lease::{Lease, WorkerId};
-use crate::core::scheduler::Scheduler;
+use crate::core::lease::{Lease, LeaseId, WorkerId};
+use crate::core::scheduler::{Reclaimed, Scheduler};
 use crate::core::status::{History, Progress, Snapshot};
 
 /// The state of one coordinator session. The engine keeps it behind one
@@ -48,6 +49,9 @@ pub(crate) struct Core {
 pub(crate) struct Ticked {
     /// Leases that expired; their jobs are pending again.
     pub(crate) expired: Vec<Lease>,
+    /// Live leases taken back (overdue, or over a fair share); their jobs
+    /// are pending again.
+    pub(crate) reclaimed: Vec<Reclaimed>,
     /// The number of machines at work changed the selection of jobs to
     /// check: settled jobs must be judged again.
     pub(crate) machines_changed: bool,
@@ -74,11 +78,18 @@ impl Core {
         self.claims.remove(&job);
     }
 
-    /// Counts a durable copy of a job of estimated `work` towards `worker`'s
-    /// throughput, and says whether the run is complete (the worker is then
-    /// marked as told, which the linger waits for).
-    pub(crate) fn acknowledge(&mut self, worker: &WorkerId, work: u64) -> bool {
-        self.sched.note_copy(worker, work);
+    /// Counts a durable copy of a job of estimated `work`, made under
+    /// `lease`, towards `worker`'s throughput and allowance at `now`, and
+    /// says whether the run is complete (the worker is then marked as told,
+    /// which the linger waits for).
+    pub(crate) fn acknowledge(
+        &mut self,
+        worker: &WorkerId,
+        lease: LeaseId,
+        work: u64,
+        now: Instant,
+    ) -> bool {
+        self.sched.note_copy(worker, lease, work, now);
         let complete = self.sched.is_complete();
         if complete {
             self.sched.mark_told(worker);
@@ -86,11 +97,14 @@ impl Core {
         complete
     }
 
-    /// Advances the clock to `now`: expires leases, forgets old workers and
+    /// Advances the clock to `now`: expires leases, takes back overdue ones
+    /// (collecting those taken back since the last tick), forgets old workers and
     /// settled leases, recounts the machines at work, and samples the
     /// counters. `prune` asks for the (costlier) pruning of issued leases.
     pub(crate) fn tick(&mut self, now: Instant, prune: bool) -> Ticked {
         let expired = self.sched.expire(now);
+        self.sched.reclaim_overdue(now);
+        let reclaimed = self.sched.take_reclaimed();
         self.sched.prune_workers(now);
         let machines_changed = self.sched.refresh_machines(now);
         if prune {
@@ -99,6 +113,7 @@ impl Core {
         self.history.sample(&self.sched, now);
         Ticked {
             expired,
+            reclaimed,
             machines_changed,
         }
     }

@@ -48,9 +48,10 @@ use nq_core::split::Tally;
 use nq_store::JobId;
 use rand::{Rng, SeedableRng};
 
+use crate::core::allowance::{Allowances, fair_share};
 use crate::core::lease::{Lease, LeaseId, LeaseTable, WorkerId};
 use crate::core::quorum::{Identities, IdentityId, Policy, Rules};
-use crate::error::{Error, Refusal, Result};
+use crate::error::{Error, Refusal, RegistrationLimit, Result};
 
 /// Most jobs one `Lease` call can grant.
 pub const MAX_GRANT: u32 = 1024;
@@ -60,6 +61,22 @@ pub const EXACT_ORDER_UP_TO: usize = 1 << 16;
 
 /// How many queued checks one grant looks at for one the worker may take.
 const CHECK_SCAN: usize = 64;
+
+/// Registrations one identity may hold at once: enough for a machine's
+/// restarts within a few lease lifetimes, not for a flood (each one is a
+/// worker record kept until it falls silent).
+pub const MAX_REGISTRATIONS_PER_IDENTITY: u32 = 64;
+
+/// Registrations one address may hold at once. Far larger than the
+/// identity's limit: on loopback (one machine) every name is its own
+/// identity, and the load test simulates 50,000 workers there
+/// (BENCHMARKS.md). At about 200 bytes each, a full address holds about
+/// 13 MB until its workers are forgotten.
+pub const MAX_REGISTRATIONS_PER_ADDRESS: u32 = 1 << 16;
+
+/// Lease lifetimes of silence after which a worker is forgotten: its leases
+/// expired long before, and it must register again to call.
+const FORGET_AFTER_TTLS: u32 = 3;
 
 use nq_store::plan::band;
 
@@ -243,6 +260,8 @@ pub struct Worker {
     pub jobs_reported: u64,
     /// Their estimated work.
     pub work_reported: u128,
+    /// Leases taken back from its identity ([`Reclaimed`]).
+    pub leases_taken_back: u64,
 }
 
 /// One job handed out by [`Scheduler::lease`].
@@ -272,6 +291,36 @@ pub struct Issued {
     pub identity: IdentityId,
     /// True for the coordinator's own threads.
     pub local: bool,
+    /// When it was granted: the lease time of the copy made under it.
+    pub granted: Instant,
+}
+
+/// Why a live lease was taken back before it expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TakenBack {
+    /// Held far past the time its holder was measured to need
+    /// ([`crate::core::allowance::Allowances::is_overdue`]).
+    Overdue,
+    /// Its holder held more than its fair share while another identity
+    /// waited for work.
+    OverShare,
+}
+
+/// A live lease taken back and its job reissued (for the WARN line that
+/// names the holder, and the metrics).
+#[derive(Clone, Debug)]
+pub struct Reclaimed {
+    /// The lease as it was.
+    pub lease: Lease,
+    /// Why.
+    pub reason: TakenBack,
+    /// The holder's registration name, if it is still known.
+    pub name: String,
+    /// Its identity's label.
+    pub identity: String,
+    /// True when its holder made no progress and is now stalled (a cap of
+    /// one job until it delivers).
+    pub stalled: bool,
 }
 
 /// The answer to a `Lease` call.
@@ -423,6 +472,15 @@ pub struct Scheduler {
     /// Every lease this session issued, until its job is settled.
     issued: HashMap<LeaseId, Issued>,
     workers: HashMap<WorkerId, Worker>,
+    /// Live registrations per identity and per address (bounded by
+    /// [`MAX_REGISTRATIONS_PER_IDENTITY`] and
+    /// [`MAX_REGISTRATIONS_PER_ADDRESS`]); entries leave with their workers.
+    registrations: HashMap<IdentityId, u32>,
+    registrations_by_address: HashMap<IpAddr, u32>,
+    /// What each identity may hold, measured ([`crate::core::allowance`]).
+    allowances: Allowances,
+    /// Leases taken back since the caller last took this list.
+    reclaimed: Vec<Reclaimed>,
     identities: Identities,
     policy: Policy,
     /// True while two machines are at work (workers heard from within one
@@ -505,6 +563,10 @@ impl Scheduler {
             leases: LeaseTable::default(),
             issued: HashMap::new(),
             workers: HashMap::new(),
+            registrations: HashMap::new(),
+            registrations_by_address: HashMap::new(),
+            allowances: Allowances::new(ttl),
+            reclaimed: Vec::new(),
             identities: Identities::default(),
             policy,
             two_machines: false,
@@ -667,13 +729,19 @@ impl Scheduler {
 
     /// Registers a remote worker, calling from `address`, and returns its new
     /// id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] with [`Refusal::TooManyRegistrations`] when its
+    /// identity or its address already holds as many live registrations as
+    /// allowed.
     pub fn register(
         &mut self,
         name: &str,
         threads: u32,
         address: Option<IpAddr>,
         now: Instant,
-    ) -> WorkerId {
+    ) -> Result<WorkerId> {
         self.register_as(name, threads, address, None, now)
     }
 
@@ -681,6 +749,10 @@ impl Scheduler {
     /// (see [`crate::credentials`]): it votes as that credential, whatever
     /// its name or address, so that one credential is one voice. Without
     /// one, its address is its identity.
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::register`].
     pub fn register_as(
         &mut self,
         name: &str,
@@ -688,21 +760,55 @@ impl Scheduler {
         address: Option<IpAddr>,
         credential: Option<&str>,
         now: Instant,
-    ) -> WorkerId {
-        let identity = match credential {
-            Some(c) => self.identities.intern(c),
-            None => self.identities.intern(&remote_identity(name, address)),
+    ) -> Result<WorkerId> {
+        let key = match credential {
+            Some(c) => c.to_owned(),
+            None => remote_identity(name, address),
         };
-        match (credential, address) {
-            (Some(c), Some(ip)) => self
-                .identities
-                .set_label(identity, &format!("{c} ({name}@{ip})")),
-            (None, Some(ip)) => {
-                self.identities.set_label(identity, &format!("{name}@{ip}"))
-            }
-            _ => {}
+        let address = address.map(|ip| ip.to_canonical());
+        let over = |count: Option<&u32>, limit: u32| count.is_some_and(|&n| n >= limit);
+        let known = self.identities.get(&key);
+        let refusal = if over(
+            known.and_then(|id| self.registrations.get(&id)),
+            MAX_REGISTRATIONS_PER_IDENTITY,
+        ) {
+            Some((
+                RegistrationLimit::Identity,
+                key.clone(),
+                MAX_REGISTRATIONS_PER_IDENTITY,
+            ))
+        } else if let Some(ip) = address
+            && over(
+                self.registrations_by_address.get(&ip),
+                MAX_REGISTRATIONS_PER_ADDRESS,
+            )
+        {
+            Some((
+                RegistrationLimit::Address,
+                ip.to_string(),
+                MAX_REGISTRATIONS_PER_ADDRESS,
+            ))
+        } else {
+            None
+        };
+        if let Some((per, holder, limit)) = refusal {
+            return Err(Error::Refused(Refusal::TooManyRegistrations {
+                per,
+                holder,
+                limit,
+            }));
         }
-        self.add_worker(name, address, identity, threads, now, false)
+        let identity = self.identities.intern(&key);
+        if let Some(ip) = address {
+            let label = match credential {
+                Some(c) => format!("{c} ({name}@{ip})"),
+                None => format!("{name}@{ip}"),
+            };
+            self.identities.set_label(identity, &label);
+            *self.registrations_by_address.entry(ip).or_insert(0) += 1;
+        }
+        *self.registrations.entry(identity).or_insert(0) += 1;
+        Ok(self.add_worker(name, address, identity, threads, now, false))
     }
 
     /// Registers the coordinator's own threads, whose fastest kernel is
@@ -754,6 +860,7 @@ impl Scheduler {
                 local,
                 jobs_reported: 0,
                 work_reported: 0,
+                leases_taken_back: 0,
             },
         );
         self.note_machine(now);
@@ -789,10 +896,15 @@ impl Scheduler {
     }
 
     /// The heartbeat: renews every lease in `held` that `worker` still holds,
-    /// reports the others as revoked, and grants up to `want` new jobs (fewer
-    /// when the worker already holds `max(16, 4 × threads)` leases, or when the
-    /// scheduler is closed). Jobs waiting for a check go first, to workers
-    /// that have not reported them.
+    /// reports the others as revoked, and grants up to `want` new jobs. A
+    /// remote worker's identity holds at most its measured allowance over all
+    /// its registrations ([`crate::core::allowance`]; the claimed threads,
+    /// `max(16, 4 × threads)`, can only lower it); the local threads hold at
+    /// most `max(16, 4 × threads)`. Nothing is granted when the scheduler is
+    /// closed. Jobs waiting for a check go first, to workers that have not
+    /// reported them. A caller that gets nothing because every job not done
+    /// is leased takes back the excess of identities above their fair share
+    /// (see [`Scheduler::take_reclaimed`]).
     ///
     /// Call [`Scheduler::expire`] before, so that late leases are reissued.
     ///
@@ -821,15 +933,15 @@ impl Scheduler {
         self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
         // overflow (found by tests/fuzz_messages.rs).
-        let cap = threads.saturating_mul(4).max(16) as usize;
+        let claimed = threads.saturating_mul(4).max(16) as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()
         };
-        let mut holding = 0;
+        let mut renewed = 0;
         for &id in held {
             if self.leases.renew(id, worker, deadline) {
-                holding += 1;
+                renewed += 1;
             } else {
                 grant.revoked.push(id);
             }
@@ -837,8 +949,34 @@ impl Scheduler {
         if self.closed || complete {
             return Ok(grant);
         }
-        let room = cap.saturating_sub(holding);
+        // The local threads are trusted and lease for themselves; a remote
+        // identity's cap counts every lease it holds, under any of its
+        // registrations, renewed in this call or not.
+        let room = if local {
+            claimed.saturating_sub(renewed)
+        } else {
+            let cap = claimed.min(self.allowances.cap(identity, now));
+            cap.saturating_sub(self.leases.held_by_identity(identity))
+        };
         let want = (want.min(MAX_GRANT) as usize).min(room);
+        self.fill(worker, identity, local, want, now, &mut grant)?;
+        if grant.jobs.is_empty() && want > 0 && self.take_back_excess(identity, now) {
+            self.fill(worker, identity, local, want, now, &mut grant)?;
+        }
+        Ok(grant)
+    }
+
+    /// Grants `worker` new jobs until `grant` holds `want` or none is left.
+    fn fill(
+        &mut self,
+        worker: &WorkerId,
+        identity: IdentityId,
+        local: bool,
+        want: usize,
+        now: Instant,
+        grant: &mut Grant,
+    ) -> Result<()> {
+        let deadline = now + self.ttl;
         while grant.jobs.len() < want {
             let Some((job, identity, kernel)) = self.next_job(identity, local)? else {
                 break;
@@ -853,6 +991,8 @@ impl Scheduler {
                 id: lease,
                 job,
                 worker: worker.clone(),
+                identity,
+                granted: now,
                 deadline,
             });
             self.issued.insert(
@@ -862,6 +1002,7 @@ impl Scheduler {
                     worker: worker.clone(),
                     identity,
                     local,
+                    granted: now,
                 },
             );
             grant.jobs.push(Granted {
@@ -872,7 +1013,113 @@ impl Scheduler {
                 kernel,
             });
         }
-        Ok(grant)
+        Ok(())
+    }
+
+    /// Fair share: `asker` got no job because every job not done is
+    /// leased. Takes back, from each remote identity holding more than its
+    /// share of the live leases (none, for an identity without progress),
+    /// its excess among the leases it was granted at least a lease lifetime
+    /// ago (work just started is not thrown away), the most recently granted
+    /// first. Returns true when any job went back to the queue.
+    fn take_back_excess(&mut self, asker: IdentityId, now: Instant) -> bool {
+        let holders: Vec<(IdentityId, usize)> = self.leases.holders().collect();
+        let askers =
+            holders.len() + usize::from(!holders.iter().any(|&(i, _)| i == asker));
+        let share = fair_share(self.leases.len(), askers);
+        let mut victims: Vec<(Lease, TakenBack)> = Vec::new();
+        for (holder, held) in holders {
+            // An identity that delivered nothing lately has no share while
+            // others wait.
+            let keep = if self.allowances.without_progress(holder, now) {
+                0
+            } else {
+                share
+            };
+            if holder == asker || held <= keep || self.is_local_identity(holder) {
+                continue;
+            }
+            let mut old: Vec<&Lease> = self
+                .leases
+                .iter()
+                .filter(|l| l.identity == holder && l.granted + self.ttl <= now)
+                .collect();
+            old.sort_by_key(|l| std::cmp::Reverse((l.granted, l.job)));
+            victims.extend(
+                old.into_iter()
+                    .take(held - keep)
+                    .map(|l| (l.clone(), TakenBack::OverShare)),
+            );
+        }
+        let any = !victims.is_empty();
+        for (lease, reason) in victims {
+            self.take_back(lease, reason, now);
+        }
+        any
+    }
+
+    /// Ends a live lease before its deadline and reissues its job; records
+    /// it for [`Scheduler::take_reclaimed`].
+    fn take_back(&mut self, lease: Lease, reason: TakenBack, now: Instant) {
+        if self.leases.remove(lease.id).is_none() {
+            return;
+        }
+        self.requeue(lease.job);
+        let stalled = self.allowances.note_revoked(lease.identity, now);
+        let name = match self.workers.get_mut(&lease.worker) {
+            Some(w) => {
+                w.leases_taken_back += 1;
+                w.name.clone()
+            }
+            None => String::new(),
+        };
+        self.reclaimed.push(Reclaimed {
+            identity: self.identities.label(lease.identity).to_owned(),
+            lease,
+            reason,
+            name,
+            stalled,
+        });
+    }
+
+    /// Takes back every remote lease held far past the time its holder was
+    /// measured to need ([`crate::core::allowance`]); their jobs are
+    /// reissued. Call it with [`Scheduler::expire`], on the clock's tick.
+    pub fn reclaim_overdue(&mut self, now: Instant) {
+        let overdue: Vec<Lease> = self
+            .leases
+            .iter()
+            .filter(|l| {
+                !self.is_local_identity(l.identity)
+                    && self
+                        .allowances
+                        .is_overdue(l.identity, now.saturating_duration_since(l.granted))
+            })
+            .cloned()
+            .collect();
+        for lease in overdue {
+            self.take_back(lease, TakenBack::Overdue, now);
+        }
+    }
+
+    /// Every live lease, in no particular order.
+    pub fn live_leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.iter()
+    }
+
+    /// The leases taken back since the last call, for the log and metrics.
+    pub fn take_reclaimed(&mut self) -> Vec<Reclaimed> {
+        std::mem::take(&mut self.reclaimed)
+    }
+
+    /// True for the identities of the coordinator's own threads.
+    fn is_local_identity(&self, identity: IdentityId) -> bool {
+        self.identities.name(identity).starts_with("local:")
+    }
+
+    /// The allowances of the identities (for displays and tests).
+    pub fn allowances(&self) -> &Allowances {
+        &self.allowances
     }
 
     /// A random lease id not issued before in this session.
@@ -1069,6 +1316,12 @@ impl Scheduler {
         Ok(issued.clone())
     }
 
+    /// True when `lease` was issued in this session and is no longer live
+    /// (expired, released, or taken back): a copy under it is late.
+    pub fn is_late(&self, lease: LeaseId) -> bool {
+        self.issued.contains_key(&lease) && self.leases.get(lease).is_none()
+    }
+
     /// True when `lease` is live (granted, not expired, released or done).
     pub fn is_live(&self, lease: LeaseId) -> bool {
         self.leases.get(lease).is_some()
@@ -1244,14 +1497,27 @@ impl Scheduler {
         fallout
     }
 
-    /// Counts a stored copy of a job of estimated `work` (any outcome)
-    /// towards `worker`'s throughput. Call it once per acknowledged report;
-    /// an unknown worker (pruned meanwhile) is ignored, as these are figures
-    /// for displays only.
-    pub fn note_copy(&mut self, worker: &WorkerId, work: u64) {
+    /// Counts a stored copy of a job of estimated `work` (any outcome),
+    /// made under `lease`, towards `worker`'s throughput and its identity's
+    /// allowance ([`crate::core::allowance`]), at `now`. Call it once per
+    /// acknowledged report; an unknown worker (pruned meanwhile) or a lease
+    /// already forgotten counts for nothing.
+    pub fn note_copy(
+        &mut self,
+        worker: &WorkerId,
+        lease: LeaseId,
+        work: u64,
+        now: Instant,
+    ) {
         if let Some(w) = self.workers.get_mut(worker) {
             w.jobs_reported += 1;
             w.work_reported += u128::from(work);
+        }
+        if let Some(i) = self.issued.get(&lease)
+            && !i.local
+        {
+            let held = now.saturating_duration_since(i.granted);
+            self.allowances.note_copy(i.identity, held, now);
         }
     }
 
@@ -1375,13 +1641,50 @@ impl Scheduler {
         }
     }
 
-    /// Forgets workers not heard from for ten lease TTLs (their leases expired
-    /// long ago), so that churn does not grow memory.
+    /// Forgets workers not heard from for three lease TTLs
+    /// (their leases expired long before): their registrations, and the
+    /// allowances of identities left with no worker and no lease, so that
+    /// churn does not grow memory. A forgotten worker that calls again is
+    /// told to register again.
     pub fn prune_workers(&mut self, now: Instant) {
-        let horizon = self.ttl * 10;
-        self.workers.retain(|_, w| {
-            w.local || now.saturating_duration_since(w.last_seen) <= horizon
+        let horizon = self.ttl * FORGET_AFTER_TTLS;
+        let gone: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                !w.local && now.saturating_duration_since(w.last_seen) > horizon
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for id in &gone {
+            let w = self.workers.remove(id).expect("listed above");
+            release_count(&mut self.registrations, w.identity);
+            if let Some(ip) = w.address {
+                release_count(&mut self.registrations_by_address, ip);
+            }
+        }
+        let (registrations, leases) = (&self.registrations, &self.leases);
+        self.allowances.retain(|id| {
+            registrations.contains_key(&id) || leases.held_by_identity(id) > 0
         });
+        // A flood of registrations must not keep its memory after it ends.
+        shrink(&mut self.workers);
+        shrink(&mut self.registrations);
+        shrink(&mut self.registrations_by_address);
+    }
+
+    /// Entries in the per-worker structures: workers, registrations by
+    /// identity and by address, allowances (for memory tests).
+    pub fn worker_entries(&self) -> [usize; 4] {
+        [
+            self.workers.len(),
+            self.registrations.len(),
+            self.registrations_by_address.len(),
+            self.allowances.len(),
+        ]
     }
 
     /// The run's counters now, for [`crate::core::status`], the one place
@@ -1448,6 +1751,24 @@ pub fn local_identity(kernel: &str) -> String {
 
 fn underflow() -> Error {
     Error::Uncounted
+}
+
+/// Lowers a registration count, dropping the entry at zero.
+fn release_count<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, u32>, key: K) {
+    if let std::collections::hash_map::Entry::Occupied(mut e) = counts.entry(key) {
+        *e.get_mut() -= 1;
+        if *e.get() == 0 {
+            e.remove();
+        }
+    }
+}
+
+/// Gives back a map's spare capacity once it is mostly empty (a `HashMap`
+/// never shrinks by itself).
+fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 4 * map.len().max(16) {
+        map.shrink_to_fit();
+    }
 }
 
 #[cfg(test)]
@@ -1521,7 +1842,7 @@ mod tests {
     fn largest_jobs_go_first() {
         // Octaves: 5 → 3, 50 → 6, 12 → 4, 40 → 6; in id order within one.
         let (mut s, clock) = setup(&[5, 50, 12, 50, 40]);
-        let a = s.register("a", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
         let g = s.lease(&a, 5, &[], clock.now()).unwrap();
         assert_eq!(jobs_of(&g), vec![1, 3, 4, 2, 0]);
         assert!(g.jobs.iter().all(|j| j.attempts == 1));
@@ -1536,7 +1857,7 @@ mod tests {
             .collect();
         works[7] = 300;
         let (mut s, clock) = setup(&works);
-        let a = s.register("a", 4, None, clock.now());
+        let a = s.register("a", 4, None, clock.now()).unwrap();
         let g = s.lease(&a, 4, &[], clock.now()).unwrap();
         assert_eq!(jobs_of(&g), vec![7, 0, 1, 2]);
     }
@@ -1544,8 +1865,8 @@ mod tests {
     #[test]
     fn an_expired_lease_goes_back_to_pending_and_is_reissued() {
         let (mut s, mut clock) = setup(&[10, 5, 1]);
-        let a = s.register("a", 1, None, clock.now());
-        let b = s.register("b", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
+        let b = s.register("b", 1, None, clock.now()).unwrap();
         let first = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].clone();
         assert_eq!(first.job, JobId(0));
         // Within the TTL nothing expires.
@@ -1567,8 +1888,8 @@ mod tests {
     #[test]
     fn a_lost_worker_loses_its_jobs_but_a_live_one_keeps_them() {
         let (mut s, mut clock) = setup(&[9, 8, 7, 6]);
-        let lost = s.register("lost", 1, None, clock.now());
-        let live = s.register("live", 1, None, clock.now());
+        let lost = s.register("lost", 1, None, clock.now()).unwrap();
+        let live = s.register("live", 1, None, clock.now()).unwrap();
         let gl = s.lease(&lost, 2, &[], clock.now()).unwrap();
         let gv = s.lease(&live, 2, &[], clock.now()).unwrap();
         let held: Vec<LeaseId> = gv.jobs.iter().map(|j| j.lease).collect();
@@ -1594,8 +1915,8 @@ mod tests {
         let mut s = Scheduler::new(vec![1, 1], 1, TTL, policy(1.0));
         let now = Instant::now();
         let ip = |d| Some(IpAddr::from([127, 0, 0, d]));
-        let a = s.register("a", 1, ip(1), now);
-        let b = s.register("b", 1, ip(2), now);
+        let a = s.register("a", 1, ip(1), now).unwrap();
+        let b = s.register("b", 1, ip(2), now).unwrap();
         let g = s.lease(&a, 1, &[], now).unwrap();
         let (job, lease, first_kernel) =
             (g.jobs[0].job, g.jobs[0].lease, g.jobs[0].kernel);
@@ -1677,8 +1998,8 @@ mod tests {
         let mut s = Scheduler::new(vec![1], 1, TTL, policy(1.0));
         let now = Instant::now();
         let host = Some(IpAddr::from([10, 1, 2, 3]));
-        let a = s.register("liar-1", 1, host, now);
-        let b = s.register("liar-2", 1, host, now);
+        let a = s.register("liar-1", 1, host, now).unwrap();
+        let b = s.register("liar-2", 1, host, now).unwrap();
         let (ia, ib) = (
             s.worker(&a).unwrap().identity,
             s.worker(&b).unwrap().identity,
@@ -1687,12 +2008,12 @@ mod tests {
         assert_eq!(s.identities().label(ia), "liar-1@10.1.2.3");
         // IPv4 seen through an IPv6 socket is the same address.
         let mapped = Some("::ffff:10.1.2.3".parse().unwrap());
-        let c = s.register("liar-3", 1, mapped, now);
+        let c = s.register("liar-3", 1, mapped, now).unwrap();
         assert_eq!(s.worker(&c).unwrap().identity, ia);
         // On loopback (one machine, tests) names tell processes apart.
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
-        let x = s.register("x", 1, lo, now);
-        let y = s.register("y", 1, lo, now);
+        let x = s.register("x", 1, lo, now).unwrap();
+        let y = s.register("y", 1, lo, now).unwrap();
         assert_ne!(
             s.worker(&x).unwrap().identity,
             s.worker(&y).unwrap().identity
@@ -1726,12 +2047,18 @@ mod tests {
         let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(0.5));
         let now = Instant::now();
         let ip = |d| Some(IpAddr::from([10, 0, 0, d]));
-        let a = s.register_as("liar-1", 1, ip(2), Some("token:rack9"), now);
-        let b = s.register_as("liar-2", 1, ip(3), Some("token:rack9"), now);
-        let c = s.register_as("honest", 1, ip(3), Some("token:rack1"), now);
+        let a = s
+            .register_as("liar-1", 1, ip(2), Some("token:rack9"), now)
+            .unwrap();
+        let b = s
+            .register_as("liar-2", 1, ip(3), Some("token:rack9"), now)
+            .unwrap();
+        let c = s
+            .register_as("honest", 1, ip(3), Some("token:rack1"), now)
+            .unwrap();
         // Without a credential the address is the identity, as before.
-        let d = s.register("x", 1, ip(2), now);
-        let e = s.register("y", 1, ip(4), now);
+        let d = s.register("x", 1, ip(2), now).unwrap();
+        let e = s.register("y", 1, ip(4), now).unwrap();
         let id = |w| s.worker(w).unwrap().identity;
         assert_eq!(id(&a), id(&b), "two addresses, one credential: one voice");
         assert_ne!(id(&b), id(&c), "one address, two credentials: two voices");
@@ -1749,7 +2076,7 @@ mod tests {
         let mut s = Scheduler::new(vec![1; 4], 2, TTL, policy(0.5));
         s.restore_two_machines(true, clock.now());
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
-        s.register("b", 1, lo, clock.now());
+        s.register("b", 1, lo, clock.now()).unwrap();
         assert!(!s.refresh_machines(clock.now()), "still two within the TTL");
         assert!(s.second_source());
         clock.advance(29);
@@ -1762,7 +2089,7 @@ mod tests {
         // A session restored with one machine gets no such grace.
         let mut one = Scheduler::new(vec![1; 4], 2, TTL, policy(0.5));
         one.restore_two_machines(false, clock.now());
-        one.register("b", 1, lo, clock.now());
+        one.register("b", 1, lo, clock.now()).unwrap();
         assert!(!one.refresh_machines(clock.now()));
         assert!(!one.second_source());
     }
@@ -1780,7 +2107,7 @@ mod tests {
         assert!(!s.refresh_machines(clock.now()), "the local threads alone");
         assert!(!s.second_source());
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
-        let w = s.register("w", 1, lo, clock.now());
+        let w = s.register("w", 1, lo, clock.now()).unwrap();
         assert!(s.refresh_machines(clock.now()), "a second machine began");
         assert!(s.second_source());
         assert!(!s.refresh_machines(clock.now()), "nothing changed");
@@ -1797,11 +2124,11 @@ mod tests {
         // turns probation off, leaves the jobs to check unchanged now).
         let mut fixed = Scheduler::new(vec![1], 1, TTL, policy(0.5));
         fixed.register_local(1, "avx2", clock.now());
-        fixed.register("w", 1, lo, clock.now());
+        fixed.register("w", 1, lo, clock.now()).unwrap();
         assert!(fixed.refresh_machines(clock.now()));
         let mut none = Scheduler::new(vec![1], 1, TTL, policy(0.0));
         none.register_local(1, "avx2", clock.now());
-        none.register("w", 1, lo, clock.now());
+        none.register("w", 1, lo, clock.now()).unwrap();
         assert!(!none.refresh_machines(clock.now()));
     }
 
@@ -1814,7 +2141,7 @@ mod tests {
         let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(0.02));
         assert_eq!(s.rules().probation, crate::core::quorum::PROBATION);
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
-        let a = s.register("a", 1, lo, clock.now());
+        let a = s.register("a", 1, lo, clock.now()).unwrap();
         let ia = s.worker(&a).unwrap().identity;
         assert!(!s.rules().second_machine);
         // A lone probationer's job settles unchecked, and is counted as such.
@@ -1839,7 +2166,7 @@ mod tests {
         assert_eq!(s.jobs_unchecked(), 1);
         assert!(s.is_done(JobId(0)));
         // A second machine begins: the unchecked job is judged again.
-        let b = s.register("b", 1, lo, clock.now());
+        let b = s.register("b", 1, lo, clock.now()).unwrap();
         assert!(s.refresh_machines(clock.now()));
         assert_eq!(s.unchecked_selected(), vec![JobId(0)]);
         // Judged again it waits for a check, and is no longer unchecked.
@@ -1877,7 +2204,7 @@ mod tests {
     fn losers_are_discredited_then_refused() {
         let mut s = Scheduler::new(vec![1; 4], 1, TTL, policy(1.0));
         let now = Instant::now();
-        let liar = s.register("liar", 1, None, now);
+        let liar = s.register("liar", 1, None, now).unwrap();
         let il = s.worker(&liar).unwrap().identity;
         let lost = |job| Settlement {
             job: JobId(job),
@@ -1917,8 +2244,8 @@ mod tests {
     #[test]
     fn a_late_result_after_reissue_counts_once() {
         let (mut s, mut clock) = setup(&[3]);
-        let a = s.register("a", 1, None, clock.now());
-        let b = s.register("b", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
+        let b = s.register("b", 1, None, clock.now()).unwrap();
         let la = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
         s.expire(clock.advance(31));
         let lb = s.lease(&b, 1, &[], clock.now()).unwrap().jobs[0].lease;
@@ -1937,9 +2264,9 @@ mod tests {
     #[test]
     fn released_jobs_are_reissued_first() {
         let (mut s, clock) = setup(&[9, 8, 7]);
-        let a = s.register("a", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
         let g = s.lease(&a, 1, &[], clock.now()).unwrap();
-        let other = s.register("other", 1, None, clock.now());
+        let other = s.register("other", 1, None, clock.now()).unwrap();
         assert!(
             s.release(&other, &[g.jobs[0].lease], clock.now())
                 .is_empty()
@@ -1958,8 +2285,8 @@ mod tests {
     #[test]
     fn reports_are_bound_to_their_lease_worker_and_job() {
         let (mut s, clock) = setup(&[1, 1]);
-        let a = s.register("a", 1, None, clock.now());
-        let b = s.register("b", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
+        let b = s.register("b", 1, None, clock.now()).unwrap();
         let stranger = WorkerId("w9.9".into());
         assert!(matches!(
             s.lease(&stranger, 1, &[], clock.now()),
@@ -1991,25 +2318,251 @@ mod tests {
     #[test]
     fn leases_are_capped_per_worker() {
         let (mut s, clock) = setup(&[1; 100]);
-        let a = s.register("a", 2, None, clock.now());
+        let a = s.register("a", 2, None, clock.now()).unwrap();
         let g = s.lease(&a, 50, &[], clock.now()).unwrap();
         assert_eq!(g.jobs.len(), 16);
         let held: Vec<LeaseId> = g.jobs.iter().map(|j| j.lease).collect();
         assert!(s.lease(&a, 50, &held, clock.now()).unwrap().jobs.is_empty());
-        // Leases left out of `held` are not renewed, and not counted either.
-        assert_eq!(
+        // Leases left out of `held` are not renewed, but still held until
+        // they expire: leaving them out earns no room.
+        assert!(
             s.lease(&a, 50, &held[..10], clock.now())
                 .unwrap()
                 .jobs
-                .len(),
-            6
+                .is_empty()
         );
+    }
+
+    /// See: issue 18, item 3. Fourteen registrations, or a claim of 2^31 - 1
+    /// threads, leased all 210 jobs of N = 16.
+    #[test]
+    fn the_lease_cap_belongs_to_the_identity_not_to_its_registrations() {
+        let (mut s, clock) = setup(&[1; 300]);
+        let host = Some(IpAddr::from([10, 9, 9, 9]));
+        let mut granted = 0;
+        for i in 0..14 {
+            let w = s
+                .register(&format!("hoarder-{i}"), i32::MAX as u32, host, clock.now())
+                .unwrap();
+            granted += s.lease(&w, 1024, &[], clock.now()).unwrap().jobs.len();
+        }
+        assert_eq!(granted, crate::core::allowance::START_CAP);
+        let ident = s.workers().next().unwrap().1.identity;
+        assert_eq!(s.leases.held_by_identity(ident), granted);
+    }
+
+    #[test]
+    fn the_cap_grows_with_the_identitys_delivered_work() {
+        let (mut s, mut clock) = setup(&[1; 400]);
+        let host = Some(IpAddr::from([10, 0, 0, 7]));
+        let w = s.register("gpu", 1, host, clock.now()).unwrap();
+        let g = s.lease(&w, 1024, &[], clock.now()).unwrap();
+        assert_eq!(g.jobs.len(), 16, "claimed threads do not raise the start");
+        // All 16 delivered after 20 s each, within one lease lifetime: 16 × 20 s
+        // of lease time per 30 s, about 11 at once, earns a cap of 22 (the
+        // claim of one thread, `max(16, 4)`, lowers it back to 16).
+        clock.advance(20);
+        for j in &g.jobs {
+            first_copy(&mut s, j.job, j.lease, 1);
+            s.note_copy(&w, j.lease, 1, clock.now());
+        }
+        assert_eq!(
+            s.allowances()
+                .cap(s.worker(&w).unwrap().identity, clock.now()),
+            22
+        );
+        assert_eq!(s.lease(&w, 1024, &[], clock.now()).unwrap().jobs.len(), 16);
+        // A worker whose claim does not bind gets the measured cap.
+        let big = s.register("gpu", 64, host, clock.now()).unwrap();
+        assert_eq!(
+            s.lease(&big, 1024, &[], clock.now()).unwrap().jobs.len(),
+            22 - 16
+        );
+    }
+
+    #[test]
+    fn a_lease_renewed_far_past_its_measured_time_is_taken_back_and_reissued() {
+        let (mut s, mut clock) = setup(&[1; 40]);
+        let honest = s.register("honest", 1, None, clock.now()).unwrap();
+        let hoarder = s.register("hoarder", 1, None, clock.now()).unwrap();
+        let hoarded = s.lease(&hoarder, 1, &[], clock.now()).unwrap().jobs[0].clone();
+        // Nothing measured yet: nothing is overdue, however long.
+        let g = s.lease(&honest, 1, &[], clock.now()).unwrap().jobs[0].clone();
+        clock.advance(2);
+        first_copy(&mut s, g.job, g.lease, 1);
+        s.note_copy(&honest, g.lease, 1, clock.now());
+        // The hoarder heartbeats: 3 lease lifetimes + 8 × 2 s = 106 s.
+        for _ in 0..5 {
+            clock.advance(20);
+            s.lease(&hoarder, 0, &[hoarded.lease], clock.now()).unwrap();
+            s.lease(&honest, 0, &[], clock.now()).unwrap();
+            s.reclaim_overdue(clock.now());
+        }
+        assert!(s.is_live(hoarded.lease), "100 s: not yet");
+        clock.advance(10);
+        s.lease(&hoarder, 0, &[hoarded.lease], clock.now()).unwrap();
+        s.reclaim_overdue(clock.now());
+        assert!(!s.is_live(hoarded.lease));
+        let taken = s.take_reclaimed();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].name, "hoarder");
+        assert_eq!(taken[0].reason, TakenBack::Overdue);
+        assert!(taken[0].stalled, "it never delivered");
+        assert_eq!(s.worker(&hoarder).unwrap().leases_taken_back, 1);
+        // Its next heartbeat hears of it; the job goes to the honest worker,
+        // and the stalled hoarder may hold one job only.
+        let g = s.lease(&hoarder, 5, &[hoarded.lease], clock.now()).unwrap();
+        assert_eq!(g.revoked, vec![hoarded.lease]);
+        assert_eq!(g.jobs.len(), 1);
+        assert!(
+            s.lease(&hoarder, 5, &[g.jobs[0].lease], clock.now())
+                .unwrap()
+                .jobs
+                .is_empty()
+        );
+        let again = s.lease(&honest, 1, &[], clock.now()).unwrap();
+        assert_eq!(
+            jobs_of(&again),
+            vec![hoarded.job.0 + 2],
+            "after the hoarder's new one"
+        );
+        assert!(s.take_reclaimed().is_empty());
+    }
+
+    #[test]
+    fn while_others_wait_no_identity_holds_more_than_its_fair_share() {
+        let (mut s, mut clock) = setup(&[1; 21]);
+        let busy = s.register("busy", 1, None, clock.now()).unwrap();
+        let g = s.lease(&busy, 16, &[], clock.now()).unwrap();
+        let held: Vec<LeaseId> = g.jobs.iter().map(|j| j.lease).collect();
+        let honest = s.register("honest", 1, None, clock.now()).unwrap();
+        let mine = s.lease(&honest, 16, &[], clock.now()).unwrap();
+        assert_eq!(mine.jobs.len(), 5, "the rest of the pending jobs");
+        let mine: Vec<LeaseId> = mine.jobs.iter().map(|j| j.lease).collect();
+        // Work just granted is not taken back.
+        assert!(
+            s.lease(&honest, 16, &mine, clock.now())
+                .unwrap()
+                .jobs
+                .is_empty()
+        );
+        // A lease lifetime later `busy` delivers one of its jobs, and the
+        // honest worker still waits: `busy`, holding 15 of 20 leased jobs,
+        // gives back all above its share of 10.
+        clock.advance(30);
+        first_copy(&mut s, g.jobs[0].job, held[0], 1);
+        s.note_copy(&busy, held[0], 1, clock.now());
+        s.lease(&busy, 0, &held[1..], clock.now()).unwrap();
+        let got = s.lease(&honest, 16, &mine, clock.now()).unwrap();
+        assert_eq!(got.jobs.len(), 5);
+        let taken = s.take_reclaimed();
+        assert_eq!(taken.len(), 5);
+        assert!(
+            taken.iter().all(|r| r.reason == TakenBack::OverShare
+                && r.name == "busy"
+                && !r.stalled)
+        );
+        let ident = s.worker(&busy).unwrap().identity;
+        assert_eq!(s.leases.held_by_identity(ident), 10);
+    }
+
+    #[test]
+    fn an_identity_without_progress_has_no_share_while_others_wait() {
+        let (mut s, mut clock) = setup(&[1; 20]);
+        let hoarder = s.register("hoarder", 1, None, clock.now()).unwrap();
+        let held: Vec<LeaseId> = (s.lease(&hoarder, 16, &[], clock.now()).unwrap().jobs)
+            .iter()
+            .map(|j| j.lease)
+            .collect();
+        let honest = s.register("honest", 1, None, clock.now()).unwrap();
+        let mine = s.lease(&honest, 4, &[], clock.now()).unwrap();
+        let mine: Vec<LeaseId> = mine.jobs.iter().map(|j| j.lease).collect();
+        clock.advance(31);
+        s.lease(&hoarder, 0, &held, clock.now()).unwrap();
+        let got = s.lease(&honest, 16, &mine, clock.now()).unwrap();
+        assert_eq!(got.jobs.len(), 12, "all it may hold: 16 less its 4");
+        let taken = s.take_reclaimed();
+        assert_eq!(taken.len(), 16, "every old lease of the hoarder");
+        assert!(taken.iter().all(|r| r.name == "hoarder" && r.stalled));
+        // Stalled: one job at a time, and the honest worker gets the rest.
+        let g = s.lease(&hoarder, 16, &held, clock.now()).unwrap();
+        assert_eq!((g.revoked.len(), g.jobs.len()), (16, 1));
+    }
+
+    /// See: issue 18, item 7: 20,000 registrations from one address grew
+    /// memory for good.
+    #[test]
+    fn registrations_are_bounded_per_identity_and_per_address() {
+        let (mut s, clock) = setup(&[1]);
+        let host = Some(IpAddr::from([10, 1, 1, 1]));
+        for i in 0..MAX_REGISTRATIONS_PER_IDENTITY {
+            s.register(&format!("w{i}"), 1, host, clock.now()).unwrap();
+        }
+        let refused = s.register("one-more", 1, host, clock.now()).unwrap_err();
+        assert!(matches!(
+            refused,
+            Error::Refused(Refusal::TooManyRegistrations {
+                per: RegistrationLimit::Identity,
+                limit: MAX_REGISTRATIONS_PER_IDENTITY,
+                ..
+            })
+        ));
+        assert!(
+            refused.to_string().contains("64 live registrations"),
+            "{refused}"
+        );
+        // On loopback every name is an identity; the address bounds them.
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        for i in 0..MAX_REGISTRATIONS_PER_ADDRESS {
+            s.register(&format!("p{i}"), 1, lo, clock.now()).unwrap();
+        }
+        assert!(matches!(
+            s.register("p-extra", 1, lo, clock.now()),
+            Err(Error::Refused(Refusal::TooManyRegistrations {
+                per: RegistrationLimit::Address,
+                ..
+            }))
+        ));
+    }
+
+    #[test]
+    fn a_forgotten_workers_memory_is_freed() {
+        let (mut s, mut clock) = setup(&[1; 4]);
+        s.register_local(1, "avx2", clock.now());
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let mut ids = vec![];
+        for i in 0..1000 {
+            ids.push(
+                s.register(&format!("flood-{i}"), 1, lo, clock.now())
+                    .unwrap(),
+            );
+        }
+        let w = &ids[0];
+        let g = s.lease(w, 1, &[], clock.now()).unwrap().jobs[0].clone();
+        s.note_copy(w, g.lease, 1, clock.now());
+        assert_eq!(s.worker_entries(), [1001, 1000, 1, 1]);
+        let capacity = s.workers.capacity();
+        // Silent for three lease lifetimes: forgotten, with everything kept
+        // for them; the local threads stay.
+        s.expire(clock.advance(91));
+        s.prune_workers(clock.now());
+        assert_eq!(s.worker_entries(), [1, 0, 0, 0]);
+        assert!(
+            s.workers.capacity() < capacity / 4,
+            "the map gave its memory back"
+        );
+        assert!(matches!(
+            s.lease(w, 1, &[], clock.now()),
+            Err(Error::UnknownWorker { .. })
+        ));
+        // The address may register again.
+        s.register("back", 1, lo, clock.now()).unwrap();
     }
 
     #[test]
     fn a_closed_scheduler_grants_nothing_but_still_renews() {
         let (mut s, mut clock) = setup(&[1, 1]);
-        let a = s.register("a", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
         let l = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
         s.close();
         clock.advance(20);
@@ -2021,8 +2574,8 @@ mod tests {
     #[test]
     fn completion_is_announced_to_every_recent_worker() {
         let (mut s, mut clock) = setup(&[1]);
-        let a = s.register("a", 1, None, clock.now());
-        let b = s.register("b", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
+        let b = s.register("b", 1, None, clock.now()).unwrap();
         let _local = s.register_local(2, "avx2", clock.now());
         let l = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
         first_copy(&mut s, JobId(0), l, 1);
@@ -2062,7 +2615,7 @@ mod tests {
         s.settle(&restored, false).unwrap();
         s.restore_attempts(JobId(1), 3);
         s.restore_duplicates(2, 1);
-        let a = s.register("a", 1, None, clock.now());
+        let a = s.register("a", 1, None, clock.now()).unwrap();
         let g = s.lease(&a, 3, &[], clock.now()).unwrap();
         assert_eq!(jobs_of(&g), vec![1, 2]);
         assert_eq!(g.jobs[0].attempts, 4);
@@ -2083,7 +2636,7 @@ mod tests {
     fn a_huge_thread_count_caps_leases_without_overflow() {
         let (mut s, clock) = setup(&[1; 40]);
         for threads in [1 << 30, u32::MAX] {
-            let w = s.register("greedy", threads, None, clock.now());
+            let w = s.register("greedy", threads, None, clock.now()).unwrap();
             let g = s.lease(&w, 8, &[], clock.now()).unwrap();
             assert_eq!(g.jobs.len(), 8);
         }

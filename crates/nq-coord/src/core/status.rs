@@ -77,6 +77,14 @@ pub struct WorkerStatus {
     pub jobs_per_second: f64,
     /// Estimated work per second over the rate window.
     pub work_per_second: f64,
+    /// Leases taken back from it (held far past its measured time, or over
+    /// its fair share while others waited), this session. Not carried by
+    /// the status RPC (0 when read from it).
+    pub leases_taken_back: u64,
+    /// True while its identity is stalled: it held leases without progress
+    /// and may hold one job until it delivers a copy. Not carried by the
+    /// status RPC.
+    pub stalled: bool,
 }
 
 /// The counts of a complete run.
@@ -397,6 +405,8 @@ impl Snapshot {
                     work_done: w.work_reported,
                     jobs_per_second: rate(w.jobs_reported.into(), jobs_then.into(), secs),
                     work_per_second: rate(w.work_reported, work_then, secs),
+                    leases_taken_back: w.leases_taken_back,
+                    stalled: sched.allowances().is_stalled(w.identity),
                 }
             })
             .collect();
@@ -840,6 +850,8 @@ impl TryFrom<pb::StatusResponse> for Snapshot {
                     jobs_done: w.jobs_done,
                     jobs_per_second: w.jobs_per_second,
                     work_per_second: w.work_per_second,
+                    leases_taken_back: 0,
+                    stalled: false,
                 })
             })
             .collect::<Result<Vec<_>, ConvertError>>()?;
@@ -924,7 +936,9 @@ mod tests {
             ban_after: 2,
         };
         let mut s = Scheduler::new(vec![30, 10], 1, TTL, policy);
-        let w = s.register("w1", 2, Some("10.0.0.1".parse().unwrap()), t0);
+        let w = s
+            .register("w1", 2, Some("10.0.0.1".parse().unwrap()), t0)
+            .unwrap();
         let grant = s.lease(&w, 2, &[], t0).unwrap();
         assert_eq!(grant.jobs.len(), 2);
         (s, w)
@@ -950,7 +964,12 @@ mod tests {
             unchecked: false,
         };
         s.settle(&settlement, true).unwrap();
-        s.note_copy(w, [30, 10][job as usize]);
+        s.note_copy(
+            w,
+            crate::core::lease::LeaseId(0),
+            [30, 10][job as usize],
+            Instant::now(),
+        );
     }
 
     use nq_store::JobId;

@@ -10,8 +10,8 @@
 //! worker voted for, so that none of its unverified results stays counted
 //! without a second vote.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use nq_store::{CommitBatch, JobId, JobState, Scan};
@@ -36,20 +36,47 @@ const REJUDGE_ROUNDS: usize = 16;
 /// cost one queue hand-off and one wake-up, not one each.
 #[derive(Debug)]
 pub(crate) struct CommitRequest {
-    pub(crate) copies: Vec<Verified>,
-    /// Answered, one outcome per copy in order, after the flush that covers
-    /// them.
-    pub(crate) reply: oneshot::Sender<Vec<Result<Outcome>>>,
+    /// The copies still to judge.
+    copies: Vec<Verified>,
+    /// Answered, one outcome per copy as sent, in order, after the flush
+    /// that covers them.
+    reply: oneshot::Sender<Vec<Result<Outcome>>>,
+    /// Copies refused before judging (late and alone), by their place in
+    /// the request as sent; `copies` fill the other places in order.
+    refused: Vec<(usize, crate::Error)>,
 }
 
 impl CommitRequest {
-    /// Sends `outcomes` (as many as copies) to the reporter.
+    /// A request to judge `copies`, answered on `reply`.
+    pub(crate) fn new(
+        copies: Vec<Verified>,
+        reply: oneshot::Sender<Vec<Result<Outcome>>>,
+    ) -> CommitRequest {
+        CommitRequest {
+            copies,
+            reply,
+            refused: Vec::new(),
+        }
+    }
+
+    /// Sends `outcomes` (one per copy left in `copies`), with the refusals
+    /// in their places, to the reporter.
     fn answer(self, outcomes: Vec<Result<Outcome>>) {
         for (v, outcome) in self.copies.iter().zip(&outcomes) {
             log_outcome(v, outcome);
         }
+        let total = outcomes.len() + self.refused.len();
+        let mut judged = outcomes.into_iter();
+        let mut refused = self.refused.into_iter().peekable();
+        let mut all = Vec::with_capacity(total);
+        for i in 0..total {
+            match refused.next_if(|(at, _)| *at == i) {
+                Some((_, e)) => all.push(Err(e)),
+                None => all.extend(judged.next()),
+            }
+        }
         // A reporter that gave up waiting is not an error.
-        let _ = self.reply.send(outcomes);
+        let _ = self.reply.send(all);
     }
 }
 
@@ -168,6 +195,11 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     if engine.complete.is_cancelled() {
         return keep_late_copies(engine, group).await;
     }
+    // 0. A late copy never settles a job alone.
+    refuse_late_alone(engine, group)?;
+    if group.is_empty() {
+        return Ok(());
+    }
     // 1. Decide, in queue order. Only this task changes results, so what it
     // reads now still holds after the flush. The store is read first, without
     // the core's lock; the decisions then take it once for the group, not
@@ -239,6 +271,44 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     if engine.core().sched.is_complete() {
         engine.complete.cancel();
     }
+    Ok(())
+}
+
+/// Answers and removes the copies of `group` that came under a lease no
+/// longer live for a job with no copy yet, stored or earlier in the group
+/// ([`ledger::refuse_late_alone`]). Nothing is written for them, so the
+/// refusal needs no flush.
+fn refuse_late_alone(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<()> {
+    let mut seen: HashSet<JobId> = HashSet::new();
+    let mut kept = Vec::with_capacity(group.len());
+    for mut req in group.drain(..) {
+        let mut judged = Vec::with_capacity(req.copies.len());
+        for (at, v) in std::mem::take(&mut req.copies).into_iter().enumerate() {
+            let late = engine.core().sched.is_late(v.lease);
+            // The store is read only for late copies, which are rare.
+            let has_copies = seen.contains(&v.job)
+                || (late
+                    && matches!(
+                        blocking(|| engine.store.job_record(v.job))?.state,
+                        JobState::Done(_)
+                    ));
+            let verdict = ledger::refuse_late_alone(&engine.core().sched, &v, has_copies);
+            if let Err(e) = verdict {
+                warn!(job = %v.job, lease = %v.lease, worker = %v.result.identity, "refused a late copy: its lease is no longer live and the job has no other copy");
+                req.refused.push((at, e));
+                continue;
+            }
+            seen.insert(v.job);
+            judged.push(v);
+        }
+        req.copies = judged;
+        if req.copies.is_empty() {
+            req.answer(Vec::new());
+        } else {
+            kept.push(req);
+        }
+    }
+    *group = kept;
     Ok(())
 }
 

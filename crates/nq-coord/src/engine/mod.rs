@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::Core;
 use crate::core::lease::{Lease, LeaseId, WorkerId};
 use crate::core::ledger::{self, Report, Verified};
-use crate::core::scheduler::{Granted, Issued, Outcome, Scheduler};
+use crate::core::scheduler::{Granted, Issued, Outcome, Reclaimed, Scheduler};
 use crate::core::status::{Progress, Snapshot};
 use crate::error::{Error, Refusal, Result};
 use commit::CommitRequest;
@@ -345,22 +345,24 @@ impl Engine {
         worker: &WorkerId,
         copies: Vec<Verified>,
     ) -> Result<Vec<Result<Accepted>>> {
-        let work: Vec<u64> = copies.iter().map(|v| v.work).collect();
+        let acks: Vec<(LeaseId, u64)> =
+            copies.iter().map(|v| (v.lease, v.work)).collect();
         let (reply, rx) = oneshot::channel();
         self.commits
-            .send(CommitRequest { copies, reply })
+            .send(CommitRequest::new(copies, reply))
             .await
             .map_err(|_| Error::ShuttingDown)?;
         let outcomes = rx.await.map_err(|_| Error::ShuttingDown)?;
+        let now = Instant::now();
         let mut core = self.core();
         Ok(outcomes
             .into_iter()
-            .zip(work)
-            .map(|(outcome, work)| {
+            .zip(acks)
+            .map(|(outcome, (lease, work))| {
                 let outcome = outcome?;
                 Ok(Accepted {
                     outcome,
-                    run_complete: core.acknowledge(worker, work),
+                    run_complete: core.acknowledge(worker, lease, work, now),
                 })
             })
             .collect())
@@ -369,13 +371,17 @@ impl Engine {
     /// Advances the clock to `now` (see [`Core::tick`]) and notes the
     /// expired leases' jobs as pending. Wakes the commit loop when the
     /// selection of jobs to check changed.
-    pub(crate) fn tick(&self, now: Instant, prune: bool) -> Vec<Lease> {
+    pub(crate) fn tick(&self, now: Instant, prune: bool) -> (Vec<Lease>, Vec<Reclaimed>) {
         let ticked = self.core().tick(now, prune);
         if ticked.machines_changed {
             self.machines_changed.notify_one();
         }
-        self.persist_pending(ticked.expired.iter().map(|l| &l.job));
-        ticked.expired
+        self.persist_pending(
+            (ticked.expired.iter())
+                .chain(ticked.reclaimed.iter().map(|r| &r.lease))
+                .map(|l| &l.job),
+        );
+        (ticked.expired, ticked.reclaimed)
     }
 
     /// The run's snapshot now.

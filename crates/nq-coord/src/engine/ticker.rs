@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::{Engine, blocking};
+use crate::core::scheduler::{Reclaimed, TakenBack};
 use crate::core::status::Progress;
 
 /// How often leases are checked for expiry and progress is published.
@@ -60,8 +61,12 @@ pub(crate) async fn ticker(
         if prune {
             last_prune = now;
         }
-        for lease in engine.tick(now, prune) {
+        let (expired, reclaimed) = engine.tick(now, prune);
+        for lease in expired {
             warn!(job = %lease.job, lease = %lease.id, worker = %lease.worker, "lease expired; job is pending again");
+        }
+        for r in reclaimed {
+            log_reclaimed(&r);
         }
         if last_records.elapsed() >= RECORDS_EVERY {
             last_records = now;
@@ -94,6 +99,36 @@ pub(crate) async fn ticker(
         if let Some(tx) = &publish.progress {
             tx.send_replace(progress);
         }
+    }
+}
+
+/// Names the holder of a lease taken back: a worker that holds leases
+/// without progress is a hoarder, or stuck.
+fn log_reclaimed(r: &Reclaimed) {
+    let reason = match r.reason {
+        TakenBack::Overdue => "held far past its measured time",
+        TakenBack::OverShare => "held over its fair share while others waited",
+    };
+    if r.stalled {
+        warn!(
+            job = %r.lease.job,
+            lease = %r.lease.id,
+            worker = %r.lease.worker,
+            name = %r.name,
+            identity = %r.identity,
+            reason,
+            "LEASES WITHOUT PROGRESS: lease taken back and job reissued; the worker delivered nothing lately and may hold one job until it does"
+        );
+    } else {
+        warn!(
+            job = %r.lease.job,
+            lease = %r.lease.id,
+            worker = %r.lease.worker,
+            name = %r.name,
+            identity = %r.identity,
+            reason,
+            "lease taken back; job reissued"
+        );
     }
 }
 

@@ -15,7 +15,11 @@
 //! their lease expired and the job was reissued; duplicating workers report
 //! a job twice; vanishing workers stop mid-lease; after a crash, and in
 //! forged reports, workers report under leases of another session, another
-//! worker or another job, which admission must refuse.
+//! worker or another job, which admission must refuse. Hoarders lease all
+//! they are granted, heartbeat and never report (also while the honest
+//! workers drain the run); stream stallers hold a job, heartbeating, far
+//! past its time (a stalled Report stream) and then report it with count 0
+//! under the lease that was taken back meanwhile (issue 18).
 //!
 //! The coordinator crashes at random step boundaries: a new scheduler is
 //! restored from the model with [`restore_from`], the function the
@@ -70,6 +74,10 @@ fn the_core_keeps_its_invariants_in_seeded_scenarios() {
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
         assert!(stats.probation_claims > 0, "{stats:?}");
+        assert!(
+            stats.taken_back > 0 && stats.stalled_reports > 0,
+            "{stats:?}"
+        );
         assert_rare_divergence(&stats);
     }
 }
@@ -134,6 +142,20 @@ enum Honesty {
     },
 }
 
+/// Workers that hold leases without working (issue 18).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Adversary {
+    None,
+    /// Leases all it may, heartbeats, never reports.
+    Hoarder,
+    /// Holds each job, heartbeating, for up to [`STALL`], then reports it
+    /// with count 0 (often under a lease that expired or was taken back).
+    Staller,
+}
+
+/// How long a stream staller holds a job before its late lie, at most.
+const STALL: Duration = Duration::from_secs(8 * 30);
+
 /// A job a worker holds, as the worker knows it.
 #[derive(Clone, Debug)]
 struct Task {
@@ -156,6 +178,8 @@ struct SimWorker {
     duplicates: bool,
     /// Gone for good (stopped mid-lease).
     gone: bool,
+    /// A hoarder or a stream staller (see the module doc).
+    adversary: Adversary,
     /// Its id in the current session, once registered.
     id: Option<WorkerId>,
     tasks: Vec<Task>,
@@ -389,6 +413,13 @@ impl Sim {
                 slow: rng.random_range(0..4) == 0,
                 duplicates: rng.random_range(0..4) == 0,
                 gone: false,
+                // Never the first, who finishes the run.
+                adversary: match (i, rng.random_range(0..8)) {
+                    (0, _) => Adversary::None,
+                    (_, 0) => Adversary::Hoarder,
+                    (_, 1) => Adversary::Staller,
+                    _ => Adversary::None,
+                },
                 id: None,
                 tasks: Vec::new(),
             });
@@ -402,6 +433,9 @@ impl Sim {
                 if w.honesty != Honesty::Honest {
                     w.honesty = Honesty::AlwaysLiar;
                 }
+                // A staller's count 0 is one lie shared by all stallers:
+                // not the claim's liars, each with its own lie.
+                w.adversary = Adversary::None;
             }
         }
         let start = Instant::now();
@@ -463,12 +497,15 @@ impl Sim {
 
     /// Registers worker `w` in this session if it is not yet.
     fn registered(&mut self, w: usize) -> WorkerId {
-        if let Some(id) = &self.workers[w].id {
+        if let Some(id) = &self.workers[w].id
+            && self.core.sched.worker(id).is_some()
+        {
             return id.clone();
         }
         let now = self.now();
         let (name, ip) = (self.workers[w].name.clone(), self.workers[w].ip);
-        let id = self.core.sched.register(&name, 1, Some(ip), now);
+        let id = (self.core.sched.register(&name, 1, Some(ip), now))
+            .expect("the simulation registers within the limits");
         self.workers[w].id = Some(id.clone());
         id
     }
@@ -491,7 +528,12 @@ impl Sim {
             id = self.registered(w);
         }
         let now = self.now();
-        let want = self.rng.random_range(1..=3);
+        let adversary = self.workers[w].adversary;
+        let want = if adversary == Adversary::Hoarder {
+            1024
+        } else {
+            self.rng.random_range(1..=3)
+        };
         let held: Vec<LeaseId> = self.workers[w]
             .tasks
             .iter()
@@ -513,7 +555,8 @@ impl Sim {
             }
         };
         ensure!(!banned || grant.jobs.is_empty(), "a banned worker got jobs");
-        let slow = self.workers[w].slow;
+        // A staller reports late whatever it hears, as a slow worker does.
+        let slow = self.workers[w].slow || adversary == Adversary::Staller;
         if !slow {
             self.workers[w]
                 .tasks
@@ -532,7 +575,19 @@ impl Sim {
             } else {
                 self.rng.random_range(0..TTL.as_millis() as u64 / 2)
             };
-            let due = self.clock + Duration::from_millis(delay);
+            let due = match adversary {
+                // Never due.
+                Adversary::Hoarder => Duration::MAX,
+                // Some time after its lease could have expired or been
+                // taken back, up to far past.
+                Adversary::Staller => {
+                    self.clock
+                        + Duration::from_millis(self.rng.random_range(
+                            TTL.as_millis() as u64..STALL.as_millis() as u64,
+                        ))
+                }
+                Adversary::None => self.clock + Duration::from_millis(delay),
+            };
             self.workers[w].tasks.push(Task {
                 job: g.job,
                 lease: g.lease,
@@ -547,6 +602,14 @@ impl Sim {
     fn counts_of(&mut self, w: usize, job: JobId) -> Vec<SubCounts> {
         let subs = self.subs[job.0 as usize];
         let mut counts = true_counts(self.seed, job, subs);
+        if self.workers[w].adversary == Adversary::Staller {
+            // The stalled stream's lie.
+            self.stats.stalled_reports += 1;
+            for c in &mut counts {
+                c.count = 0;
+            }
+            return counts;
+        }
         match self.workers[w].honesty {
             Honesty::Honest => {}
             Honesty::RandomLiar(p) => {
@@ -621,9 +684,15 @@ impl Sim {
                 self.stats.refused += 1;
                 let ours = self.granted.get(&task.lease)
                     == Some(&(task.worker.clone(), task.job));
-                let banned = s.worker(&task.worker).is_some_and(|x| {
-                    s.identities().is_banned(x.identity, self.policy.ban_after)
-                });
+                // By identity: the registration may be forgotten meanwhile.
+                let key = crate::core::scheduler::remote_identity(
+                    &self.workers[w].name,
+                    Some(self.workers[w].ip),
+                );
+                let banned = s
+                    .identities()
+                    .get(&key)
+                    .is_some_and(|i| s.identities().is_banned(i, self.policy.ban_after));
                 // Leases of settled jobs are forgotten: nothing under them
                 // can change anything.
                 ensure!(
@@ -697,6 +766,19 @@ impl Sim {
             }
             return Ok(());
         }
+        // As the engine's commit loop: a late copy never settles a job alone.
+        let mut seen = std::collections::HashSet::new();
+        let mut kept = Vec::with_capacity(group.len());
+        for item in group {
+            let v = &item.1.0;
+            let has_copies = seen.contains(&v.job)
+                || self.model.jobs[v.job.0 as usize].record.is_some();
+            if ledger::refuse_late_alone(&self.core.sched, v, has_copies).is_ok() {
+                seen.insert(v.job);
+                kept.push(item);
+            }
+        }
+        let group = kept;
         let mut overlay: HashMap<JobId, JobCopies> = HashMap::new();
         let mut decisions: Vec<Decision> = Vec::new();
         for (_, (v, _)) in &group {
@@ -710,7 +792,14 @@ impl Sim {
                     v.work,
                 )
             });
+            // A late copy never settles a job alone (issue 18, item 4).
+            let late_alone = jc.copies.is_empty() && self.core.sched.is_late(v.lease);
             let d = ledger::decide(&mut self.core.sched, v.job, jc, Some(v), false);
+            ensure!(
+                !(late_alone && d.settlement.settled),
+                "job {} settled on a lone copy under a lease that was no longer live",
+                v.job
+            );
             self.model.apply(&d.writes);
             decisions.push(d);
         }
@@ -743,7 +832,8 @@ impl Sim {
             }
             fallout.discredited.extend(f.discredited);
             fallout.selection_changed |= f.selection_changed;
-            self.core.acknowledge(worker, v.work);
+            let now = self.now();
+            self.core.acknowledge(worker, v.lease, v.work, now);
         }
         self.rejudge(fallout)
     }
@@ -861,6 +951,7 @@ impl Sim {
         let prune = self.rng.random_range(0..2) == 0;
         let now = self.now();
         let ticked = self.core.tick(now, prune);
+        self.stats.taken_back += ticked.reclaimed.len() as u64;
         self.pruned(prune);
         if ticked.machines_changed {
             return self.rejudge(Fallout {
@@ -1011,7 +1102,9 @@ impl Sim {
     fn drain_round(&mut self) -> Result<(), String> {
         let honest: Vec<usize> = (0..self.workers.len())
             .filter(|&w| {
-                !self.workers[w].gone && self.workers[w].honesty == Honesty::Honest
+                !self.workers[w].gone
+                    && self.workers[w].honesty == Honesty::Honest
+                    && self.workers[w].adversary == Adversary::None
             })
             .collect();
         for &w in &honest {
@@ -1029,15 +1122,65 @@ impl Sim {
             }
             self.commit(group)?;
         }
-        self.clock += TTL + Duration::from_millis(1);
-        let now = self.now();
-        let ticked = self.core.tick(now, true);
-        self.pruned(true);
+        // Hoarders heartbeat on to the end, twice a lease lifetime, so that
+        // their leases never expire by themselves.
+        self.hoarders_heartbeat()?;
+        self.clock += TTL / 2;
+        let ticked = self.core.tick(self.now(), false);
+        self.stats.taken_back += ticked.reclaimed.len() as u64;
         if ticked.machines_changed {
             self.rejudge(Fallout {
                 selection_changed: true,
                 ..Fallout::default()
             })?;
+        }
+        self.hoarders_heartbeat()?;
+        self.clock += TTL / 2 + Duration::from_millis(1);
+        let now = self.now();
+        let ticked = self.core.tick(now, true);
+        self.stats.taken_back += ticked.reclaimed.len() as u64;
+        self.pruned(true);
+        self.no_lease_hoarded(now)?;
+        if ticked.machines_changed {
+            self.rejudge(Fallout {
+                selection_changed: true,
+                ..Fallout::default()
+            })?;
+        }
+        Ok(())
+    }
+
+    fn hoarders_heartbeat(&mut self) -> Result<(), String> {
+        for w in 0..self.workers.len() {
+            if !self.workers[w].gone && self.workers[w].adversary == Adversary::Hoarder {
+                self.lease(Some(w))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// No hoarder holds a lease past the overdue bound of its identity
+    /// ([`crate::core::allowance`]), give or take the drain's round of one
+    /// lease lifetime, once anything was measured: its leases are taken
+    /// back, however it heartbeats.
+    fn no_lease_hoarded(&self, now: Instant) -> Result<(), String> {
+        use crate::core::allowance::{OVERDUE_SLACK, OVERDUE_TTLS};
+        let s = &self.core.sched;
+        for lease in s.live_leases() {
+            let hoarder = self.workers.iter().any(|w| {
+                w.adversary == Adversary::Hoarder && w.id.as_ref() == Some(&lease.worker)
+            });
+            let expected = s.allowances().expected(lease.identity);
+            let bound = TTL * (OVERDUE_TTLS + 2) + expected * OVERDUE_SLACK;
+            // Nothing measured in this session, nothing is overdue.
+            ensure!(
+                !hoarder
+                    || expected.is_zero()
+                    || now.saturating_duration_since(lease.granted) <= bound,
+                "a hoarder held job {} for {:?}, past {bound:?}",
+                lease.job,
+                now.saturating_duration_since(lease.granted)
+            );
         }
         Ok(())
     }

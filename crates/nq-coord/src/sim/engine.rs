@@ -334,7 +334,8 @@ impl Sim {
         }
         let now = self.now();
         let (name, ip) = (self.workers[w].name.clone(), self.workers[w].ip);
-        let id = self.engine().core().sched.register(&name, 1, Some(ip), now);
+        let id = (self.engine().core().sched.register(&name, 1, Some(ip), now))
+            .expect("the simulation registers within the limits");
         self.workers[w].id = Some(id.clone());
         id
     }
@@ -469,7 +470,12 @@ impl Sim {
                     );
                     Ok(Some(accepted.outcome))
                 }
-                Err(Error::BadReport { .. } | Error::ShuttingDown) => Ok(None),
+                // A late copy of a job with no other copy is refused.
+                Err(
+                    Error::BadReport { .. }
+                    | Error::ShuttingDown
+                    | Error::Refused(crate::Refusal::LateCopy { .. }),
+                ) => Ok(None),
                 Err(e) => Err(format!("accept failed: {e}")),
             }
         });

@@ -123,6 +123,10 @@ pub(crate) struct Stats {
     pub(crate) backups: u64,
     /// Crashes that lost the data directory, restored from the last backup.
     pub(crate) disk_losses: u64,
+    /// Live leases taken back (overdue, or over a fair share).
+    pub(crate) taken_back: u64,
+    /// Late reports of stream stallers (a lie under a lease taken back).
+    pub(crate) stalled_reports: u64,
 }
 
 impl Stats {
@@ -143,6 +147,8 @@ impl Stats {
         self.finished_divergences += o.finished_divergences;
         self.probation_divergences += o.probation_divergences;
         self.probation_claims += o.probation_claims;
+        self.taken_back += o.taken_back;
+        self.stalled_reports += o.stalled_reports;
     }
 }
 
