@@ -41,6 +41,9 @@
 //!
 //! * [`config`]: [`Config`] and the
 //!   parsers and defaults behind the flags.
+//! * [`credentials`]: who a worker is for verification (its client
+//!   certificate, its per-machine token's name, or its address as the last
+//!   fallback), so that one credential is one voice.
 //! * `setup` (private): opening the data directory, creating or resuming the
 //!   run (`plan`: the split, work estimates and grouping into jobs), and
 //!   `restore`: the core rebuilt from the stored copies, nothing cached
