@@ -106,7 +106,11 @@ async fn coordinator_sigkills(t: &mut Trial) -> Result<Report> {
     let mut rng = t.rng();
     let tmp = tempfile::tempdir()?;
     let dir = data_dir(&tmp);
-    let args = run_args(&["--lease-ttl", "2s"]);
+    // The last coordinator may finish the run before a worker backing off
+    // from the kill calls again: it lingers for the workers of earlier
+    // sessions, and the linger must outlast a worker's back-off (5 s at
+    // most), as the default does with the default lease TTL (11 s).
+    let args = run_args(&["--lease-ttl", "2s", "--linger", "7s"]);
     let mut coord = Coord::ephemeral(&dir, &args).await?;
     t.watch(&coord.proc);
     let addr = coord.addr.to_string();

@@ -100,6 +100,8 @@ where
     let (mut confirmations, mut conflicts) = (0, 0);
     let mut writes = Vec::new();
     let mut machines: Vec<String> = Vec::new();
+    let mut voters: std::collections::BTreeSet<String> =
+        std::collections::BTreeSet::new();
     for entry in scan(Scan::Done) {
         let entry = entry?;
         for d in &entry.duplicates {
@@ -112,6 +114,9 @@ where
         let job = entry.job;
         let copies = entry.into_copies();
         for c in &copies {
+            if !c.identity.starts_with("local:") && !voters.contains(&c.identity) {
+                voters.insert(c.identity.clone());
+            }
             let m = ledger::machine_of(&c.identity);
             if machines.len() < 2 && !machines.iter().any(|x| x == m) {
                 machines.push(m.to_owned());
@@ -134,6 +139,7 @@ where
     // The selection as the previous session left it: two machines at work if
     // the stored copies came from two.
     sched.restore_two_machines(machines.len() >= 2, now);
+    sched.expect_back(voters.iter().map(String::as_str));
     for entry in scan(Scan::Every) {
         let entry = entry?;
         if entry.is_done() {

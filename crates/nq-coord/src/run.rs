@@ -438,11 +438,15 @@ fn spawn_backups(
 }
 
 /// After the last job: keep answering until every recently seen worker was
-/// told the run is complete, or `cap` passes, or shutdown is requested.
+/// told the run is complete, and every identity of an earlier session came
+/// back to be told, or `cap` passes, or shutdown is requested.
 async fn linger(engine: &Engine, stop: &CancellationToken, cap: Duration) {
     let until = Instant::now() + cap;
     loop {
-        let untold = engine.core().sched.untold_workers(Instant::now());
+        let untold = {
+            let core = engine.core();
+            core.sched.untold_workers(Instant::now()) + core.sched.not_back()
+        };
         if untold == 0 {
             return;
         }

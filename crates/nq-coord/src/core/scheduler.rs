@@ -498,6 +498,11 @@ pub struct Scheduler {
     /// every job unchecked before the others are back (as if each machine
     /// had been heard from at the restart).
     restored_machines_until: Option<Instant>,
+    /// Remote identities that voted in earlier sessions and have not
+    /// registered in this one: a run that ends soon after a restart lingers
+    /// for them too, so that a worker still backing off is told the run is
+    /// over instead of retrying until it gives up.
+    returning: std::collections::HashSet<IdentityId>,
     rng: rand::rngs::StdRng,
     session: u64,
     next_worker: u64,
@@ -572,6 +577,7 @@ impl Scheduler {
             two_machines: false,
             machines_unreported: false,
             restored_machines_until: None,
+            returning: std::collections::HashSet::new(),
             rng: rand::rngs::StdRng::from_os_rng(),
             session,
             next_worker: 1,
@@ -836,6 +842,9 @@ impl Scheduler {
         now: Instant,
         local: bool,
     ) -> WorkerId {
+        if !local {
+            self.returning.remove(&identity);
+        }
         // The session and a sequence number for people, and a random part so
         // that an id can neither be guessed (and used to renew or report
         // under another worker's leases) nor repeat in another run on the
@@ -1621,6 +1630,23 @@ impl Scheduler {
             .count()
     }
 
+    /// Notes the remote identities that voted in earlier sessions (on
+    /// restore): until each registers again, [`Scheduler::not_back`] counts
+    /// it.
+    pub fn expect_back<'a>(&mut self, identities: impl IntoIterator<Item = &'a str>) {
+        for name in identities {
+            let id = self.identities.intern(name);
+            self.returning.insert(id);
+        }
+    }
+
+    /// Remote identities of earlier sessions that have not registered in
+    /// this one. The coordinator lingers for them as for untold workers
+    /// (within the same cap).
+    pub fn not_back(&self) -> usize {
+        self.returning.len()
+    }
+
     /// Remote workers heard from within one lease TTL that have not yet been
     /// told the run is complete. The coordinator lingers until this is 0.
     pub fn untold_workers(&self, now: Instant) -> usize {
@@ -2064,6 +2090,21 @@ mod tests {
         assert_ne!(id(&b), id(&c), "one address, two credentials: two voices");
         assert_ne!(id(&d), id(&e));
         assert_ne!(id(&d), id(&a));
+    }
+
+    #[test]
+    fn identities_of_earlier_sessions_are_awaited_until_they_register() {
+        let mut s = Scheduler::new(vec![1; 4], 2, TTL, policy(0.5));
+        let now = Instant::now();
+        s.expect_back(["a@127.0.0.1", "b@127.0.0.1"]);
+        assert_eq!(s.not_back(), 2);
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        s.register("a", 1, lo, now).unwrap();
+        assert_eq!(s.not_back(), 1, "a is back; b is still awaited");
+        s.register_local(1, "avx2", now);
+        assert_eq!(s.not_back(), 1, "the local threads are not b");
+        s.register("b", 1, lo, now).unwrap();
+        assert_eq!(s.not_back(), 0);
     }
 
     #[test]
