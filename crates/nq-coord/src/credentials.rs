@@ -20,9 +20,8 @@
 use std::fmt;
 use std::path::Path;
 
-use nq_proto::auth::{AUTHORIZATION, Token};
+use nq_proto::auth::{Refusal, Token};
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 /// The named tokens of a run's machines: one line `NAME TOKEN` per machine.
 ///
@@ -134,22 +133,25 @@ impl WorkerTokens {
         self.entries.is_empty()
     }
 
-    /// The name of the token that a call's `authorization` metadata carries,
-    /// if it is one of these. Every entry is compared in constant time, and
-    /// all of them are compared, so that the time taken does not say which
-    /// one matched.
-    pub fn name_of(&self, metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
-        let mut values = metadata.get_all(AUTHORIZATION).iter();
-        let value = values.next()?;
-        if values.next().is_some() {
-            return None;
-        }
-        let presented = value.as_encoded_bytes();
-        let mut found = None;
+    /// The name of the token that a call's `authorization` metadata carries.
+    /// Each entry is checked by [`Token::check`] (constant time), and all of
+    /// them are checked, so that the time taken does not say which one
+    /// matched.
+    ///
+    /// # Errors
+    ///
+    /// Why none matched: the token was missing, malformed or not one of
+    /// these.
+    pub fn name_of(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<&str, Refusal> {
+        let mut found = Err(Refusal::Missing);
         for (name, token) in &self.entries {
-            let expected = token.header_value();
-            if bool::from(presented.ct_eq(expected.as_encoded_bytes())) {
-                found = Some(name.as_str());
+            match token.check(metadata) {
+                Ok(()) => found = Ok(name.as_str()),
+                Err(refusal) if found.is_err() => found = Err(refusal),
+                Err(_) => {}
             }
         }
         found
@@ -170,7 +172,7 @@ mod tests {
 
     fn with(header: &str) -> tonic::metadata::MetadataMap {
         let mut m = tonic::metadata::MetadataMap::new();
-        m.insert(AUTHORIZATION, header.parse().unwrap());
+        m.insert(nq_proto::auth::AUTHORIZATION, header.parse().unwrap());
         m
     }
 
@@ -181,11 +183,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(book.len(), 2);
-        assert_eq!(book.name_of(&with("Bearer s3cret-a")), Some("rack1-a"));
-        assert_eq!(book.name_of(&with("Bearer s3cret-b")), Some("rack1-b"));
-        assert_eq!(book.name_of(&with("Bearer s3cret-c")), None);
-        assert_eq!(book.name_of(&with("Bearer s3cret-a ")), None);
-        assert_eq!(book.name_of(&tonic::metadata::MetadataMap::new()), None);
+        assert_eq!(book.name_of(&with("Bearer s3cret-a")), Ok("rack1-a"));
+        assert_eq!(book.name_of(&with("Bearer s3cret-b")), Ok("rack1-b"));
+        assert_eq!(book.name_of(&with("Bearer s3cret-c")), Err(Refusal::Wrong));
+        assert_eq!(book.name_of(&with("Bearer s3cret-a ")), Err(Refusal::Wrong));
+        assert_eq!(
+            book.name_of(&with("Basic s3cret-a")),
+            Err(Refusal::Malformed)
+        );
+        assert_eq!(
+            book.name_of(&tonic::metadata::MetadataMap::new()),
+            Err(Refusal::Missing)
+        );
         assert!(!format!("{book:?}").contains("s3cret"), "{book:?}");
         assert_eq!(token_identity("rack1-a"), "token:rack1-a");
     }

@@ -35,7 +35,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use nq_proto::auth::{AUTHORIZATION, Refusal as TokenRefusal, Token};
+use nq_proto::auth::Token;
 use tonic::{Request, Status};
 use tracing::{info, warn};
 
@@ -112,23 +112,22 @@ fn peer_of(request: &Request<()>) -> String {
 impl tonic::service::Interceptor for CallerCheck {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if let Some(tokens) = &self.tokens {
-            if let Some(name) = tokens.name_of(request.metadata()) {
-                let credential = Credential(token_identity(name));
-                request.extensions_mut().insert(credential);
-                return Ok(request);
-            }
-            if !matches!(self.admission, Admission::Token(_)) {
-                let refusal = if request.metadata().get(AUTHORIZATION).is_some() {
-                    TokenRefusal::Wrong
-                } else {
-                    TokenRefusal::Missing
-                };
-                warn!(
-                    peer = %peer_of(&request),
-                    reason = refusal.as_str(),
-                    "refused a call: this coordinator requires a worker token"
-                );
-                return Err(refusal.status());
+            let named = tokens.name_of(request.metadata()).map(token_identity);
+            match named {
+                Ok(identity) => {
+                    request.extensions_mut().insert(Credential(identity));
+                    return Ok(request);
+                }
+                // The run's shared token may still admit it, below.
+                Err(_) if matches!(self.admission, Admission::Token(_)) => {}
+                Err(refusal) => {
+                    warn!(
+                        peer = %peer_of(&request),
+                        reason = refusal.as_str(),
+                        "refused a call: this coordinator requires a worker token"
+                    );
+                    return Err(refusal.status());
+                }
             }
         }
         match &self.admission {
