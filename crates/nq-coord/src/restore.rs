@@ -99,9 +99,11 @@ where
 {
     let (mut confirmations, mut conflicts) = (0, 0);
     let mut writes = Vec::new();
-    let mut machines: Vec<String> = Vec::new();
+    // The remote identities that voted, and whether the coordinator's own
+    // threads did (one machine, whatever kernels they ran).
     let mut voters: std::collections::BTreeSet<String> =
         std::collections::BTreeSet::new();
+    let mut local_voted = false;
     for entry in scan(Scan::Done) {
         let entry = entry?;
         for d in &entry.duplicates {
@@ -114,12 +116,10 @@ where
         let job = entry.job;
         let copies = entry.into_copies();
         for c in &copies {
-            if !c.identity.starts_with("local:") && !voters.contains(&c.identity) {
+            if ledger::machine_of(&c.identity) == "local" {
+                local_voted = true;
+            } else if !voters.contains(&c.identity) {
                 voters.insert(c.identity.clone());
-            }
-            let m = ledger::machine_of(&c.identity);
-            if machines.len() < 2 && !machines.iter().any(|x| x == m) {
-                machines.push(m.to_owned());
             }
         }
         // Only jobs with duplicates can hold a lost conflict or a
@@ -138,7 +138,8 @@ where
     sched.restore_duplicates(confirmations, conflicts);
     // The selection as the previous session left it: two machines at work if
     // the stored copies came from two.
-    sched.restore_two_machines(machines.len() >= 2, now);
+    let machines = voters.len() + usize::from(local_voted);
+    sched.restore_two_machines(machines >= 2, now);
     sched.expect_back(voters.iter().map(String::as_str));
     for entry in scan(Scan::Every) {
         let entry = entry?;
