@@ -24,7 +24,7 @@
 //! # nq-audit v2
 //! # n=12 split_version=1 split=1:0 order=plan solutions=off jobs=179 run=12-19ab…
 //! job,first_subproblem,subproblems,estimated_work,state,verification,…,attempts
-//! 0,0,3,5120,settled,single,1,96,96,local:avx512,avx512,1764…,1,local:avx512:agrees,1
+//! 0,0,3,5120,settled,single,1,96,96,local,avx512,1764…,1,local:agrees,1
 //! …
 //! # end jobs=179 settled=179 subproblems=516 total=14200 burnside=14296 unique=1787 plan=sha256:…
 //! # digest=sha256:…
@@ -401,10 +401,21 @@ pub fn audit_store(
         } else {
             let counted = &copies[0];
             let agreeing = {
-                let mut ids: Vec<&str> = copies
+                // Voices, as the rules count them: an identity, except
+                // the coordinator's own threads, which check themselves
+                // only on another kernel.
+                let mut ids: Vec<(&str, &str)> = copies
                     .iter()
                     .filter(|c| c.agrees(counted))
-                    .map(|c| c.identity.as_str())
+                    .map(|c| {
+                        let kernel =
+                            if crate::core::quorum::trusted_from_start(&c.identity) {
+                                c.kernel.as_str()
+                            } else {
+                                ""
+                            };
+                        (c.identity.as_str(), kernel)
+                    })
                     .collect();
                 ids.sort_unstable();
                 ids.dedup();

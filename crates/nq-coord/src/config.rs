@@ -103,6 +103,10 @@ pub struct Config {
     /// [`crate::credentials`]). With them, a call needs one of these or
     /// [`Config::token`].
     pub worker_tokens: Option<std::sync::Arc<crate::credentials::WorkerTokens>>,
+    /// Identities the operator trusts (`--trust`, checked by
+    /// [`crate::credentials::trusted_identity`]): like the coordinator's own
+    /// threads, their copies decide disputes.
+    pub trusted: Vec<String>,
     /// Serve TLS (and require client certificates with a client CA) when set.
     pub tls: Option<nq_proto::tls::ServerTls>,
     /// With neither [`Config::token`] nor [`Config::tls`], the coordinator
@@ -160,6 +164,7 @@ impl Config {
             ban_after: DEFAULT_BAN_AFTER_NONZERO,
             token: None,
             worker_tokens: None,
+            trusted: Vec::new(),
             tls: None,
             insecure_open_port: false,
             http_listener: None,

@@ -45,6 +45,46 @@ pub struct WorkerTokensError {
     pub problem: String,
 }
 
+/// An identity that `--trust` cannot name, with the accepted forms.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot trust {given:?}: name a credential, `token:NAME` (a name in the \
+     --worker-tokens file) or `cert:HEX` (the 32 hex digits a worker's client \
+     certificate is logged under); an address cannot be trusted, since anyone \
+     who can use it would be"
+)]
+pub struct TrustError {
+    /// What was given.
+    pub given: String,
+}
+
+/// Checks an identity given to `--trust`: a per-worker token's identity
+/// (`token:NAME`) or a client certificate's (`cert:` and 32 lowercase hex
+/// digits). Addresses are refused: trusting one would hand the deciding vote
+/// to whoever can send from it.
+///
+/// # Errors
+///
+/// [`TrustError`] for anything else.
+pub fn trusted_identity(given: &str) -> Result<String, TrustError> {
+    let bad = || TrustError {
+        given: given.to_owned(),
+    };
+    if let Some(name) = given.strip_prefix("token:") {
+        let ok = (1..=64).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        return ok.then(|| given.to_owned()).ok_or_else(bad);
+    }
+    if let Some(hex) = given.strip_prefix("cert:") {
+        let ok =
+            hex.len() == 32 && hex.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'));
+        return ok.then(|| given.to_owned()).ok_or_else(bad);
+    }
+    Err(bad())
+}
+
 /// The identity string of a credential-backed caller named `name` in a
 /// worker-tokens file.
 pub fn token_identity(name: &str) -> String {
@@ -223,5 +263,24 @@ mod tests {
         assert!(a.starts_with("cert:") && a.len() == 5 + 32, "{a}");
         assert_eq!(a, certificate_identity(b"certificate a"));
         assert_ne!(a, certificate_identity(b"certificate b"));
+    }
+
+    #[test]
+    fn only_credentials_can_be_trusted() {
+        assert_eq!(trusted_identity("token:box-1").unwrap(), "token:box-1");
+        let cert = format!("cert:{}", "ab".repeat(16));
+        assert_eq!(trusted_identity(&cert).unwrap(), cert);
+        for bad in [
+            "10.0.0.7",
+            "token:",
+            "token:a b",
+            "cert:AB",
+            "cert:abc",
+            "local",
+            "w@127.0.0.1",
+        ] {
+            let e = trusted_identity(bad).unwrap_err().to_string();
+            assert!(e.contains("token:NAME") && e.contains(bad), "{bad}: {e}");
+        }
     }
 }

@@ -127,7 +127,7 @@ where
         if has_duplicates {
             let records = ledger::records_in(sched, job, &copies);
             for loser in records.losers {
-                sched.restore_loss(loser);
+                sched.restore_loss(loser, &records.beaten);
             }
             // Probation records, from the confirmations stored as duplicates.
             for confirmed in records.confirmed {

@@ -97,6 +97,8 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         config.lease_ttl,
         policy(config, &store)?,
     )?;
+    sched.expect_local_threads(config.local_threads > 0);
+    sched.trust(config.trusted.iter().map(String::as_str));
     // Totals are derived again from the stored counts, never from a cached sum.
     restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
@@ -272,6 +274,8 @@ fn finished_report(
         config.lease_ttl,
         policy(config, store)?,
     );
+    sched.expect_local_threads(config.local_threads > 0);
+    sched.trust(config.trusted.iter().map(String::as_str));
     restore(store, &shape_of(m), &mut sched, Instant::now())?;
     // The stored summary is a cached sum too: it must equal the results.
     let derived = sched.tally().total;

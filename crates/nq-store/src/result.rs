@@ -23,9 +23,11 @@ pub struct StoredResult {
     pub worker: String,
     /// The lease it was sent under.
     pub lease: u64,
-    /// Who computed it, as verification tells workers apart: `name@address`
-    /// for a remote worker, `local:KERNEL` for the coordinator's own threads.
-    /// Two copies of a job from one identity are one vote.
+    /// Who computed it, as verification tells workers apart: a credential
+    /// (`token:NAME`, `cert:HEX`), an address (`name@address` on loopback)
+    /// for a remote worker, `local` for the coordinator's own threads
+    /// (`local:KERNEL` in stores written before they were one voice). Two
+    /// copies of a job from one untrusted identity are one vote.
     pub identity: String,
     /// The kernel that counted (`avx512`, `avx2`, `scalar`), as reported.
     pub kernel: String,

@@ -144,11 +144,10 @@ pub(crate) async fn run_local(
         source,
     })?;
     let threads = pool.threads();
-    let worker = engine.core().sched.register_local(
-        u32::try_from(threads).unwrap_or(u32::MAX),
-        Kernel::Auto.resolved_name(),
-        Instant::now(),
-    );
+    let worker = engine
+        .core()
+        .sched
+        .register_local(u32::try_from(threads).unwrap_or(u32::MAX), Instant::now());
     info!(
         threads,
         kernel = Kernel::Auto.resolved_name(),

@@ -17,7 +17,7 @@ use nq_proto::convert::RunShape;
 use nq_store::{Duplicate, DuplicateKind, JobId, StoredResult};
 
 use crate::core::lease::LeaseId;
-use crate::core::quorum::{Identities, Verdict, Vote, judge};
+use crate::core::quorum::{Identities, Verdict, Vote, credentialed, judge};
 use crate::core::scheduler::{Outcome, Scheduler, Settlement};
 use crate::error::{Error, ReportFault, Result};
 
@@ -252,9 +252,13 @@ pub(crate) fn votes_of(
                     reps.push(i);
                     reps.len() - 1
                 });
+            let identity = sched.intern(&c.identity);
             Vote {
-                identity: sched.intern(&c.identity),
+                identity,
                 class,
+                trusted: sched.identities().is_trusted(identity),
+                credentialed: credentialed(&c.identity),
+                kernel: c.kernel.parse().ok(),
             }
         })
         .collect();
@@ -450,6 +454,8 @@ fn settlement(
         reporters,
         kernels,
         losers,
+        beaten: verdict.beaten,
+        needs_trusted: verdict.needs_trusted,
         disputed: verdict.conflict,
         solutions_missing,
         confirmed: verdict.confirmed,
@@ -626,7 +632,7 @@ mod tests {
         let mut s = sched(share);
         let records = records_in(&mut s, JOB, &copies);
         for loser in records.losers {
-            s.restore_loss(loser);
+            s.restore_loss(loser, &crate::core::quorum::Beaten::trusted());
         }
         for confirmed in records.confirmed {
             s.restore_confirmation(confirmed);
@@ -818,8 +824,8 @@ mod tests {
     fn a_banned_identity_never_votes() {
         let mut s = sched(0.0);
         let banned = s.intern("bad@127.0.0.1");
-        s.restore_loss(banned);
-        s.restore_loss(banned);
+        s.restore_loss(banned, &crate::core::quorum::Beaten::trusted());
+        s.restore_loss(banned, &crate::core::quorum::Beaten::trusted());
         assert!(s.identities().is_banned(banned, 2));
         let mut jc = empty(&s);
         let bad = copy("bad@127.0.0.1", 9);
@@ -837,8 +843,8 @@ mod tests {
         let copies = stored_copies(&d.writes, vec![bad.result]);
         let mut r = sched(0.0);
         let id = r.intern("bad@127.0.0.1");
-        r.restore_loss(id);
-        r.restore_loss(id);
+        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let (st, _) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
         assert_eq!(st.counted, Some(good.result.tally));
@@ -854,8 +860,8 @@ mod tests {
         let good = copy("good@127.0.0.1", 3);
         let mut r = sched(0.0);
         let id = r.intern("bad@127.0.0.1");
-        r.restore_loss(id);
-        r.restore_loss(id);
+        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let copies = vec![bad.result.clone(), good.result.clone()];
         let (st, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
@@ -890,7 +896,7 @@ mod tests {
     fn a_suspect_leader_needs_a_second_vote() {
         let mut s = sched(0.0);
         let suspect = s.intern("sus@127.0.0.1");
-        s.restore_loss(suspect);
+        s.restore_loss(suspect, &crate::core::quorum::Beaten::trusted());
         let mut jc = empty(&s);
         let d = decide_and_settle(&mut s, &mut jc, &copy("sus@127.0.0.1", 3), false);
         assert!(
@@ -910,7 +916,7 @@ mod tests {
         // Restored with the suspect's loss found elsewhere: the same.
         let mut r = sched(0.0);
         let id = r.intern("sus@127.0.0.1");
-        r.restore_loss(id);
+        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let (st, _) = judge_restored(
             &mut r,
             JOB,

@@ -183,13 +183,78 @@ impl Policy {
     }
 }
 
-/// True for the identities of the coordinator's own threads (`local:KERNEL`,
-/// see `scheduler::local_identity`), which are trusted from the start (see
-/// the module doc). A remote identity always contains `@` or is an address,
-/// so a worker cannot pass for one by its registration name.
+/// The verification identity of the coordinator's own threads: one voice,
+/// whatever kernel they ran (see `scheduler::local_identity`).
+pub const LOCAL: &str = "local";
+
+/// True for the identity of the coordinator's own threads, which are
+/// trusted from the start (see the module doc): `local`, or `local:KERNEL`
+/// as stores written before the threads were one voice name them. A remote
+/// identity always contains `@`, `:`-prefixed credentials (`token:`,
+/// `cert:`) or is an address, so a worker cannot pass for one by its
+/// registration name.
 pub fn trusted_from_start(name: &str) -> bool {
-    name.strip_prefix("local:")
-        .is_some_and(|kernel| !kernel.is_empty() && !kernel.contains('@'))
+    name == LOCAL
+        || name
+            .strip_prefix("local:")
+            .is_some_and(|kernel| !kernel.is_empty() && !kernel.contains('@'))
+}
+
+/// True for an identity that a credential proves (a per-worker token or a
+/// client certificate, see `crate::credentials`): making another one costs
+/// the attacker a credential the operator issued, where another address
+/// costs nothing.
+pub fn credentialed(name: &str) -> bool {
+    name.starts_with("token:") || name.starts_with("cert:")
+}
+
+/// Who beat the losers of a dispute: what a ban needs (see
+/// [`Identities::is_banned`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Beaten {
+    /// A trusted computation decided.
+    pub by_trusted: bool,
+    /// The credentialed identities among the winners.
+    pub by_credentials: Vec<IdentityId>,
+}
+
+impl Beaten {
+    /// Beaten by a trusted computation.
+    pub fn trusted() -> Beaten {
+        Beaten {
+            by_trusted: true,
+            by_credentials: Vec::new(),
+        }
+    }
+}
+
+/// Whom an identity lost its conflicts against, as far as a ban cares: a
+/// trusted computation, and up to two distinct credentialed identities.
+#[derive(Clone, Copy, Debug, Default)]
+struct Against {
+    trusted: bool,
+    credentials: [Option<IdentityId>; 2],
+}
+
+impl Against {
+    fn note(&mut self, beaten: &Beaten) {
+        self.trusted |= beaten.by_trusted;
+        for &c in &beaten.by_credentials {
+            match self.credentials {
+                [None, _] => self.credentials[0] = Some(c),
+                [Some(a), None] if a != c => self.credentials[1] = Some(c),
+                _ => {}
+            }
+        }
+    }
+
+    /// True when its losses may ban: a trusted computation beat it, or two
+    /// distinct credentials did. Losses to address identities alone never
+    /// ban, because addresses cost an attacker nothing: two of them on one
+    /// machine would otherwise get any honest worker banned.
+    fn may_ban(&self) -> bool {
+        self.trusted || self.credentials[1].is_some()
+    }
 }
 
 /// Every identity seen in the run, with its lost conflicts and its confirmed
@@ -198,9 +263,16 @@ pub fn trusted_from_start(name: &str) -> bool {
 pub struct Identities {
     names: Vec<String>,
     lost: Vec<u32>,
+    /// Whom each identity lost against.
+    against: Vec<Against>,
+    /// True for the identities the operator trusts (`--trust`) and the
+    /// coordinator's own threads: their copies decide disputes.
+    trusted: Vec<bool>,
     /// Results confirmed by another identity (saturating).
     confirmed: Vec<u32>,
     by_name: HashMap<String, IdentityId>,
+    /// Names the operator trusts, whether seen yet or not.
+    trusted_names: std::collections::HashSet<String>,
     /// Labels for people, where they differ from the name.
     labels: HashMap<IdentityId, String>,
 }
@@ -214,9 +286,34 @@ impl Identities {
         let id = IdentityId(u32::try_from(self.names.len()).unwrap_or(u32::MAX));
         self.names.push(name.to_owned());
         self.lost.push(0);
+        self.against.push(Against::default());
+        self.trusted
+            .push(trusted_from_start(name) || self.trusted_names.contains(name));
         self.confirmed.push(0);
         self.by_name.insert(name.to_owned(), id);
         id
+    }
+
+    /// Trusts `name` (an identity of the operator's own machines): its
+    /// copies decide disputes and it needs no probation.
+    pub fn trust(&mut self, name: &str) {
+        self.trusted_names.insert(name.to_owned());
+        if let Some(id) = self.get(name) {
+            self.trusted[id.0 as usize] = true;
+        }
+    }
+
+    /// True for an identity whose copies decide disputes: the
+    /// coordinator's own threads and the identities the operator trusts.
+    pub fn is_trusted(&self, id: IdentityId) -> bool {
+        self.trusted.get(id.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// The ids of the trusted identities seen so far.
+    pub fn trusted_ids(&self) -> impl Iterator<Item = IdentityId> + '_ {
+        (0..self.names.len())
+            .filter(|&i| self.trusted[i])
+            .map(|i| IdentityId(i as u32))
     }
 
     /// The id of `name`, if seen.
@@ -249,8 +346,15 @@ impl Identities {
         self.lost.get(id.0 as usize).copied().unwrap_or(0)
     }
 
-    /// Records a lost conflict; returns the new count.
-    pub fn add_loss(&mut self, id: IdentityId) -> u32 {
+    /// Records a conflict lost against `beaten`'s winners; returns the new
+    /// count. A trusted identity is never charged: its copies decide.
+    pub fn add_loss(&mut self, id: IdentityId, beaten: &Beaten) -> u32 {
+        if self.is_trusted(id) {
+            return self.lost(id);
+        }
+        if let Some(a) = self.against.get_mut(id.0 as usize) {
+            a.note(beaten);
+        }
         match self.lost.get_mut(id.0 as usize) {
             Some(l) => {
                 *l = l.saturating_add(1);
@@ -286,7 +390,7 @@ impl Identities {
     /// not the coordinator's own threads: each of its results needs a second
     /// vote (where a second machine can give one).
     pub fn on_probation(&self, id: IdentityId, probation: u32) -> bool {
-        self.confirmed(id) < probation && !trusted_from_start(self.name(id))
+        self.confirmed(id) < probation && !self.is_trusted(id)
     }
 
     /// Identities still on probation, with their labels and confirmed
@@ -298,10 +402,16 @@ impl Identities {
             .map(|id| (self.label(id), self.confirmed(id)))
     }
 
-    /// True once `id` lost `ban_after` conflicts: it is refused, and its
-    /// copies do not vote.
+    /// True once `id` lost `ban_after` conflicts, against a trusted
+    /// computation or against two distinct credentialed identities: it is
+    /// refused, and its copies do not vote. Losses to address identities
+    /// alone make it suspect, never banned (see [`credentialed`]).
     pub fn is_banned(&self, id: IdentityId, ban_after: u32) -> bool {
         self.lost(id) >= ban_after.max(1)
+            && self
+                .against
+                .get(id.0 as usize)
+                .is_some_and(Against::may_ban)
     }
 
     /// Every identity that lost a conflict, with its label and losses.
@@ -317,15 +427,23 @@ impl Identities {
     }
 }
 
-/// One copy of a job's result as the rules see it: who made it, and which
-/// class of equal results it is in (classes are numbered in the order their
-/// first copy was received).
+/// One copy of a job's result as the rules see it: who made it, on which
+/// kernel, and which class of equal results it is in (classes are numbered
+/// in the order their first copy was received).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Vote {
     /// Who computed the copy.
     pub identity: IdentityId,
     /// Its class.
     pub class: usize,
+    /// True when `identity` is trusted ([`Identities::is_trusted`]).
+    pub trusted: bool,
+    /// True when `identity` is a credential ([`credentialed`]).
+    pub credentialed: bool,
+    /// The kernel that computed it, where named: trusted copies are told
+    /// apart by kernel, since the trusted machine checks itself only with
+    /// another kernel.
+    pub kernel: Option<nq_core::search::Kernel>,
 }
 
 /// The state of the run the rules depend on besides a job's copies.
@@ -337,6 +455,10 @@ pub struct Rules {
     pub probation: u32,
     /// True while a second machine is at work, so that a check is possible.
     pub second_machine: bool,
+    /// True while a trusted computation is available (the coordinator's
+    /// threads, or a trusted identity at work): disputes wait for it instead
+    /// of a majority.
+    pub arbiter: bool,
 }
 
 /// What the rules say about a job's copies.
@@ -346,23 +468,77 @@ pub struct Verdict {
     pub leader: Option<usize>,
     /// True when the job needs no further copy.
     pub settled: bool,
-    /// The leader's votes.
+    /// The leader's votes: its untrusted voters plus its trusted kernels.
     pub votes: u32,
     /// Identities in losing classes, set only when a job whose valid copies
     /// disagree settles.
     pub losers: Vec<IdentityId>,
-    /// Every identity that reported the job (none of them may compute it again).
+    /// Who beat the losers.
+    pub beaten: Beaten,
+    /// Every identity that reported the job (none of them may compute it again,
+    /// except a trusted one on another kernel).
     pub reporters: Vec<IdentityId>,
     /// True when the valid copies disagree.
     pub conflict: bool,
+    /// True when the next copy must come from a trusted computation: a
+    /// dispute while one is available, or trusted copies that disagree.
+    pub needs_trusted: bool,
     /// Identities whose copy another identity confirmed: the leader's
-    /// voters, once the job settled on two votes or more, each of which has
-    /// another voter in the leader that is not suspect.
+    /// untrusted voters, once the job settled on two votes or more, each of
+    /// which has another voter in the leader that is not suspect.
     pub confirmed: Vec<IdentityId>,
     /// True when the job settled on one vote that needed a check no second
     /// machine could give (every voter of the leader is on probation, and
     /// only one machine is at work).
     pub unchecked: bool,
+}
+
+/// A class of equal results: its untrusted voters (one per identity, in
+/// order) and its trusted copies (one per identity and kernel).
+#[derive(Clone, Debug, Default)]
+struct Class {
+    voters: Vec<IdentityId>,
+    credentialed: Vec<IdentityId>,
+    trusted: Vec<(IdentityId, Option<nq_core::search::Kernel>)>,
+}
+
+impl Class {
+    fn votes(&self) -> usize {
+        self.voters.len() + self.trusted.len()
+    }
+}
+
+/// The copies in classes: the valid ones (not banned, the first copy per
+/// untrusted identity), and every identity that reported.
+fn classify(
+    copies: &[Vote],
+    identities: &Identities,
+    ban_after: u32,
+) -> (Vec<Class>, Vec<IdentityId>) {
+    let mut reporters: Vec<IdentityId> = Vec::new();
+    let mut classes: Vec<Class> = Vec::new();
+    for v in copies {
+        let first = !reporters.contains(&v.identity);
+        if first {
+            reporters.push(v.identity);
+        }
+        if classes.len() <= v.class {
+            classes.resize(v.class + 1, Class::default());
+        }
+        let class = &mut classes[v.class];
+        if v.trusted {
+            if !class.trusted.contains(&(v.identity, v.kernel)) {
+                class.trusted.push((v.identity, v.kernel));
+            }
+        } else if first && !identities.is_banned(v.identity, ban_after) {
+            // One identity, one vote.
+            class.voters.push(v.identity);
+            if v.credentialed {
+                class.credentialed.push(v.identity);
+            }
+        }
+    }
+    (classes, reporters)
 }
 
 /// Applies the rules to a job's copies, in the order received. `selected`
@@ -373,26 +549,14 @@ pub fn judge(
     identities: &Identities,
     rules: Rules,
 ) -> Verdict {
-    let ban_after = rules.ban_after;
-    let mut reporters: Vec<IdentityId> = Vec::new();
-    // (class, identities) for valid, first-per-identity copies.
-    let mut classes: Vec<Vec<IdentityId>> = Vec::new();
-    for v in copies {
-        if reporters.contains(&v.identity) {
-            continue; // one identity, one vote
-        }
-        reporters.push(v.identity);
-        if identities.is_banned(v.identity, ban_after) {
-            continue;
-        }
-        if classes.len() <= v.class {
-            classes.resize(v.class + 1, Vec::new());
-        }
-        classes[v.class].push(v.identity);
+    let (classes, reporters) = classify(copies, identities, rules.ban_after);
+    if classes.iter().any(|c| !c.trusted.is_empty()) {
+        return judged_by_trusted(&classes, reporters, selected);
     }
     let mut leader: Option<usize> = None;
-    for (c, voters) in classes.iter().enumerate() {
-        if !voters.is_empty() && leader.is_none_or(|l| voters.len() > classes[l].len()) {
+    for (c, class) in classes.iter().enumerate() {
+        if class.votes() > 0 && leader.is_none_or(|l| class.votes() > classes[l].votes())
+        {
             leader = Some(c);
         }
     }
@@ -402,40 +566,40 @@ pub fn judge(
             settled: false,
             votes: 0,
             losers: vec![],
+            beaten: Beaten::default(),
             reporters,
             conflict: false,
+            needs_trusted: false,
             confirmed: vec![],
             unchecked: false,
         };
     };
-    let votes = classes[l].len();
-    let runner_up = classes
-        .iter()
-        .enumerate()
-        .filter(|&(c, _)| c != l)
-        .map(|(_, v)| v.len())
-        .max()
-        .unwrap_or(0);
-    let conflict = classes.iter().filter(|v| !v.is_empty()).count() > 1;
-    let all_suspect = classes[l].iter().all(|&i| identities.is_suspect(i));
-    let on_probation = classes[l]
+    let leaders = &classes[l].voters;
+    let votes = leaders.len();
+    let runner_up = others(&classes, l).map(Class::votes).max().unwrap_or(0);
+    let conflict = classes.iter().filter(|c| c.votes() > 0).count() > 1;
+    let all_suspect = leaders.iter().all(|&i| identities.is_suspect(i));
+    let on_probation = leaders
         .iter()
         .all(|&i| identities.on_probation(i, rules.probation));
     let needed = if selected
         || conflict
         || all_suspect
-        || (on_probation && rules.second_machine)
+        || (on_probation && (rules.second_machine || rules.arbiter))
     {
         2
     } else {
         1
     };
-    let settled = votes >= needed && votes > runner_up;
+    // A dispute waits for the trusted computation where there is one: a
+    // majority of untrusted identities may be one attacker's addresses.
+    let needs_trusted = conflict && rules.arbiter;
+    let settled = votes >= needed && votes > runner_up && !needs_trusted;
     // Without a second machine a probationer's copy settles alone (the run
-    // must not wait for a machine that may never come), and says so.
+    // must not wait for a machine that may never come), and says so; the
+    // trusted computation, where there is one, can always check it.
     let unchecked = settled && votes < 2 && on_probation;
     let confirmed = if settled && votes >= 2 {
-        let leaders = &classes[l];
         leaders
             .iter()
             .copied()
@@ -444,25 +608,105 @@ pub fn judge(
     } else {
         vec![]
     };
-    let losers = if settled && conflict {
-        classes
-            .iter()
-            .enumerate()
-            .filter(|&(c, _)| c != l)
-            .flat_map(|(_, v)| v.iter().copied())
-            .collect()
+    let (losers, beaten) = if settled && conflict {
+        let beaten = Beaten {
+            by_trusted: false,
+            by_credentials: classes[l].credentialed.clone(),
+        };
+        (losers_outside(&classes, l), beaten)
     } else {
-        vec![]
+        (vec![], Beaten::default())
     };
     Verdict {
         leader,
         settled,
         votes: votes as u32,
         losers,
+        beaten,
         reporters,
         conflict,
+        needs_trusted,
         confirmed,
         unchecked,
+    }
+}
+
+/// The classes other than `l`.
+fn others(classes: &[Class], l: usize) -> impl Iterator<Item = &Class> {
+    classes
+        .iter()
+        .enumerate()
+        .filter(move |&(c, _)| c != l)
+        .map(|(_, class)| class)
+}
+
+/// The untrusted voters of the classes other than `l`.
+fn losers_outside(classes: &[Class], l: usize) -> Vec<IdentityId> {
+    others(classes, l)
+        .flat_map(|c| c.voters.iter().copied())
+        .collect()
+}
+
+/// The verdict on copies of which some are trusted: the trusted class
+/// decides. The trusted machine's copies agree (else it checks itself on
+/// another kernel until one class has two trusted kernels and more than any
+/// other), and a job selected for a check that no untrusted copy disputes
+/// needs a second copy, untrusted or on another trusted kernel. Untrusted
+/// copies outside the trusted class lose, whatever their number: a trusted
+/// computation is not outvoted.
+fn judged_by_trusted(
+    classes: &[Class],
+    reporters: Vec<IdentityId>,
+    selected: bool,
+) -> Verdict {
+    let mut l = 0;
+    for (c, class) in classes.iter().enumerate() {
+        if class.trusted.len() > classes[l].trusted.len() {
+            l = c;
+        }
+    }
+    let trusted = classes[l].trusted.len();
+    let trusted_runner_up = others(classes, l)
+        .map(|c| c.trusted.len())
+        .max()
+        .unwrap_or(0);
+    let conflict = classes.iter().filter(|c| c.votes() > 0).count() > 1;
+    let votes = classes[l].votes();
+    let settled = if trusted_runner_up > 0 {
+        trusted >= 2 && trusted > trusted_runner_up
+    } else if conflict && classes[l].voters.is_empty() {
+        // The trusted machine alone against every other copy: it checks
+        // itself on another kernel before it bans anyone, so that one
+        // fault of its own does not cost honest workers their standing.
+        trusted >= 2
+    } else {
+        conflict || !selected || votes >= 2
+    };
+    // Every untrusted voter of a settled leader has a trusted copy beside it.
+    let confirmed = if settled {
+        classes[l].voters.clone()
+    } else {
+        vec![]
+    };
+    let losers = if settled && conflict {
+        losers_outside(classes, l)
+    } else {
+        vec![]
+    };
+    Verdict {
+        leader: Some(l),
+        settled,
+        votes: votes as u32,
+        beaten: Beaten {
+            by_trusted: !losers.is_empty(),
+            by_credentials: classes[l].credentialed.clone(),
+        },
+        losers,
+        reporters,
+        conflict,
+        needs_trusted: !settled && (trusted_runner_up > 0 || conflict),
+        confirmed,
+        unchecked: false,
     }
 }
 
@@ -477,7 +721,13 @@ mod tests {
     }
 
     fn vote(identity: IdentityId, class: usize) -> Vote {
-        Vote { identity, class }
+        Vote {
+            identity,
+            class,
+            trusted: false,
+            credentialed: false,
+            kernel: None,
+        }
     }
 
     /// The rules without probation, for the tests of the other rules (each
@@ -487,6 +737,7 @@ mod tests {
         ban_after: 3,
         probation: 0,
         second_machine: true,
+        arbiter: false,
     };
 
     /// The default rules with `machines` at work.
@@ -495,6 +746,7 @@ mod tests {
             ban_after: 3,
             probation: PROBATION,
             second_machine,
+            arbiter: false,
         }
     }
 
@@ -526,7 +778,7 @@ mod tests {
     #[test]
     fn a_suspect_confirms_nobody() {
         let (mut i, w) = ids(&["a@1", "suspect@2", "c@3"]);
-        i.add_loss(w[1]);
+        i.add_loss(w[1], &Beaten::trusted());
         let v = judge(&[vote(w[0], 0), vote(w[1], 0)], false, &i, rules(true));
         assert!(v.settled);
         assert_eq!(v.confirmed, vec![w[1]], "the suspect is confirmed, not a");
@@ -546,7 +798,7 @@ mod tests {
         assert!(v.settled && v.unchecked && v.votes == 1);
         // Suspects and disputes still wait: one machine cannot resolve them.
         let (mut i, w) = ids(&["lone@1", "gone@2"]);
-        i.add_loss(w[0]);
+        i.add_loss(w[0], &Beaten::trusted());
         assert!(!judge(&[vote(w[0], 0)], false, &i, rules(false)).settled);
         let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, rules(false));
         assert!(!v.settled && !v.unchecked);
@@ -610,10 +862,10 @@ mod tests {
     #[test]
     fn suspects_need_a_second_vote_and_banned_workers_do_not_vote() {
         let (mut i, w) = ids(&["liar@2", "honest@1"]);
-        i.add_loss(w[0]);
+        i.add_loss(w[0], &Beaten::trusted());
         assert!(!judge(&[vote(w[0], 0)], false, &i, NO_PROBATION).settled);
-        i.add_loss(w[0]);
-        i.add_loss(w[0]);
+        i.add_loss(w[0], &Beaten::trusted());
+        i.add_loss(w[0], &Beaten::trusted());
         assert!(i.is_banned(w[0], 3));
         let v = judge(&[vote(w[0], 0)], false, &i, NO_PROBATION);
         assert_eq!((v.leader, v.settled), (None, false));

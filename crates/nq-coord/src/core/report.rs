@@ -19,7 +19,7 @@ pub struct FaultyWorker {
 
 impl FaultyWorker {
     /// Splits a verification identity or its label (`name@address`, an
-    /// address alone, `local:KERNEL`).
+    /// address alone, `local` for the coordinator's own threads).
     pub fn from_identity(identity: &str, lost: u32, banned: bool) -> FaultyWorker {
         if identity.parse::<std::net::IpAddr>().is_ok() {
             return FaultyWorker {

@@ -50,7 +50,9 @@ use rand::{Rng, SeedableRng};
 
 use crate::core::allowance::{Allowances, fair_share};
 use crate::core::lease::{Lease, LeaseId, LeaseTable, WorkerId};
-use crate::core::quorum::{Identities, IdentityId, Policy, Rules};
+use crate::core::quorum::{
+    Beaten, Identities, IdentityId, LOCAL, Policy, Rules, trusted_from_start,
+};
 use crate::error::{Error, Refusal, RegistrationLimit, Result};
 
 /// Most jobs one `Lease` call can grant.
@@ -215,16 +217,12 @@ impl KernelRequest {
     }
 }
 
-/// The kernel a job's first copy asks for when the job is chosen for a
-/// check and its coin says "alternate": AVX2, the cheapest kernel that
-/// differs from the fastest one on x86 (a worker without it runs its own and
-/// says so, and the check then asks for another).
-const ALTERNATE: Kernel = Kernel::Avx2;
-
-/// The kernel a check copy asks for, given the kernels its job's copies ran:
-/// one they did not run, the cheapest first (the other SIMD kernel before the
-/// scalar one, which is several times slower), so that the copies share as
-/// little code as the workers allow at the least cost.
+/// The kernel a trusted remote identity's check asks for, given the kernels
+/// its job's copies ran: one they did not run, the cheapest first (the other
+/// SIMD kernel before the scalar one, which is several times slower), so
+/// that the copies share as little code as the workers allow at the least
+/// cost. Untrusted workers are never asked for a kernel (see
+/// `Scheduler::next_job`).
 pub fn other_kernel(ran: &[String]) -> KernelRequest {
     let seen = |k: Kernel| ran.iter().any(|r| r == k.name());
     if seen(Kernel::Avx512) && !seen(Kernel::Avx2) {
@@ -236,6 +234,26 @@ pub fn other_kernel(ran: &[String]) -> KernelRequest {
     } else {
         KernelRequest::Any
     }
+}
+
+/// The kernel the coordinator's own threads run to check a job whose copies
+/// ran `ran`: the cheapest kernel of this CPU that none of them ran (its
+/// fastest, else the other SIMD kernel, else the scalar one), so that a
+/// trusted copy shares no kernel code with the copies it judges. When every
+/// kernel of this CPU ran, the fastest, unless the threads computed the job
+/// already (`reported`): they then have nothing new to add.
+fn local_choice(ran: &[String], reported: bool) -> Option<KernelRequest> {
+    let mut options = vec![(Kernel::Auto.resolved(), KernelRequest::Any)];
+    for k in [Kernel::Avx512, Kernel::Avx2, Kernel::Neon, Kernel::Scalar] {
+        if k.is_available() {
+            options.push((k, KernelRequest::Named(k)));
+        }
+    }
+    options
+        .iter()
+        .find(|(k, _)| !ran.iter().any(|r| r == k.name()))
+        .map(|&(_, request)| request)
+        .or_else(|| (!reported).then_some(KernelRequest::Any))
 }
 
 /// A registered worker.
@@ -372,6 +390,11 @@ pub struct Settlement {
     pub kernels: Vec<String>,
     /// Identities that lost a conflict on this job.
     pub losers: Vec<IdentityId>,
+    /// Who beat them.
+    pub beaten: Beaten,
+    /// True when the next copy must come from a trusted computation
+    /// ([`crate::core::quorum::Verdict::needs_trusted`]).
+    pub needs_trusted: bool,
     /// True when the job's valid copies disagree.
     pub disputed: bool,
     /// Solutions mode: the stored solutions are not the counted copy's (it
@@ -406,6 +429,8 @@ struct Open {
     reporters: Vec<IdentityId>,
     /// The kernels its copies ran.
     kernels: Vec<String>,
+    /// True when only a trusted computation may give the next copy.
+    trusted_only: bool,
 }
 
 /// One bit per job, allocated on first use: the jobs settled without the
@@ -503,6 +528,9 @@ pub struct Scheduler {
     /// for them too, so that a worker still backing off is told the run is
     /// over instead of retrying until it gives up.
     returning: std::collections::HashSet<IdentityId>,
+    /// True when the coordinator runs threads of its own
+    /// ([`Scheduler::expect_local_threads`]).
+    local_arbiter: bool,
     rng: rand::rngs::StdRng,
     session: u64,
     next_worker: u64,
@@ -578,6 +606,7 @@ impl Scheduler {
             machines_unreported: false,
             restored_machines_until: None,
             returning: std::collections::HashSet::new(),
+            local_arbiter: false,
             rng: rand::rngs::StdRng::from_os_rng(),
             session,
             next_worker: 1,
@@ -621,9 +650,36 @@ impl Scheduler {
         self.identities.intern(name)
     }
 
-    /// Records a lost conflict found in stored copies (on startup).
-    pub fn restore_loss(&mut self, identity: IdentityId) {
-        self.identities.add_loss(identity);
+    /// Records a conflict lost against `beaten`'s winners, found in stored
+    /// copies (on startup).
+    pub fn restore_loss(&mut self, identity: IdentityId, beaten: &Beaten) {
+        self.identities.add_loss(identity, beaten);
+    }
+
+    /// Trusts the identities `names` (the operator's own machines,
+    /// `--trust`): their copies decide disputes, as the coordinator's
+    /// threads' do.
+    pub fn trust<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            self.identities.trust(name);
+        }
+    }
+
+    /// Says whether the coordinator runs threads of its own: they are the
+    /// trusted computation that settles disputes, from the start of the
+    /// session (restored disputes included), before they register.
+    pub fn expect_local_threads(&mut self, local: bool) {
+        self.local_arbiter = local;
+    }
+
+    /// True while a trusted computation is available: the coordinator's
+    /// threads, or a trusted identity with a live registration.
+    fn arbiter(&self) -> bool {
+        self.local_arbiter
+            || self.identities.trusted_ids().any(|id| {
+                !trusted_from_start(self.identities.name(id))
+                    && self.registrations.get(&id).is_some_and(|&n| n > 0)
+            })
     }
 
     /// The verification settings.
@@ -638,6 +694,7 @@ impl Scheduler {
             ban_after: self.policy.ban_after,
             probation: self.policy.probation(),
             second_machine: self.two_machines,
+            arbiter: self.arbiter(),
         }
     }
 
@@ -817,19 +874,13 @@ impl Scheduler {
         Ok(self.add_worker(name, address, identity, threads, now, false))
     }
 
-    /// Registers the coordinator's own threads, whose fastest kernel is
-    /// `kernel`. They lease like a remote worker but are not counted among
-    /// the workers to tell that the run is over.
-    pub fn register_local(
-        &mut self,
-        threads: u32,
-        kernel: &str,
-        now: Instant,
-    ) -> WorkerId {
-        // Both local identities exist from the start: a check of the local
-        // threads' own copy runs under the scalar one.
-        self.identities.intern(&local_identity("scalar"));
-        let identity = self.identities.intern(&local_identity(kernel));
+    /// Registers the coordinator's own threads. They lease like a remote
+    /// worker but are not counted among the workers to tell that the run is
+    /// over, and they are one identity, [`LOCAL`], whatever kernel they run:
+    /// one machine is one voice.
+    pub fn register_local(&mut self, threads: u32, now: Instant) -> WorkerId {
+        let identity = self.identities.intern(LOCAL);
+        self.local_arbiter = true;
         self.add_worker("local", None, identity, threads, now, true)
     }
 
@@ -1123,7 +1174,7 @@ impl Scheduler {
 
     /// True for the identities of the coordinator's own threads.
     fn is_local_identity(&self, identity: IdentityId) -> bool {
-        self.identities.name(identity).starts_with("local:")
+        trusted_from_start(self.identities.name(identity))
     }
 
     /// The allowances of the identities (for displays and tests).
@@ -1142,13 +1193,21 @@ impl Scheduler {
     }
 
     /// The next job `identity` may compute, with the identity it computes
-    /// under and the kernel to ask for. The local threads may take a check of
-    /// their own copy with the other kernel, under the other local identity.
+    /// under and the kernel to ask for. A job waiting for a trusted copy
+    /// goes only to a trusted identity while one is available; the local
+    /// threads may check their own copy on a kernel no copy ran.
+    ///
+    /// An untrusted worker is never told which kernel to run: first copies
+    /// and checks then ask alike, and it cannot tell a check from a first
+    /// copy by its lease. Kernel diversity comes from the trusted side, which
+    /// settles a dispute on a kernel none of the copies ran.
     fn next_job(
         &mut self,
         identity: IdentityId,
         local: bool,
     ) -> Result<Option<(JobId, IdentityId, KernelRequest)>> {
+        let trusted = local || self.identities.is_trusted(identity);
+        let arbiter = self.arbiter();
         let mut scanned = 0;
         let mut i = 0;
         while i < self.checks.len() && scanned < CHECK_SCAN {
@@ -1162,16 +1221,19 @@ impl Scheduler {
                 continue;
             }
             scanned += 1;
-            let request = other_kernel(&open.kernels);
-            let reporters = open.reporters.clone();
-            let choice = if local {
-                self.local_choice(request, &reporters)
+            let reported = open.reporters.contains(&identity);
+            let choice = if open.trusted_only && arbiter && !trusted {
+                None
+            } else if local {
+                local_choice(&open.kernels, reported)
+            } else if trusted {
+                (!reported).then(|| other_kernel(&open.kernels))
             } else {
-                (!reporters.contains(&identity)).then_some((identity, request))
+                (!reported).then_some(KernelRequest::Any)
             };
-            if let Some((id, kernel)) = choice {
+            if let Some(kernel) = choice {
                 self.checks.remove(i);
-                return Ok(Some((job, id, kernel)));
+                return Ok(Some((job, identity, kernel)));
             }
             i += 1;
         }
@@ -1179,17 +1241,7 @@ impl Scheduler {
             if self.table.phase(job) != Phase::Pending || self.open.contains_key(&job) {
                 continue; // done by a late result, or waiting in `checks`
             }
-            let kernel = if self.selected(job) && self.policy.alternate_first(job) {
-                KernelRequest::Named(ALTERNATE)
-            } else {
-                KernelRequest::Any
-            };
-            if local {
-                return Ok(self
-                    .local_choice(kernel, &[])
-                    .map(|(id, kernel)| (job, id, kernel)));
-            }
-            return Ok(Some((job, identity, kernel)));
+            return Ok(Some((job, identity, KernelRequest::Any)));
         }
         Ok(None)
     }
@@ -1206,34 +1258,6 @@ impl Scheduler {
             self.window.extend(batch);
         }
         Ok(self.window.pop_front())
-    }
-
-    /// How the coordinator's own threads compute a job that asks for
-    /// `request`, given the identities that reported it: the requested kernel
-    /// where this CPU has it, else the fastest, else any other kernel this
-    /// CPU has, under the local identity of the kernel that runs (so that the
-    /// local threads check their own copies only on another kernel).
-    fn local_choice(
-        &mut self,
-        request: KernelRequest,
-        reporters: &[IdentityId],
-    ) -> Option<(IdentityId, KernelRequest)> {
-        let mut options: Vec<(Kernel, KernelRequest)> = Vec::new();
-        if let KernelRequest::Named(k) = request
-            && k.is_available()
-        {
-            options.push((k, request));
-        }
-        options.push((Kernel::Auto.resolved(), KernelRequest::Any));
-        for k in [Kernel::Avx512, Kernel::Avx2, Kernel::Neon, Kernel::Scalar] {
-            if k.is_available() {
-                options.push((k, KernelRequest::Named(k)));
-            }
-        }
-        options.into_iter().find_map(|(k, req)| {
-            let id = self.identities.intern(&local_identity(k.name()));
-            (!reporters.contains(&id)).then_some((id, req))
-        })
     }
 
     /// Takes back leases that `worker` hands in; their jobs go to the front of
@@ -1443,6 +1467,7 @@ impl Scheduler {
                 Open {
                     reporters: s.reporters.clone(),
                     kernels: s.kernels.clone(),
+                    trusted_only: s.needs_trusted,
                 },
             );
             if was_done {
@@ -1477,19 +1502,23 @@ impl Scheduler {
                 self.identities.add_confirmation(c);
             }
         }
-        Ok(self.charge_losses(&s.losers))
+        Ok(self.charge_losses(&s.losers, &s.beaten))
     }
 
-    /// Charges a settled dispute's `losers` with a lost conflict each; says
-    /// who was discredited by it (a first loss, or a ban).
-    fn charge_losses(&mut self, losers: &[IdentityId]) -> Fallout {
+    /// Charges a settled dispute's `losers` with a conflict lost against
+    /// `beaten`'s winners each; says who was discredited by it (a first
+    /// loss, or a ban).
+    fn charge_losses(&mut self, losers: &[IdentityId], beaten: &Beaten) -> Fallout {
         let mut fallout = Fallout::default();
+        let ban_after = self.policy.ban_after;
         for &loser in losers {
-            let lost = self.identities.add_loss(loser);
-            if lost == 1 || lost == self.policy.ban_after {
+            let was_banned = self.identities.is_banned(loser, ban_after);
+            let lost = self.identities.add_loss(loser, beaten);
+            let banned = !was_banned && self.identities.is_banned(loser, ban_after);
+            if lost == 1 || banned {
                 fallout.discredited.push(loser);
             }
-            if lost == self.policy.ban_after {
+            if banned {
                 // A banned worker's leases end now: its jobs go to others at
                 // once instead of when the leases would have expired.
                 let workers = &self.workers;
@@ -1770,11 +1799,6 @@ pub fn remote_identity(name: &str, address: Option<IpAddr>) -> String {
     }
 }
 
-/// The verification identity of the coordinator's threads running `kernel`.
-pub fn local_identity(kernel: &str) -> String {
-    format!("local:{kernel}")
-}
-
 fn underflow() -> Error {
     Error::Uncounted
 }
@@ -1852,6 +1876,8 @@ mod tests {
             reporters: vec![],
             kernels: vec![],
             losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],
@@ -1937,7 +1963,7 @@ mod tests {
     }
 
     #[test]
-    fn a_selected_job_is_checked_by_another_worker_on_the_other_kernel() {
+    fn a_selected_job_is_checked_by_another_worker_whose_lease_looks_like_a_first_copy() {
         let mut s = Scheduler::new(vec![1, 1], 1, TTL, policy(1.0));
         let now = Instant::now();
         let ip = |d| Some(IpAddr::from([127, 0, 0, d]));
@@ -1957,12 +1983,10 @@ mod tests {
             votes: 1,
             settled: false,
             reporters: vec![ia],
-            // The first copy ran the alternate kernel, or AVX-512.
-            kernels: vec![match first_kernel {
-                KernelRequest::Named(k) => k.name().to_owned(),
-                KernelRequest::Any => "avx512".to_owned(),
-            }],
+            kernels: vec!["avx512".to_owned()],
             losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],
@@ -1979,16 +2003,20 @@ mod tests {
         // `a` may not check itself: it gets the other job, not the check.
         let again = s.lease(&a, 2, &[], now).unwrap();
         assert!(again.jobs.iter().all(|j| j.job != job));
-        // `b` gets the check first, on the kernel the first copy did not use.
+        // `b` gets the check first, and its lease asks for no kernel, as the
+        // first copy's did: a worker cannot tell a check from a first copy.
         let check = s.lease(&b, 1, &[], now).unwrap().jobs[0].clone();
         assert_eq!(check.job, job);
-        // AVX2 after AVX-512 and the other way round: the cheapest kernel
-        // the first copy did not run.
-        let other = match first_kernel {
-            KernelRequest::Named(Kernel::Avx2) => KernelRequest::Named(Kernel::Avx512),
-            _ => KernelRequest::Named(Kernel::Avx2),
-        };
-        assert_eq!(check.kernel, other);
+        assert_eq!(
+            (first_kernel, check.kernel),
+            (KernelRequest::Any, KernelRequest::Any)
+        );
+        // A trusted remote identity's check names a kernel no copy ran: AVX2
+        // after AVX-512 and the other way round, the cheapest one.
+        assert_eq!(
+            other_kernel(&["avx512".into()]),
+            KernelRequest::Named(Kernel::Avx2)
+        );
         assert_eq!(
             other_kernel(&["avx2".into(), "avx512".into()]),
             KernelRequest::Named(Kernel::Scalar)
@@ -2058,6 +2086,8 @@ mod tests {
             reporters: vec![ia],
             kernels: vec![],
             losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],
@@ -2101,7 +2131,7 @@ mod tests {
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
         s.register("a", 1, lo, now).unwrap();
         assert_eq!(s.not_back(), 1, "a is back; b is still awaited");
-        s.register_local(1, "avx2", now);
+        s.register_local(1, now);
         assert_eq!(s.not_back(), 1, "the local threads are not b");
         s.register("b", 1, lo, now).unwrap();
         assert_eq!(s.not_back(), 0);
@@ -2144,7 +2174,7 @@ mod tests {
         };
         let mut clock = Clock(Instant::now());
         let mut s = Scheduler::new(vec![1; 4], 1, TTL, auto);
-        s.register_local(1, "avx2", clock.now());
+        s.register_local(1, clock.now());
         assert!(!s.refresh_machines(clock.now()), "the local threads alone");
         assert!(!s.second_source());
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
@@ -2164,11 +2194,11 @@ mod tests {
         // assertion said `false` before probation; only `--verify 0`, which
         // turns probation off, leaves the jobs to check unchanged now).
         let mut fixed = Scheduler::new(vec![1], 1, TTL, policy(0.5));
-        fixed.register_local(1, "avx2", clock.now());
+        fixed.register_local(1, clock.now());
         fixed.register("w", 1, lo, clock.now()).unwrap();
         assert!(fixed.refresh_machines(clock.now()));
         let mut none = Scheduler::new(vec![1], 1, TTL, policy(0.0));
-        none.register_local(1, "avx2", clock.now());
+        none.register_local(1, clock.now());
         none.register("w", 1, lo, clock.now()).unwrap();
         assert!(!none.refresh_machines(clock.now()));
     }
@@ -2198,6 +2228,8 @@ mod tests {
             reporters: vec![ia],
             kernels: vec![],
             losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],
@@ -2259,6 +2291,8 @@ mod tests {
             reporters: vec![],
             kernels: vec!["scalar".into()],
             losers: vec![il],
+            beaten: crate::core::quorum::Beaten::trusted(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],
@@ -2279,6 +2313,62 @@ mod tests {
         assert!(matches!(
             s.lease(&liar, 1, &[], now),
             Err(Error::Refused(Refusal::Banned { lost: 2, .. }))
+        ));
+    }
+
+    #[test]
+    fn losses_to_addresses_alone_never_ban_but_losses_to_two_credentials_do() {
+        let mut s = Scheduler::new(vec![1; 8], 1, TTL, policy(0.0));
+        let now = Instant::now();
+        let victim = s
+            .register_as("honest", 1, None, Some("token:honest"), now)
+            .unwrap();
+        let iv = s.worker(&victim).unwrap().identity;
+        let (cred_a, cred_b) = (s.intern("token:a"), s.intern("token:b"));
+        // A dispute `iv` lost against winners of which `by_credentials`
+        // are credentials (the others being addresses).
+        let lost = |job, by_credentials| Settlement {
+            job: JobId(job),
+            lease: None,
+            counted_before: None,
+            counted: Some(tally(1)),
+            work: 1,
+            attempts: 1,
+            votes: 2,
+            settled: true,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![iv],
+            beaten: Beaten {
+                by_trusted: false,
+                by_credentials,
+            },
+            needs_trusted: false,
+            disputed: true,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        };
+        // Two addresses outvote it three times: suspect, never banned.
+        for job in 0..3 {
+            s.settle(&lost(job, vec![]), true).unwrap();
+        }
+        assert_eq!(s.identities().lost(iv), 3);
+        assert!(s.identities().is_suspect(iv));
+        assert!(
+            s.lease(&victim, 1, &[], now).is_ok(),
+            "losses to addresses alone do not ban"
+        );
+        // One credential among the winners: still not enough.
+        let f = s.settle(&lost(3, vec![cred_a]), true).unwrap();
+        assert!(f.discredited.is_empty());
+        assert!(s.lease(&victim, 1, &[], now).is_ok());
+        // A second, distinct credential: banned now.
+        let f = s.settle(&lost(4, vec![cred_b]), true).unwrap();
+        assert_eq!(f.discredited, vec![iv]);
+        assert!(matches!(
+            s.lease(&victim, 1, &[], now),
+            Err(Error::Refused(Refusal::Banned { .. }))
         ));
     }
 
@@ -2569,7 +2659,7 @@ mod tests {
     #[test]
     fn a_forgotten_workers_memory_is_freed() {
         let (mut s, mut clock) = setup(&[1; 4]);
-        s.register_local(1, "avx2", clock.now());
+        s.register_local(1, clock.now());
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
         let mut ids = vec![];
         for i in 0..1000 {
@@ -2617,7 +2707,7 @@ mod tests {
         let (mut s, mut clock) = setup(&[1]);
         let a = s.register("a", 1, None, clock.now()).unwrap();
         let b = s.register("b", 1, None, clock.now()).unwrap();
-        let _local = s.register_local(2, "avx2", clock.now());
+        let _local = s.register_local(2, clock.now());
         let l = s.lease(&a, 1, &[], clock.now()).unwrap().jobs[0].lease;
         first_copy(&mut s, JobId(0), l, 1);
         assert_eq!(
@@ -2648,6 +2738,8 @@ mod tests {
             reporters: vec![],
             kernels: vec![],
             losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],

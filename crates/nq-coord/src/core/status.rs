@@ -958,6 +958,8 @@ mod tests {
             reporters: vec![],
             kernels: vec![],
             losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
             disputed: false,
             solutions_missing: false,
             confirmed: vec![],

@@ -74,6 +74,7 @@ fn the_core_keeps_its_invariants_in_seeded_scenarios() {
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
         assert!(stats.probation_claims > 0, "{stats:?}");
+        assert!(stats.arbiter_checked > 0, "{stats:?}");
         assert!(
             stats.taken_back > 0 && stats.stalled_reports > 0,
             "{stats:?}"
@@ -97,6 +98,7 @@ pub(super) fn assert_rare_divergence(stats: &Stats) {
 /// One scenario, from its seed.
 pub(super) fn run_scenario(seed: u64) -> Result<Stats, Failure> {
     let mut sim = Sim::new(seed);
+    sim.start_local();
     let mut step = 0;
     while step < STEPS && !sim.finished {
         step += 1;
@@ -180,9 +182,34 @@ struct SimWorker {
     gone: bool,
     /// A hoarder or a stream staller (see the module doc).
     adversary: Adversary,
+    /// The credential its calls carry (`token:NAME`), if any: it votes as
+    /// that credential, whatever its address. Colluders of one group may
+    /// share one (sybils with a credential: one voice).
+    credential: Option<String>,
+    /// The coordinator's own threads: trusted, honest, never gone.
+    local: bool,
     /// Its id in the current session, once registered.
     id: Option<WorkerId>,
     tasks: Vec<Task>,
+}
+
+impl SimWorker {
+    /// True for a worker whose every copy is the truth (a hoarder reports
+    /// nothing; a staller's late report is a lie).
+    fn is_honest(&self) -> bool {
+        self.honesty == Honesty::Honest && self.adversary != Adversary::Staller
+    }
+
+    /// The identity it votes as.
+    fn identity(&self) -> String {
+        if self.local {
+            crate::core::quorum::LOCAL.to_owned()
+        } else if let Some(c) = &self.credential {
+            c.clone()
+        } else {
+            crate::core::scheduler::remote_identity(&self.name, Some(self.ip))
+        }
+    }
 }
 
 /// The sim's model of the store: per job, what the writes said.
@@ -327,7 +354,8 @@ pub(super) fn tally_of(counts: &[SubCounts]) -> Tally {
 fn needs_second_vote(sched: &Scheduler, id: IdentityId) -> bool {
     let rules = sched.rules();
     sched.identities().is_suspect(id)
-        || (sched.identities().on_probation(id, rules.probation) && rules.second_machine)
+        || (sched.identities().on_probation(id, rules.probation)
+            && (rules.second_machine || rules.arbiter))
 }
 
 /// The distinct non-banned identities that vote for each class of a job's
@@ -377,6 +405,8 @@ struct Sim {
     finished: bool,
     /// Probation's claim is checked (every liar an `AlwaysLiar`).
     claim: bool,
+    /// The coordinator runs threads of its own, the trusted arbiter.
+    arbiter: bool,
     /// `NQ_SIM_DEBUG` is set: log the steps, dump the model on a failure.
     debug: bool,
     stats: Stats,
@@ -420,6 +450,43 @@ impl Sim {
                     (_, 1) => Adversary::Staller,
                     _ => Adversary::None,
                 },
+                credential: None,
+                local: false,
+                id: None,
+                tasks: Vec::new(),
+            });
+        }
+        // Identities: addresses only (sybils without credentials: every
+        // colluder its own address), a token per machine, or a token per
+        // machine with each colluding group sharing one (sybils with a
+        // credential).
+        match rng.random_range(0..3) {
+            0 => {}
+            mode => {
+                for (i, w) in workers.iter_mut().enumerate() {
+                    w.credential = Some(match w.honesty {
+                        Honesty::Colluder { group, .. } if mode == 2 => {
+                            format!("token:group{group}")
+                        }
+                        _ => format!("token:w{i}"),
+                    });
+                }
+            }
+        }
+        // The trusted arbiter: the coordinator's own threads, in half the
+        // scenarios.
+        let arbiter = rng.random_range(0..2) == 0;
+        if arbiter {
+            workers.push(SimWorker {
+                name: "local".into(),
+                ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                honesty: Honesty::Honest,
+                slow: false,
+                duplicates: false,
+                gone: false,
+                adversary: Adversary::None,
+                credential: None,
+                local: true,
                 id: None,
                 tasks: Vec::new(),
             });
@@ -439,8 +506,10 @@ impl Sim {
             }
         }
         let start = Instant::now();
-        let sched = Scheduler::new(works.clone(), 1, TTL, policy.clone());
+        let mut sched = Scheduler::new(works.clone(), 1, TTL, policy.clone());
+        sched.expect_local_threads(arbiter);
         Sim {
+            arbiter,
             seed,
             rng,
             subs,
@@ -477,8 +546,9 @@ impl Sim {
             93..96 => self.crash(),
             _ => {
                 let w = self.rng.random_range(0..self.workers.len());
-                // A vanishing worker (never the first, who finishes the run).
-                if w > 0 {
+                // A vanishing worker (never the first, who finishes the run,
+                // nor the coordinator's own threads).
+                if w > 0 && !self.workers[w].local {
                     self.workers[w].gone = true;
                     self.workers[w].tasks.clear();
                 }
@@ -503,9 +573,18 @@ impl Sim {
             return id.clone();
         }
         let now = self.now();
-        let (name, ip) = (self.workers[w].name.clone(), self.workers[w].ip);
-        let id = (self.core.sched.register(&name, 1, Some(ip), now))
-            .expect("the simulation registers within the limits");
+        let worker = &self.workers[w];
+        let id = if worker.local {
+            self.core.sched.register_local(1, now)
+        } else {
+            let (name, ip) = (worker.name.clone(), worker.ip);
+            let credential = worker.credential.clone();
+            (self
+                .core
+                .sched
+                .register_as(&name, 1, Some(ip), credential.as_deref(), now))
+            .expect("the simulation registers within the limits")
+        };
         self.workers[w].id = Some(id.clone());
         id
     }
@@ -685,10 +764,7 @@ impl Sim {
                 let ours = self.granted.get(&task.lease)
                     == Some(&(task.worker.clone(), task.job));
                 // By identity: the registration may be forgotten meanwhile.
-                let key = crate::core::scheduler::remote_identity(
-                    &self.workers[w].name,
-                    Some(self.workers[w].ip),
-                );
+                let key = self.workers[w].identity();
                 let banned = s
                     .identities()
                     .get(&key)
@@ -1034,7 +1110,16 @@ impl Sim {
         for w in &mut self.workers {
             w.id = None;
         }
+        self.start_local();
         Ok(())
+    }
+
+    /// Registers the coordinator's own threads, as a session does when it
+    /// starts serving (before any worker can report).
+    fn start_local(&mut self) {
+        if let Some(w) = self.workers.iter().position(|w| w.local) {
+            self.registered(w);
+        }
     }
 
     /// Compares a restore with the live scheduler, counting the known
@@ -1079,6 +1164,7 @@ impl Sim {
             TTL,
             self.policy.clone(),
         );
+        fresh.expect_local_threads(self.arbiter);
         let works = &self.works;
         let writes = restore_from(
             &mut fresh,
@@ -1215,7 +1301,25 @@ impl Sim {
 
     /// The invariants, after every step.
     fn check(&self) -> Result<(), String> {
-        check_ledger(&self.core.sched, |job| self.model.judged_copies(job))
+        check_ledger(&self.core.sched, |job| self.model.judged_copies(job))?;
+        // With a trusted arbiter, an honest worker never loses a conflict:
+        // only a trusted computation settles a dispute, and it agrees with
+        // every honest copy.
+        if self.arbiter {
+            let ids = self.core.sched.identities();
+            for w in self.workers.iter().filter(|w| w.is_honest()) {
+                if let Some(id) = ids.get(&w.identity())
+                    && ids.lost(id) > 0
+                {
+                    return Err(self.dump(format!(
+                        "the honest worker {} lost {} conflict(s) with a trusted arbiter present",
+                        w.identity(),
+                        ids.lost(id)
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// At the end: a restore reaches the same state once more, and when
@@ -1232,6 +1336,8 @@ impl Sim {
         self.stats.completed += 1;
         let mut truth = 0u128;
         let mut outnumbered = true;
+        // With the arbiter: every job a lie reached had an honest copy.
+        let mut contested = true;
         for j in 0..self.model.jobs.len() {
             let job = JobId(j as u64);
             let real = true_counts(self.seed, job, self.subs[j]);
@@ -1251,6 +1357,24 @@ impl Sim {
             }
             if !liars.is_empty() && honest.len() <= liars.len() {
                 outnumbered = false;
+            }
+            if !liars.is_empty() && honest.is_empty() {
+                contested = false;
+            }
+        }
+        // The arbiter's claim: whatever the liars (sybils with or without
+        // credentials, colluders, stallers), a run that completed is the
+        // truth when every job a lie reached also got one honest copy: the
+        // dispute that copy starts is settled by the trusted computation.
+        // (Liars that agree on a job no honest worker ever computes are
+        // beyond any vote; see the README's threat model.)
+        if self.arbiter && contested {
+            self.stats.arbiter_checked += 1;
+            if self.core.sched.tally().total != truth {
+                return Err(self.dump(format!(
+                    "the run completed with {} but the truth is {truth}, with a trusted arbiter and an honest copy on every job a lie reached",
+                    self.core.sched.tally().total
+                )));
             }
         }
         // Probation's claim: a liar that lies on every result never leaves
@@ -1349,6 +1473,23 @@ fn check_quorum(
     unchecked: bool,
 ) -> Result<(), String> {
     let record = copies[0];
+    let trusted: Vec<&&StoredResult> = copies
+        .iter()
+        .filter(|c| {
+            s.identities()
+                .get(&c.identity)
+                .is_some_and(|id| s.identities().is_trusted(id))
+        })
+        .collect();
+    if !trusted.is_empty() {
+        // A trusted computation decides: the counted copy is its result.
+        ensure!(
+            trusted.iter().any(|t| t.agrees(record)),
+            "job {job} counts {} although the trusted copies say otherwise",
+            record.tally.total
+        );
+        return Ok(());
+    }
     let cls = classes(s, copies);
     let (agree, others): (Vec<_>, Vec<_>) =
         cls.iter().partition(|(rep, _)| rep.agrees(record));
@@ -1366,6 +1507,10 @@ fn check_quorum(
     } else {
         1
     };
+    ensure!(
+        !(disputed && s.rules().arbiter),
+        "job {job} settled a dispute without the trusted arbiter's copy"
+    );
     ensure!(
         voters.len() >= needed && voters.len() > runner_up,
         "job {job} settled on {} vote(s) against {runner_up} (needs {needed}: selected {}, disputed {disputed}, suspect voters {second})",

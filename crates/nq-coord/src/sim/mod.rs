@@ -127,6 +127,8 @@ pub(crate) struct Stats {
     pub(crate) taken_back: u64,
     /// Late reports of stream stallers (a lie under a lease taken back).
     pub(crate) stalled_reports: u64,
+    /// Completed runs where the trusted arbiter's claim was checked.
+    pub(crate) arbiter_checked: u64,
 }
 
 impl Stats {
@@ -149,6 +151,7 @@ impl Stats {
         self.probation_claims += o.probation_claims;
         self.taken_back += o.taken_back;
         self.stalled_reports += o.stalled_reports;
+        self.arbiter_checked += o.arbiter_checked;
     }
 }
 

@@ -247,6 +247,12 @@ pub(crate) struct SecurityArgs {
     /// identity instead.
     #[arg(long, value_name = "FILE", env = "NQ_WORKER_TOKENS")]
     worker_tokens: Option<PathBuf>,
+    /// Trust this identity (repeatable): a machine of your own, named by its
+    /// credential, `token:NAME` or `cert:HEX` as logged at registration. Its
+    /// copies settle disputes as the coordinator's own threads do, and
+    /// nobody outvotes it.
+    #[arg(long, value_name = "IDENTITY", env = "NQ_TRUST", value_delimiter = ',')]
+    trust: Vec<String>,
     /// Serve TLS with this certificate chain (PEM), with --tls-key.
     #[arg(long, value_name = "PEM", env = "NQ_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -281,6 +287,12 @@ impl SecurityArgs {
             .transpose()
             .context("invalid --worker-tokens (or NQ_WORKER_TOKENS)")?
             .map(std::sync::Arc::new);
+        config.trusted = self
+            .trust
+            .iter()
+            .map(|t| nq_coord::credentials::trusted_identity(t))
+            .collect::<Result<_, _>>()
+            .context("invalid --trust (or NQ_TRUST)")?;
         if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
             config.tls = Some(nq_proto::tls::ServerTls::load(
                 cert,
