@@ -79,6 +79,7 @@ fn the_engine_keeps_its_invariants_over_a_real_store() {
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
         assert!(stats.backups > 0 && stats.disk_losses > 0, "{stats:?}");
+        assert!(stats.tampered > 0, "{stats:?}");
         super::core::assert_rare_divergence(&stats);
     }
 }
@@ -223,6 +224,12 @@ impl Sim {
         config.ban_after = std::num::NonZeroU32::new(rng.random_range(1..=3))
             .expect("1 to 3 is not zero");
         config.lease_ttl = TTL;
+        // Half the runs seal their store with a key, kept outside it.
+        if rng.random_range(0..2) == 0 {
+            let key: [u8; 32] = rng.random();
+            config.store_key =
+                Some(nq_store::StoreKey::from_bytes(&key).map_err(|e| e.to_string())?);
+        }
         let (session, run_id) = open(&config)?;
         let jobs = session.engine.core().sched.jobs();
         let never = AtomicBool::new(false);
@@ -638,6 +645,9 @@ impl Sim {
         if hard && self.backup.is_some() && self.rng.random_range(0..2) == 0 {
             self.lose_disk()?;
         }
+        if !hard && self.config.store_key.is_some() && self.rng.random_range(0..3) == 0 {
+            self.tampered_store_is_refused()?;
+        }
         let (session, _) = open(&self.config)?;
         self.session = session;
         self.granted.clear();
@@ -673,6 +683,44 @@ impl Sim {
         self.check()
     }
 
+    /// Someone who can write the data directory but cannot read the store
+    /// key edits one stored record while the coordinator is down: the next
+    /// session must refuse the store, naming the record, before it counts
+    /// anything. The edit is then undone, and the run goes on.
+    fn tampered_store_is_refused(&mut self) -> Result<(), String> {
+        let dir = self.config.data_dir.clone();
+        let err = |e: sled::Error| format!("raw sled: {e}");
+        let (key, real) = {
+            let db = sled::Config::new().path(&dir).open().map_err(err)?;
+            let records = db.open_tree("records").map_err(err)?;
+            let Some((key, real)) = records.first().map_err(err)? else {
+                return Ok(()); // nothing stored yet
+            };
+            let mut forged = real.to_vec();
+            let at = self.rng.random_range(0..forged.len());
+            forged[at] ^= 1 << self.rng.random_range(0..8);
+            records.insert(&key, forged).map_err(err)?;
+            db.flush().map_err(err)?;
+            (key, real)
+        };
+        match open(&self.config) {
+            Ok(_) => return Err("a session opened a store with a forged record".into()),
+            Err(e) if e.contains("record") => {}
+            Err(e) => {
+                return Err(format!(
+                    "a forged record was refused without naming it: {e}"
+                ));
+            }
+        }
+        self.stats.tampered += 1;
+        let db = sled::Config::new().path(&dir).open().map_err(err)?;
+        db.open_tree("records")
+            .and_then(|r| r.insert(&key, real))
+            .map_err(err)?;
+        db.flush().map_err(err)?;
+        Ok(())
+    }
+
     /// The data directory is lost and rebuilt from the last backup. What
     /// the checks remember of the lost copies is forgotten with them.
     fn lose_disk(&mut self) -> Result<(), String> {
@@ -681,7 +729,10 @@ impl Sim {
             backup,
             &self.config.data_dir,
             true,
-            &nq_store::StoreOptions::default(),
+            &nq_store::StoreOptions {
+                key: self.config.store_key.clone(),
+                ..nq_store::StoreOptions::default()
+            },
         )
         .map_err(|e| format!("restore failed: {e}"))?;
         self.stats.disk_losses += 1;

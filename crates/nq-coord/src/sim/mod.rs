@@ -129,6 +129,8 @@ pub(crate) struct Stats {
     pub(crate) stalled_reports: u64,
     /// Completed runs where the trusted arbiter's claim was checked.
     pub(crate) arbiter_checked: u64,
+    /// Forged records that a session refused to open.
+    pub(crate) tampered: u64,
 }
 
 impl Stats {
@@ -152,6 +154,7 @@ impl Stats {
         self.taken_back += o.taken_back;
         self.stalled_reports += o.stalled_reports;
         self.arbiter_checked += o.arbiter_checked;
+        self.tampered += o.tampered;
     }
 }
 
