@@ -428,11 +428,11 @@ async fn liar_ended(liar: &mut Proc, name: &str) -> Result<usize> {
     let status = liar.wait().await?;
     ensure!(
         matches!(status.code(), Some(0 | LIAR_REFUSED)),
-        "liar {name} failed (exit {status}), so the attack did not run as meant:\n{}",
+        "liar {name} failed ({status}), so the attack did not run as meant:\n{}",
         liar.output()
     );
     let lies = liar.lines_containing("lied=true").len();
-    eprintln!("{name}: {lies} lies acknowledged, exit {status}");
+    eprintln!("{name}: {lies} lies acknowledged, {status}");
     Ok(lies)
 }
 
@@ -521,7 +521,7 @@ async fn local_thread_arbiter(lab: &Lab, started: &mut Vec<OutputHandle>) -> Res
         None,
     )?;
     eprintln!(
-        "sybil with a local thread: exit {status}, total {}, faulty_workers {}",
+        "sybil with a local thread: coordinator {status}, total {}, faulty_workers {}",
         report.total, report.json["faulty_workers"]
     );
 
@@ -613,7 +613,7 @@ async fn worker_token_majority(lab: &Lab, started: &mut Vec<OutputHandle>) -> Re
         Some("token:honest-2"),
     )?;
     eprintln!(
-        "sybil with worker tokens: exit {status}, total {}, faulty_workers {}",
+        "sybil with worker tokens: coordinator {status}, total {}, faulty_workers {}",
         report.total, report.json["faulty_workers"]
     );
 
