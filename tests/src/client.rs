@@ -4,23 +4,59 @@
 //!
 //! It computes with `nq-core` exactly as `nq-worker` does, so a test can send
 //! the right counts under the wrong ids, or wrong counts under the right ones.
+//!
+//! A [`Dial`] says how it reaches the coordinator: besides the address, the
+//! token it presents (as `nq-worker` does, `authorization: Bearer <token>`)
+//! and the source address it calls from, so that one machine can pose as
+//! several (issue 18, attack 1).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result};
 use nq_core::search::Kernel;
 use nq_core::split::SubCounts;
+use nq_proto::auth::{Bearer, Token};
 use nq_proto::convert::RunShape;
 use nq_proto::pb;
 use nq_proto::pb::coordinator_client::CoordinatorClient;
-use tonic::transport::Channel;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// How a [`ProtocolWorker`] reaches the coordinator.
+#[derive(Debug, Clone)]
+pub struct Dial {
+    /// The coordinator.
+    pub addr: SocketAddr,
+    /// The local address to call from; `None` lets the kernel pick it.
+    /// Binding a secondary address of the machine makes the coordinator see
+    /// another peer address from the same machine.
+    pub source: Option<IpAddr>,
+    /// Sent on every call as `authorization: Bearer <token>`: the run's
+    /// shared token or a per-worker one (`--worker-tokens`).
+    pub token: Option<Token>,
+}
+
+impl From<SocketAddr> for Dial {
+    /// The coordinator at `addr`, called from the address the kernel picks,
+    /// with no token.
+    fn from(addr: SocketAddr) -> Dial {
+        Dial {
+            addr,
+            source: None,
+            token: None,
+        }
+    }
+}
+
+/// The gRPC client of a [`ProtocolWorker`]: every call carries its token.
+pub type Client = CoordinatorClient<InterceptedService<Channel, Bearer>>;
 
 /// A registered worker that makes one protocol call per method.
 #[derive(Debug, Clone)]
 pub struct ProtocolWorker {
     /// The gRPC client (public so tests can make calls this type lacks).
-    pub client: CoordinatorClient<Channel>,
+    pub client: Client,
     /// The name it registered under.
     pub name: String,
     /// The worker id of its registration.
@@ -39,11 +75,31 @@ impl ProtocolWorker {
     /// When the connection or the registration fails (the status is kept as
     /// the error's source, for [`status_of`]).
     pub async fn register(addr: SocketAddr, name: &str) -> Result<ProtocolWorker> {
-        let mut client = CoordinatorClient::connect(format!("http://{addr}"))
+        ProtocolWorker::register_via(&Dial::from(addr), name).await
+    }
+
+    /// Connects as `dial` says (source address, token) and registers as
+    /// `name`.
+    ///
+    /// # Errors
+    ///
+    /// As [`ProtocolWorker::register`]; also when the source address cannot
+    /// be bound (it is not an address of this machine).
+    pub async fn register_via(dial: &Dial, name: &str) -> Result<ProtocolWorker> {
+        let addr = dial.addr;
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .with_context(|| format!("{addr} is not a valid endpoint"))?
+            .local_address(dial.source)
+            .connect()
             .await
-            .with_context(|| format!("cannot connect to {addr}"))?
-            .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+            .with_context(|| match dial.source {
+                Some(source) => format!("cannot connect to {addr} from {source}"),
+                None => format!("cannot connect to {addr}"),
+            })?;
+        let mut client =
+            CoordinatorClient::with_interceptor(channel, Bearer(dial.token.clone()))
+                .max_decoding_message_size(nq_proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
         let reg = client
             .register(pb::RegisterRequest {
                 protocol_version: nq_proto::PROTOCOL_VERSION,

@@ -25,6 +25,7 @@ mod reliability;
 mod security;
 mod solutions;
 mod status;
+mod sybil;
 mod tamper;
 mod totals;
 

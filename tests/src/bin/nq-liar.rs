@@ -12,12 +12,22 @@
 //!   `reported job=J lease=L lied=true|false outcome=accepted|confirmed|conflict`;
 //! * exit 0 when the coordinator says the run is complete;
 //! * exit 3 with `nq-liar: refused: PERMISSION_DENIED: <message>` on stderr
-//!   when the coordinator refuses it with PERMISSION_DENIED (banned);
+//!   when the coordinator refuses its registration or a Lease with
+//!   PERMISSION_DENIED (banned); a report refused so is dropped, as
+//!   `nq-worker` drops it, because that refusal may be about the report (a
+//!   copy under a lease that is no longer live) rather than the worker;
 //! * exit 1 on any other failure.
 //!
 //! ```text
 //! nq-liar --connect 127.0.0.1:50051 --name liar --lie-rate 1.0
 //! ```
+//!
+//! `--token` (or `NQ_TOKEN`) presents a token as `nq-worker` does: the run's
+//! shared one or a per-worker one. `--source` binds the source address of its
+//! connection, so that liar processes on one machine call from different
+//! addresses of it (issue 18, attack 1). The lies are deterministic (see
+//! `lie`): two liars report the same wrong count for the same job, and so
+//! agree with each other.
 //!
 //! Two more adversaries of issue 18:
 //!
@@ -32,15 +42,16 @@
 //!   prints `lie job=J outcome=…` or `lie refused: CODE: MESSAGE`, and waits
 //!   for the end of the run.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::ops::ControlFlow;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use clap::Parser;
-use nq_e2e::client::{ProtocolWorker, lie, status_of};
+use nq_e2e::client::{Dial, ProtocolWorker, lie, status_of};
 use nq_e2e::rng::Rng;
+use nq_proto::auth::Token;
 use nq_proto::pb;
 use nq_proto::pb::report_ack::Outcome;
 use tokio_stream::StreamExt;
@@ -60,6 +71,15 @@ struct Args {
     /// The name to register under.
     #[arg(long, default_value = "liar")]
     name: String,
+    /// Call from this local address (one of this machine's): a second
+    /// address of one machine looks like a second machine to a coordinator
+    /// that knows workers by address. Default: the kernel picks.
+    #[arg(long, value_name = "IP")]
+    source: Option<IpAddr>,
+    /// The token to present (`authorization: Bearer TOKEN`), as nq-worker's
+    /// --token: the run's shared token or a per-worker one.
+    #[arg(long, value_name = "TOKEN", env = "NQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     /// Share of jobs reported with wrong counts, 0.0 to 1.0 (1.0 = every job).
     #[arg(long, value_name = "FRACTION", default_value_t = 1.0)]
     lie_rate: f64,
@@ -93,12 +113,24 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    let token = match args.token.as_deref().map(Token::new).transpose() {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("nq-liar: error: invalid --token (or NQ_TOKEN): {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let dial = Dial {
+        addr: args.connect,
+        source: args.source,
+        token,
+    };
     let ended = if args.hoard {
-        hoard(&args).await
+        hoard(&args, &dial).await
     } else if args.stall {
-        stall(&args).await
+        stall(&args, &dial).await
     } else {
-        run(&args).await
+        run(&args, &dial).await
     };
     match ended {
         Ok(End::Complete) => ExitCode::SUCCESS,
@@ -120,9 +152,9 @@ fn denied(e: &anyhow::Error) -> Option<tonic::Status> {
         .cloned()
 }
 
-async fn run(args: &Args) -> Result<End> {
+async fn run(args: &Args, dial: &Dial) -> Result<End> {
     let mut rng = Rng::new(args.seed);
-    let mut w = match ProtocolWorker::register(args.connect, &args.name).await {
+    let mut w = match ProtocolWorker::register_via(dial, &args.name).await {
         Ok(w) => w,
         Err(e) => return denied(&e).map(End::Refused).ok_or(e),
     };
@@ -140,7 +172,7 @@ async fn run(args: &Args) -> Result<End> {
             Err(s) if s.code() == Code::PermissionDenied => return Ok(End::Refused(s)),
             Err(s) if s.code() == Code::FailedPrecondition => {
                 // The coordinator restarted and forgot us: register again.
-                w = ProtocolWorker::register(args.connect, &args.name).await?;
+                w = ProtocolWorker::register_via(dial, &args.name).await?;
                 continue;
             }
             Err(s) => {
@@ -177,9 +209,11 @@ async fn run(args: &Args) -> Result<End> {
                     return Ok(End::Complete);
                 }
             }
-            Err(s) if s.code() == Code::PermissionDenied => return Ok(End::Refused(s)),
-            // Anything else (the lease expired, the coordinator restarted):
-            // the job is someone else's now; go on with the next one.
+            // Anything else (the lease expired or was taken back, the
+            // coordinator restarted): the job is someone else's now; go on
+            // with the next one. PERMISSION_DENIED included, as nq-worker
+            // does: it refuses this report (a late copy, say), and a ban
+            // shows on the next Lease.
             Err(s) => eprintln!(
                 "nq-liar: report of job {} refused: {:?}: {}",
                 job.job_id,
@@ -196,10 +230,10 @@ fn heartbeat(lease_ttl_ms: u64) -> Duration {
 }
 
 /// `--hoard`: see the module doc.
-async fn hoard(args: &Args) -> Result<End> {
+async fn hoard(args: &Args, dial: &Dial) -> Result<End> {
     let mut hoarders = Vec::new();
     for _ in 0..args.registrations.max(1) {
-        match ProtocolWorker::register(args.connect, &args.name).await {
+        match ProtocolWorker::register_via(dial, &args.name).await {
             Ok(w) => hoarders.push((w, Vec::<u64>::new())),
             Err(e) => return denied(&e).map(End::Refused).ok_or(e),
         }
@@ -225,7 +259,7 @@ async fn hoard(args: &Args) -> Result<End> {
                 }
                 Err(s) if s.code() == Code::FailedPrecondition => {
                     // Forgotten: register again, holding nothing.
-                    *w = ProtocolWorker::register(args.connect, &args.name).await?;
+                    *w = ProtocolWorker::register_via(dial, &args.name).await?;
                     held.clear();
                     continue;
                 }
@@ -272,8 +306,8 @@ fn first_solution(w: &ProtocolWorker, job: &pb::Job) -> Result<Option<(u32, Vec<
 }
 
 /// `--stall`: see the module doc.
-async fn stall(args: &Args) -> Result<End> {
-    let mut w = match ProtocolWorker::register(args.connect, &args.name).await {
+async fn stall(args: &Args, dial: &Dial) -> Result<End> {
+    let mut w = match ProtocolWorker::register_via(dial, &args.name).await {
         Ok(w) => w,
         Err(e) => return denied(&e).map(End::Refused).ok_or(e),
     };
