@@ -37,8 +37,8 @@ struct Args {
     /// Count on an NVIDIA GPU as well (needs the NVIDIA driver; NVRTC is used
     /// when installed, else a PTX built into the binary). Jobs that leave the
     /// kernel to the worker run on the GPU and are reported as kernel `cuda`;
-    /// checks that ask for a CPU kernel, and solution listings, stay on the
-    /// CPU threads. Before leasing, the GPU counts N = 12 against the CPU;
+    /// jobs that name a CPU kernel, and solution listings, stay on the CPU
+    /// threads. Before leasing, the GPU counts N = 12 against the CPU;
     /// without a usable GPU, or on any difference, the worker exits 1 with one
     /// line saying why. Needs `--kernel auto`.
     #[arg(long, env = "NQ_GPU")]

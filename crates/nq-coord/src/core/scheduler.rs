@@ -2025,9 +2025,8 @@ mod tests {
             other_kernel(&["neon".into()]),
             KernelRequest::Named(Kernel::Scalar)
         );
-        // A GPU copy (`nq-worker --gpu` reports `cuda`) is checked on a CPU
-        // kernel that every worker has, so a GPU worker cannot take the check
-        // back to its GPU (issue 16).
+        // A GPU copy (`nq-worker --gpu` reports `cuda`) is settled by a
+        // trusted remote machine on a CPU kernel that every worker has.
         assert_eq!(
             other_kernel(&["cuda".into()]),
             KernelRequest::Named(Kernel::Scalar)
