@@ -1,68 +1,76 @@
 //! Verification: which jobs are computed twice, who may compute a copy, and
 //! which copy of a job's result counts.
 //!
-//! No worker is trusted, the coordinator's own threads included (they only
-//! skip probation, see below): a faulty DIMM or a lying program returns
-//! counts that pass every invariant check (`SubProblem::check`), so the only
-//! defence is to compute again, somewhere else, and compare. This module is the rule book, pure and synchronous; the
-//! ledger applies it to stored copies, and the scheduler hands out the copies
-//! it asks for.
+//! No worker is trusted: a faulty DIMM or a lying program returns counts
+//! that pass every invariant check (`SubProblem::check`), so the only
+//! defence is to compute again, somewhere else, and compare. The only
+//! computations trusted are the coordinator's own threads (they hold the
+//! store and add up the totals: nothing is safe if they are not) and the
+//! identities the operator names (`--trust`). This module is the rule book,
+//! pure and synchronous; the ledger applies it to stored copies, and the
+//! scheduler hands out the copies it asks for.
 //!
 //! # The rules
 //!
 //! * **Identities.** Verification tells computations apart by who made them:
-//!   a remote worker is the IP address it called from, so that one machine
-//!   cannot outvote the others by registering under several names; only on
-//!   loopback (one machine, as in tests) does the registration name tell
-//!   processes apart (`name@127.0.0.1`). The coordinator's threads are
-//!   `local:KERNEL`. Two copies from one identity are one vote; a worker
-//!   never checks itself. Workers behind one NAT address are one identity:
-//!   they cannot check each other (other machines and the coordinator's
-//!   threads can).
-//!   The local threads may check their own results only with another kernel:
-//!   a different computation on the same machine, which catches a faulty
-//!   vector unit or a miscompiled kernel, though not a faulty machine.
+//!   a remote worker is its credential (client certificate or per-machine
+//!   token, see `crate::credentials`), else the IP address it called from,
+//!   so that one machine cannot outvote the others by registering under
+//!   several names; only on loopback (one machine, as in tests) does the
+//!   registration name tell processes apart (`name@127.0.0.1`). The
+//!   coordinator's threads are one identity, [`LOCAL`], whatever kernel they
+//!   run. Two copies from one untrusted identity are one vote; a worker
+//!   never checks itself. A trusted identity's copies count once per kernel:
+//!   the trusted machine may check itself only with another kernel, which
+//!   catches a faulty vector unit or a miscompiled kernel.
 //! * **Selection.** A share of the jobs ([`Policy::fraction`]) is chosen for a
 //!   second copy by a keyed hash of the job id and the run's secret: the same
-//!   jobs in every session, unknown to workers. Half of the chosen jobs ask
-//!   for an alternate kernel (AVX2) on their first copy, and every check asks
-//!   for a kernel its job's copies did not run (the other SIMD kernel before
-//!   the much slower scalar one), so the copies run different kernels where
-//!   the workers have them, and a worker that sees a kernel request cannot
-//!   tell whether it computes a first copy or a check.
-//! * **Votes.** The copies of a job fall into classes of equal results. A
-//!   class's votes are its distinct identities that are not banned. The
-//!   leader is the class with the most votes (ties: the class seen first).
-//!   A job is *settled* when its leader has strictly more votes than any other
-//!   class and at least the votes it needs: 2 when the job was selected, when
-//!   its valid copies disagree, when every voter of the leader is suspect
-//!   (has lost a conflict), or when every voter of the leader is on probation
-//!   and a second machine is at work; 1 otherwise. An unsettled job gets another copy
-//!   from an identity that has not reported it yet.
-//! * **Probation.** Every remote identity starts on probation, after BOINC's
-//!   adaptive replication: until [`PROBATION`] of its results were confirmed
-//!   by another identity (the job settled with its copy in the leading class
-//!   and a second, unsuspected voter there), each of its results needs a
-//!   second vote, whatever the selection says. After that it is spot-checked
-//!   at the selection's share like everyone else. The coordinator's own
-//!   threads (`local:KERNEL`) are trusted from the start: they are the
-//!   machine that holds the store and adds up the totals, so a fault there
-//!   corrupts the run whatever the rules say, and their kernels are checked
-//!   against each other and against the depth-first search at start-up.
+//!   jobs in every session, unknown to workers. An untrusted worker's lease
+//!   never names a kernel, so it cannot tell a check from a first copy.
+//! * **Trusted copies decide.** When a job has trusted copies, the class of
+//!   equal results they agree on counts, whatever the number of untrusted
+//!   copies against it; every untrusted identity outside it loses. A
+//!   trusted copy alone against every other copy first checks itself on a
+//!   second kernel, and trusted copies that disagree wait for a kernel that
+//!   breaks the tie. A selected job with no dispute needs its second copy,
+//!   untrusted or on another trusted kernel.
+//! * **Disputes.** Untrusted copies that disagree wait for a trusted copy,
+//!   on a kernel none of them ran, while a trusted computation is available
+//!   ([`Rules::arbiter`]): a majority of untrusted identities may be one
+//!   attacker's addresses. Only without one does the majority decide.
+//! * **Votes** (no trusted copy). The copies of a job fall into classes of
+//!   equal results. A class's votes are its distinct identities that are not
+//!   banned. The leader is the class with the most votes (ties: the class
+//!   seen first). A job is *settled* when its leader has strictly more votes
+//!   than any other class and at least the votes it needs: 2 when the job
+//!   was selected, when its valid copies disagree, when every voter of the
+//!   leader is suspect (has lost a conflict), or when every voter of the
+//!   leader is on probation and a second machine or the arbiter can check
+//!   it; 1 otherwise. An unsettled job gets another copy from an identity
+//!   that has not reported it yet.
+//! * **Probation.** Every untrusted identity starts on probation, after
+//!   BOINC's adaptive replication: until [`PROBATION`] of its results were
+//!   confirmed by another identity (the job settled with its copy in the
+//!   leading class and a second, unsuspected voter there), each of its
+//!   results needs a second vote, whatever the selection says. After that it
+//!   is spot-checked at the selection's share like everyone else.
 //!   `--verify 0` turns probation off with every other check.
 //! * **One machine left.** A check needs a second machine at work. While
 //!   only one is (a lone worker under `--local-threads 0`, or the last worker
-//!   of a run whose others left), a result that needs a check only because
-//!   its voters are on probation settles on its one vote, so that the run
-//!   does not wait for a machine that may never come, and is marked
-//!   *unchecked*: a run that ends with such jobs ends as `unchecked`, never
-//!   as `complete`. When a second machine starts work, the unchecked jobs are
-//!   judged again and get their check.
+//!   of a run whose others left) and no arbiter is available, a result that
+//!   needs a check only because its voters are on probation settles on its
+//!   one vote, so that the run does not wait for a machine that may never
+//!   come, and is marked *unchecked*: a run that ends with such jobs ends as
+//!   `unchecked`, never as `complete`. When a second machine starts work,
+//!   the unchecked jobs are judged again and get their check.
 //! * **Reputation.** When a job with disagreeing copies settles, every
 //!   identity in a losing class has lost a conflict. One loss makes an
 //!   identity suspect: each of its results needs a second vote, so everything
 //!   it computed alone is recomputed by others. [`Policy::ban_after`] losses
-//!   ban it: its calls are refused and its copies no longer vote.
+//!   ban it (its calls are refused and its copies no longer vote), but only
+//!   when it lost against a trusted computation or against two distinct
+//!   credentials ([`credentialed`]): addresses cost an attacker nothing, and
+//!   two of them on one machine must not get an honest worker banned.
 //!
 //! The leader's tally is what counts toward the totals; a job that settles
 //! on another class than the one counted so far swaps its contribution.
@@ -175,16 +183,10 @@ impl Policy {
             _ => PROBATION,
         }
     }
-
-    /// True when the first copy of a selected job asks for the alternate
-    /// kernel (otherwise its check does).
-    pub fn alternate_first(&self, job: JobId) -> bool {
-        keyed(&self.secret, job, 1) & 1 == 1
-    }
 }
 
 /// The verification identity of the coordinator's own threads: one voice,
-/// whatever kernel they ran (see `scheduler::local_identity`).
+/// whatever kernel they ran (see `Scheduler::register_local`).
 pub const LOCAL: &str = "local";
 
 /// True for the identity of the coordinator's own threads, which are
@@ -912,9 +914,139 @@ mod tests {
             same < 600,
             "another secret selects other jobs ({same} of 1000 agree)"
         );
-        let scalar = (0..10_000)
-            .filter(|&j| other.alternate_first(JobId(j)))
-            .count();
-        assert!((4_700..=5_300).contains(&scalar));
+    }
+
+    /// A trusted copy of `identity`, in `class`, on `kernel`.
+    fn trusted(identity: IdentityId, class: usize, kernel: Kernel) -> Vote {
+        Vote {
+            trusted: true,
+            kernel: Some(kernel),
+            ..vote(identity, class)
+        }
+    }
+
+    /// The default rules with a trusted computation available.
+    const ARBITER: Rules = Rules {
+        ban_after: 3,
+        probation: PROBATION,
+        second_machine: true,
+        arbiter: true,
+    };
+
+    use nq_core::search::Kernel;
+
+    #[test]
+    fn a_trusted_copy_decides_a_dispute_whatever_the_number_against_it() {
+        let (i, w) = ids(&["10.0.0.2", "10.0.0.3", "honest@1", "local"]);
+        let (l1, l2, h, local) = (w[0], w[1], w[2], w[3]);
+        // Two liar addresses against one honest worker: no majority decides
+        // while the arbiter can.
+        let v = judge(&[vote(l1, 0), vote(l2, 0), vote(h, 1)], true, &i, ARBITER);
+        assert!(!v.settled && v.needs_trusted && v.losers.is_empty());
+        // The trusted copy agrees with the honest one: it decides, 2 to 2.
+        let copies = [
+            vote(l1, 0),
+            vote(l2, 0),
+            vote(h, 1),
+            trusted(local, 1, Kernel::Avx2),
+        ];
+        let v = judge(&copies, true, &i, ARBITER);
+        assert!(v.settled && v.leader == Some(1));
+        assert_eq!(v.losers, vec![l1, l2]);
+        assert!(v.beaten.by_trusted);
+        assert_eq!(v.confirmed, vec![h]);
+        // Without the arbiter the same copies go to the majority: the two
+        // addresses win 2 to 1 (the attack the arbiter stops), and their win
+        // can never ban: neither is a credential.
+        let majority = Rules {
+            arbiter: false,
+            ..ARBITER
+        };
+        let v = judge(&[vote(l1, 0), vote(l2, 0), vote(h, 1)], true, &i, majority);
+        assert!(v.settled && v.leader == Some(0) && !v.needs_trusted);
+        assert!(!v.beaten.by_trusted && v.beaten.by_credentials.is_empty());
+    }
+
+    #[test]
+    fn a_lone_trusted_copy_checks_itself_on_another_kernel_before_it_overrules() {
+        let (i, w) = ids(&["10.0.0.2", "10.0.0.3", "local"]);
+        let (l1, l2, local) = (w[0], w[1], w[2]);
+        let one = [vote(l1, 0), vote(l2, 0), trusted(local, 1, Kernel::Avx512)];
+        let v = judge(&one, true, &i, ARBITER);
+        assert!(!v.settled && v.needs_trusted && v.losers.is_empty());
+        // The same kernel again adds nothing.
+        let same = [&one[..], &[trusted(local, 1, Kernel::Avx512)]].concat();
+        assert!(!judge(&same, true, &i, ARBITER).settled);
+        let two = [&one[..], &[trusted(local, 1, Kernel::Avx2)]].concat();
+        let v = judge(&two, true, &i, ARBITER);
+        assert!(v.settled && v.leader == Some(1) && v.votes == 2);
+        assert_eq!(v.losers, vec![l1, l2]);
+        // Trusted kernels that disagree wait for a third that breaks the tie.
+        let split = [
+            trusted(local, 0, Kernel::Avx512),
+            trusted(local, 1, Kernel::Avx2),
+        ];
+        let v = judge(&split, false, &i, ARBITER);
+        assert!(!v.settled && v.needs_trusted);
+        let broken = [&split[..], &[trusted(local, 1, Kernel::Scalar)]].concat();
+        let v = judge(&broken, false, &i, ARBITER);
+        assert!(v.settled && v.leader == Some(1));
+    }
+
+    #[test]
+    fn trusted_copies_settle_alone_unless_selected_and_never_lose() {
+        let (mut i, w) = ids(&["local", "w@1"]);
+        let local = w[0];
+        let v = judge(&[trusted(local, 0, Kernel::Avx512)], false, &i, ARBITER);
+        assert!(v.settled && v.votes == 1 && !v.unchecked);
+        let v = judge(&[trusted(local, 0, Kernel::Avx512)], true, &i, ARBITER);
+        assert!(!v.settled, "a selected job needs its second copy");
+        let v = judge(
+            &[trusted(local, 0, Kernel::Avx512), vote(w[1], 0)],
+            true,
+            &i,
+            ARBITER,
+        );
+        assert!(v.settled && v.votes == 2 && v.confirmed == vec![w[1]]);
+        // The coordinator's threads are never charged, and never on probation.
+        assert_eq!(i.add_loss(local, &Beaten::trusted()), 0);
+        assert!(!i.on_probation(local, PROBATION) && i.is_trusted(local));
+        // An operator-trusted credential is trusted from when it is named.
+        i.trust("token:mine");
+        let mine = i.intern("token:mine");
+        assert!(i.is_trusted(mine) && !i.is_trusted(w[1]));
+    }
+
+    #[test]
+    fn with_an_arbiter_a_probationers_copy_always_waits_for_its_check() {
+        let (i, w) = ids(&["new@1"]);
+        let alone = Rules {
+            second_machine: false,
+            ..ARBITER
+        };
+        let v = judge(&[vote(w[0], 0)], false, &i, alone);
+        assert!(!v.settled && !v.unchecked, "the arbiter can check it");
+        let v = judge(
+            &[vote(w[0], 0)],
+            false,
+            &i,
+            Rules {
+                arbiter: false,
+                ..alone
+            },
+        );
+        assert!(v.settled && v.unchecked);
+    }
+
+    #[test]
+    fn credentials_and_the_local_threads_are_told_from_addresses() {
+        for name in ["token:a", "cert:00ff"] {
+            assert!(credentialed(name), "{name}");
+        }
+        for name in ["10.0.0.7", "w@127.0.0.1", "local", "tokenx"] {
+            assert!(!credentialed(name), "{name}");
+        }
+        assert!(trusted_from_start("local") && trusted_from_start("local:avx2"));
+        assert!(!trusted_from_start("local:") && !trusted_from_start("localhost"));
     }
 }

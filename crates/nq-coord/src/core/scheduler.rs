@@ -2372,6 +2372,54 @@ mod tests {
     }
 
     #[test]
+    fn a_dispute_goes_only_to_the_trusted_threads_on_a_kernel_no_copy_ran() {
+        let mut s = Scheduler::new(vec![1], 1, TTL, policy(1.0));
+        let now = Instant::now();
+        let ip = |d| Some(IpAddr::from([10, 0, 0, d]));
+        let a = s.register("a", 1, ip(1), now).unwrap();
+        let b = s.register("b", 1, ip(2), now).unwrap();
+        let c = s.register("c", 1, ip(3), now).unwrap();
+        let local = s.register_local(1, now);
+        assert!(s.rules().arbiter);
+        let (ia, ib) = (
+            s.worker(&a).unwrap().identity,
+            s.worker(&b).unwrap().identity,
+        );
+        let lease = s.lease(&a, 1, &[], now).unwrap().jobs[0].lease;
+        let disputed = Settlement {
+            job: JobId(0),
+            lease: Some(lease),
+            counted_before: None,
+            counted: Some(tally(5)),
+            work: 1,
+            attempts: 2,
+            votes: 1,
+            settled: false,
+            reporters: vec![ia, ib],
+            kernels: vec!["avx512".into()],
+            losers: vec![],
+            beaten: Beaten::default(),
+            needs_trusted: true,
+            disputed: true,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        };
+        s.settle(&disputed, true).unwrap();
+        assert!(
+            s.lease(&c, 1, &[], now).unwrap().jobs.is_empty(),
+            "an untrusted third identity may not settle a dispute"
+        );
+        let g = s.lease(&local, 1, &[], now).unwrap();
+        assert_eq!(g.jobs.len(), 1);
+        let kernel = g.jobs[0].kernel;
+        assert_ne!(kernel, KernelRequest::Named(Kernel::Avx512));
+        if Kernel::Avx512.is_available() {
+            assert_ne!(kernel, KernelRequest::Any, "the fastest kernel already ran");
+        }
+    }
+
+    #[test]
     fn a_late_result_after_reissue_counts_once() {
         let (mut s, mut clock) = setup(&[3]);
         let a = s.register("a", 1, None, clock.now()).unwrap();
