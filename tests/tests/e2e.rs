@@ -1,8 +1,10 @@
 //! End-to-end tests of nq: real `nq-coord` and `nq-worker` processes on
-//! loopback, and the libraries in-process. One test binary; each module is a
-//! theme.
+//! loopback (and, for the attacks from other machines, in network
+//! namespaces: `security`, `sybil`), and the libraries in-process. One test
+//! binary; each module is a theme.
 //!
-//! Every test binds 127.0.0.1 with ephemeral ports, waits on real readiness
+//! Every test binds ephemeral ports (127.0.0.1, or 0.0.0.0 where workers
+//! call from namespaces), waits on real readiness
 //! signals (the coordinator's `listening on` line, log lines, exits), runs
 //! under a deadline, and stops everything it started (dropping a `Proc` kills
 //! its process).
