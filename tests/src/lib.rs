@@ -547,6 +547,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// The entries of `faulty_workers` (each with `name`, `address`, `lost`
+    /// and `banned`).
+    ///
+    /// # Errors
+    ///
+    /// When report.json has no such list.
+    pub fn faulty_workers(&self) -> Result<&Vec<serde_json::Value>> {
+        self.json
+            .get("faulty_workers")
+            .and_then(|f| f.as_array())
+            .with_context(|| {
+                format!("report.json has no faulty_workers list: {}", self.json)
+            })
+    }
+
     /// Reads `dir/report.json`. The counts are exact JSON integers.
     ///
     /// # Errors
@@ -679,6 +694,25 @@ pub fn worker(name: &str, connect: &str, args: &[&str]) -> Result<Proc> {
     ];
     all.extend(args.iter().map(|a| (*a).to_owned()));
     Proc::spawn(name, &binary("nq-worker")?, &all, LOG_ENV)
+}
+
+/// Runs `ip ARGS…` (iproute2), for the tests that make network namespaces.
+///
+/// # Errors
+///
+/// When `ip` cannot run, or fails (its stderr is in the message).
+pub fn ip(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run `ip`: install iproute2 (apt-get install iproute2)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
 }
 
 /// A loopback address with a port that was free a moment ago: bind an

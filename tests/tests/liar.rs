@@ -34,13 +34,7 @@ fn liar(name: &str, addr: &str, lie_rate: &str) -> Result<Proc> {
 
 /// The entry of `report.json`'s `faulty_workers` named `name`.
 fn faulty<'a>(report: &'a Report, name: &str) -> Result<&'a serde_json::Value> {
-    let list = report
-        .json
-        .get("faulty_workers")
-        .and_then(|f| f.as_array())
-        .with_context(|| {
-            format!("report.json has no faulty_workers list: {}", report.json)
-        })?;
+    let list = report.faulty_workers()?;
     list.iter()
         .find(|w| w["name"] == name)
         .with_context(|| format!("{name} is not in faulty_workers: {}", report.json))

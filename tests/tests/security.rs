@@ -4,7 +4,7 @@
 //! run time; and gRPC reflection, which stays open like the health service.
 
 use anyhow::{Context, Result, ensure};
-use nq_e2e::{Coord, LOG_ENV, Pki, Proc, binary, within, worker};
+use nq_e2e::{Coord, LOG_ENV, Pki, Proc, binary, ip, within, worker};
 
 use crate::{LIMIT, data_dir};
 
@@ -384,19 +384,6 @@ impl Elsewhere {
         let (host, inner) = (net(1), net(2));
         let name = format!("nq-e2e-{id}");
         let (host_if, inner_if) = (format!("nqh{id}"), format!("nqn{id}"));
-        let ip = |args: &[&str]| -> Result<()> {
-            let out = std::process::Command::new("ip")
-                .args(args)
-                .output()
-                .context("cannot run `ip` (install iproute2)")?;
-            ensure!(
-                out.status.success(),
-                "ip {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-            Ok(())
-        };
         ip(&["netns", "add", &name])?;
         // From here, dropping it cleans up.
         let ns = Elsewhere::Namespace {

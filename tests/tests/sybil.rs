@@ -32,7 +32,7 @@ use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail, ensure};
-use nq_e2e::{Coord, LOG_ENV, OutputHandle, Proc, Report, binary, within};
+use nq_e2e::{Coord, LOG_ENV, OutputHandle, Proc, Report, binary, ip, within};
 
 use crate::{LIMIT, data_dir};
 
@@ -87,21 +87,6 @@ const MACHINE_BLOCK: u32 = 8;
 
 /// Machines per lab: a lab's block is 4 machines' /29s, a /27.
 const MAX_MACHINES: usize = 4;
-
-/// `ip ARGS…`, failing with its stderr.
-fn ip(args: &[&str]) -> Result<()> {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .context("cannot run `ip`: install iproute2 (apt-get install iproute2)")?;
-    ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
-}
 
 impl Lab {
     /// Makes one machine per entry of `addresses`, with that many addresses.
@@ -304,13 +289,7 @@ fn mentions(text: &str, word: &str) -> bool {
 /// mentions `who` (an address, a registration name, `token:NAME`, `local`),
 /// with their ban: whatever the coordinator puts in which field.
 fn faulty_naming(report: &Report, who: &str) -> Result<Vec<(String, bool)>> {
-    let list = report
-        .json
-        .get("faulty_workers")
-        .and_then(|f| f.as_array())
-        .with_context(|| {
-            format!("report.json has no faulty_workers list: {}", report.json)
-        })?;
+    let list = report.faulty_workers()?;
     Ok(list
         .iter()
         .filter_map(|w| {
