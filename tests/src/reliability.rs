@@ -102,6 +102,15 @@ pub const FAULTS: &[Fault] = &[
                nothing.",
     },
     Fault {
+        id: "leases-across-a-restart",
+        fault: "Coordinator SIGKILLed while workers hold leases",
+        done: "Two workers hold three leases when the coordinator is killed and \
+               started again on its data directory. The workers must report under \
+               their old leases without registering again and be accepted; the \
+               same leases under another worker's id, or for another job, must get \
+               PERMISSION_DENIED.",
+    },
+    Fault {
         id: "worker-moved-between-runs",
         fault: "An honest worker moved from a killed run to a new run on the same address",
         done: "N=16. `kill -9` run A's coordinator while its worker holds a result it \

@@ -221,6 +221,107 @@ async fn reports_not_bound_to_a_lease_of_this_worker_job_and_run_are_refused()
     t.finish(r)
 }
 
+/// A coordinator SIGKILLed while workers hold leases keeps them (issue 17,
+/// item 1): once restarted on the same data directory, it admits the
+/// reports under leases issued before the kill from the workers they were
+/// issued to, who never registered again, and still refuses a forged id
+/// made from such a lease (another worker's id, or another job).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_issued_before_a_restart_are_kept_and_still_bound() -> Result<()> {
+    let mut t = Trial::start("leases-across-a-restart")?;
+    let r = within(
+        LIMIT,
+        "leases across a restart",
+        leases_across_a_restart(&mut t),
+    )
+    .await;
+    t.finish(r)
+}
+
+async fn leases_across_a_restart(t: &mut Trial) -> Result<Report> {
+    let tmp = tempfile::tempdir()?;
+    let dir = data_dir(&tmp);
+    // A long lease lifetime: nothing expires while the test runs.
+    let args: Vec<&str> = HAND_DRIVEN
+        .iter()
+        .copied()
+        .chain(["--lease-ttl", "60s"])
+        .collect();
+    let mut coord = Coord::ephemeral(&dir, &args).await?;
+    t.watch(&coord.proc);
+    let addr = coord.addr;
+    let mut a = ProtocolWorker::register(addr, "a").await?;
+    let mut b = ProtocolWorker::register(addr, "b").await?;
+    let a1 = a.lease_one().await?.context("no job for a")?;
+    let a2 = a.lease_one().await?.context("no second job for a")?;
+    let b1 = b.lease_one().await?.context("no job for b")?;
+    // Wait until the coordinator says all three lease records are durable.
+    let mut written = std::collections::BTreeSet::new();
+    while ![a1.job_id, a2.job_id, b1.job_id]
+        .iter()
+        .all(|j| written.contains(j))
+    {
+        let line = coord.proc.line_containing("lease records written").await?;
+        let jobs = line
+            .split("jobs=[")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .context("the lease records line names no jobs")?;
+        written.extend(jobs.split(',').filter_map(|j| j.trim().parse::<u64>().ok()));
+    }
+    coord.proc.kill().await?;
+    t.injected("SIGKILL of the coordinator while three leases are held");
+    let mut coord = Coord::start(&dir, &addr.to_string(), &args).await?;
+    t.watch(&coord.proc);
+
+    // Forged ids made from leases really issued before the restart, with
+    // the true counts: only the binding can refuse them.
+    let (counts, kernel) = a.solve(&a1)?;
+    let c = b.result_chunk(&a1, &counts, kernel);
+    refused(
+        t,
+        &mut b,
+        "another worker's id on a lease kept across the restart",
+        c,
+    )
+    .await?;
+    let (b_counts, b_kernel) = b.solve(&b1)?;
+    let mut c = a.result_chunk(&b1, &b_counts, b_kernel);
+    c.lease_id = a1.lease_id;
+    refused(t, &mut a, "a kept lease used for another job", c).await?;
+
+    // The genuine reports: their workers never registered again.
+    for (by_a, job) in [(true, &a1), (true, &a2), (false, &b1)] {
+        let w = if by_a { &mut a } else { &mut b };
+        let (counts, kernel) = w.solve(job)?;
+        let ack = w.send(w.result_chunk(job, &counts, kernel)).await?;
+        ensure!(
+            ack.outcome() == nq_proto::pb::report_ack::Outcome::Accepted,
+            "the report of job {} under its lease kept across the restart was {:?}",
+            job.job_id,
+            ack.outcome()
+        );
+    }
+    let mut w = worker("finisher", &addr.to_string(), &["--threads", "1"])?;
+    t.watch(&w);
+    let report = coord.finish().await?;
+    report.check_published()?;
+    w.success().await?;
+    let log = coord.proc.output();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("leases of the previous session")
+                && l.contains("restored=3")
+                && l.contains("workers=2")),
+        "the restart did not keep the three leases of two workers:\n{log}"
+    );
+    t.note(
+        "three leases kept across a SIGKILL; two forged ids made from them refused"
+            .to_owned(),
+    );
+    Ok(report)
+}
+
 /// Sends `chunk` and requires PERMISSION_DENIED.
 async fn refused(
     t: &mut Trial,

@@ -164,6 +164,83 @@ where
     Ok(writes)
 }
 
+/// How long after its recorded deadline a lease of an earlier session is
+/// still restored: the coordinator was down meanwhile, and its workers went
+/// on computing. An older lease (a long outage, or a store rebuilt from a
+/// backup) is void, and its job pending again.
+pub(crate) const LEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What [`restore_leases`] kept.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeptLeases {
+    /// Leases restored.
+    pub(crate) restored: usize,
+    /// Workers registered again, under their ids, for them.
+    pub(crate) workers: usize,
+    /// Jobs recorded as leased whose lease could not be kept: pending again.
+    pub(crate) requeued: u64,
+}
+
+/// Keeps the leases of the previous session that the store records with
+/// their lease id and their worker's registration, and whose deadline
+/// (wall clock, `now_wall`) is at most [`LEASE_GRACE`] past: their workers
+/// are registered again under their ids, and the leases restored with a
+/// fresh lifetime from `now`, so that reports under them are admitted by
+/// the usual binding rules (this worker, this job, this run). Every other
+/// job recorded as leased is pending again, and the registrations of
+/// workers that kept no lease are forgotten. Call after [`restore`].
+///
+/// # Errors
+///
+/// Store errors.
+pub(crate) fn restore_leases(
+    store: &Store,
+    sched: &mut Scheduler,
+    now_wall: std::time::SystemTime,
+    now: Instant,
+) -> Result<KeptLeases> {
+    use std::collections::{HashMap, HashSet};
+
+    use crate::core::lease::{LeaseId, WorkerId};
+
+    let stored: HashMap<String, nq_store::StoredWorker> =
+        store.workers()?.into_iter().collect();
+    let oldest =
+        crate::engine::unix_ms(now_wall).saturating_sub(LEASE_GRACE.as_millis() as u64);
+    let (mut jobs, mut workers) = (HashSet::new(), HashSet::new());
+    for (job, record) in store.leased_records()? {
+        let JobState::Leased {
+            worker,
+            deadline_unix_ms,
+            lease: Some(lease),
+        } = &record.state
+        else {
+            continue; // written before lease ids were kept
+        };
+        let Some(w) = stored.get(worker).filter(|_| *deadline_unix_ms >= oldest) else {
+            continue;
+        };
+        if sched.is_done(job) {
+            continue; // a stale record: the job was done meanwhile
+        }
+        let id = WorkerId(worker.clone());
+        let address = w.address.as_deref().and_then(|a| a.parse().ok());
+        sched.restore_worker(id.clone(), &w.name, &w.identity, address, w.threads, now);
+        if sched.restore_lease(job, LeaseId(*lease), &id, record.attempts, now) {
+            jobs.insert(job);
+            workers.insert(worker.clone());
+        }
+    }
+    let requeued = store.requeue_leased_except(&jobs)?;
+    store.retain_workers(&workers)?;
+    store.flush()?;
+    Ok(KeptLeases {
+        restored: jobs.len(),
+        workers: workers.len(),
+        requeued,
+    })
+}
+
 /// Checks a done job's copies against its stored definition: every tally
 /// derived again from its counts, and in solutions mode the stored
 /// solutions counted.

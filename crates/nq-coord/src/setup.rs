@@ -20,7 +20,7 @@ use crate::engine::unix_ms;
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
-use crate::restore::restore;
+use crate::restore::{restore, restore_leases};
 
 /// What setup found in the data directory.
 pub(crate) enum Setup {
@@ -82,13 +82,6 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
             dir: config.data_dir.clone(),
         });
     }
-    let requeued = store.requeue_leased()?;
-    if requeued > 0 {
-        info!(
-            jobs = requeued,
-            "jobs leased by the previous session are pending again"
-        );
-    }
     let session_no = store.next_boot()?;
     let mut sched = scheduler(
         &store,
@@ -101,6 +94,15 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     sched.trust(config.trusted.iter().map(String::as_str));
     // Totals are derived again from the stored counts, never from a cached sum.
     restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
+    let kept = restore_leases(&store, &mut sched, SystemTime::now(), Instant::now())?;
+    if kept.restored > 0 || kept.requeued > 0 {
+        info!(
+            restored = kept.restored,
+            workers = kept.workers,
+            requeued = kept.requeued,
+            "leases of the previous session: kept with their workers, or their jobs pending again"
+        );
+    }
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),

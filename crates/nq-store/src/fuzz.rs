@@ -189,10 +189,13 @@ fn stored_result() -> impl Strategy<Value = StoredResult> {
 fn job_state() -> impl Strategy<Value = JobState> {
     prop_oneof![
         Just(JobState::Pending),
-        (text(), any::<u64>()).prop_map(|(worker, deadline_unix_ms)| JobState::Leased {
-            worker,
-            deadline_unix_ms
-        }),
+        (text(), any::<u64>(), proptest::option::of(any::<u64>())).prop_map(
+            |(worker, deadline_unix_ms, lease)| JobState::Leased {
+                worker,
+                deadline_unix_ms,
+                lease,
+            }
+        ),
         stored_result().prop_map(|r| JobState::Done(Box::new(r))),
     ]
 }
@@ -350,9 +353,11 @@ fn encode_record_v1(rec: &JobRecord) -> Vec<u8> {
     out.extend_from_slice(&rec.attempts.to_be_bytes());
     match &rec.state {
         JobState::Pending => {}
+        // Version 1 kept no lease id.
         JobState::Leased {
             worker,
             deadline_unix_ms,
+            ..
         } => {
             out.extend_from_slice(&deadline_unix_ms.to_be_bytes());
             put_str(&mut out, worker);

@@ -215,6 +215,9 @@ pub enum JobState {
         worker: String,
         /// Deadline, milliseconds since the Unix epoch.
         deadline_unix_ms: u64,
+        /// The lease's id, so that a restarted coordinator can admit the
+        /// report under it (none in records written before it was kept).
+        lease: Option<u64>,
     },
     /// A valid result is stored: the first one received. Final.
     Done(Box<StoredResult>),
@@ -334,8 +337,9 @@ impl JobRecord {
         let mut out = vec![RECORD_VERSION];
         let tag = match self.state {
             JobState::Pending => 0,
-            JobState::Leased { .. } => 1,
+            JobState::Leased { lease: None, .. } => 1,
             JobState::Done(_) => 2,
+            JobState::Leased { lease: Some(_), .. } => 3,
         };
         out.push(tag);
         out.extend_from_slice(&self.attempts.to_be_bytes());
@@ -344,9 +348,13 @@ impl JobRecord {
             JobState::Leased {
                 worker,
                 deadline_unix_ms,
+                lease,
             } => {
                 out.extend_from_slice(&deadline_unix_ms.to_be_bytes());
                 put_str(&mut out, worker);
+                if let Some(lease) = lease {
+                    out.extend_from_slice(&lease.to_be_bytes());
+                }
             }
             JobState::Done(result) => result.encode_into(&mut out),
         }
@@ -365,12 +373,14 @@ impl JobRecord {
         let attempts = r.u32()?;
         let state = match tag {
             0 => JobState::Pending,
-            1 => {
+            1 | 3 => {
                 let deadline_unix_ms = r.u64()?;
                 let worker = r.str()?;
+                let lease = if tag == 3 { Some(r.u64()?) } else { None };
                 JobState::Leased {
                     worker,
                     deadline_unix_ms,
+                    lease,
                 }
             }
             // Record version 1 held result version 1, and 2 holds 2.
@@ -403,6 +413,12 @@ mod tests {
             JobState::Leased {
                 worker: "w1.3".into(),
                 deadline_unix_ms: 12345,
+                lease: None,
+            },
+            JobState::Leased {
+                worker: "w1.3-00ff00ff".into(),
+                deadline_unix_ms: 12345,
+                lease: Some(u64::MAX - 7),
             },
         ] {
             let rec = JobRecord { state, attempts: 7 };
@@ -416,6 +432,7 @@ mod tests {
             state: JobState::Leased {
                 worker: "w".into(),
                 deadline_unix_ms: 1,
+                lease: None,
             },
             attempts: 1,
         };

@@ -76,6 +76,7 @@ pub mod plan;
 pub mod result;
 mod scan;
 pub mod seal;
+pub mod worker;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -92,6 +93,7 @@ pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
 pub use scan::{JobScan, Scan, ScannedJob};
 pub use seal::{KeyError, StoreKey};
+pub use worker::StoredWorker;
 
 use codec::{Reader, key_u64};
 use seal::SealedTree;
@@ -177,6 +179,8 @@ pub struct Store {
     solutions: SealedTree,
     /// The hand-out order of the jobs (see [`plan`]).
     order: SealedTree,
+    /// Registrations of workers that held leases, by worker id.
+    workers: SealedTree,
     /// Whether values are sealed with a store key.
     keyed: bool,
     dir: Option<PathBuf>,
@@ -290,8 +294,9 @@ impl Store {
             "duplicates",
             "solutions",
             "order",
+            "workers",
         ];
-        let [meta, jobs, records, duplicates, solutions, order] =
+        let [meta, jobs, records, duplicates, solutions, order, workers] =
             names.map(|name| db.open_tree(name));
         let (meta, jobs, records, duplicates) = (meta?, jobs?, records?, duplicates?);
         let dir_name = dir
@@ -315,6 +320,7 @@ impl Store {
             duplicates: tree(duplicates, "duplicates"),
             solutions: tree(solutions?, "solutions"),
             order: tree(order?, "order"),
+            workers: tree(workers?, "workers"),
             keyed: sealer.is_some(),
             db,
             dir,
@@ -596,18 +602,37 @@ impl Store {
         Ok(())
     }
 
-    /// Puts every `Leased` job back to `Pending` (keeping its attempts) and
-    /// flushes. Called on startup: no lease of a previous session is held.
-    /// Returns how many jobs were requeued.
+    /// The jobs recorded as leased, with their records (a restarted
+    /// coordinator restores their leases or makes them pending again).
     ///
     /// # Errors
     ///
     /// [`Error::Corrupt`], sled errors.
-    pub fn requeue_leased(&self) -> Result<u64> {
-        let mut requeue = vec![];
+    pub fn leased_records(&self) -> Result<Vec<(JobId, JobRecord)>> {
+        let mut out = Vec::new();
         for entry in self.job_records() {
-            let (id, mut rec) = entry?;
+            let (id, rec) = entry?;
             if matches!(rec.state, JobState::Leased { .. }) {
+                out.push((id, rec));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes the jobs recorded as leased pending again, except `keep`
+    /// (whose leases a restarted coordinator restored), and flushes.
+    /// Returns how many it made pending.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn requeue_leased_except(
+        &self,
+        keep: &std::collections::HashSet<JobId>,
+    ) -> Result<u64> {
+        let mut requeue = vec![];
+        for (id, mut rec) in self.leased_records()? {
+            if !keep.contains(&id) {
                 rec.state = JobState::Pending;
                 requeue.push((id, rec.encode(), false));
             }
@@ -682,6 +707,9 @@ impl Store {
     /// sled errors.
     pub fn apply(&self, batch: CommitBatch) -> Result<()> {
         self.update_records(batch.records)?;
+        for (id, value) in batch.workers {
+            self.workers.insert(id.as_bytes(), value)?;
+        }
         for (job, value) in batch.duplicates {
             let mut key = [0u8; 16];
             key[..8].copy_from_slice(&job.key());
@@ -689,6 +717,48 @@ impl Store {
             self.duplicates.insert(key, value)?;
         }
         Ok(())
+    }
+
+    /// The stored registrations of workers that held leases, by worker id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (a value its seal does not vouch for), sled errors.
+    pub fn workers(&self) -> Result<Vec<(String, StoredWorker)>> {
+        let mut out = Vec::new();
+        for entry in self.workers.iter() {
+            let (key, value) = entry?;
+            let id = String::from_utf8(key.to_vec()).map_err(|_| Error::Corrupt {
+                tree: "workers",
+                what: Corruption::Field { field: "worker id" },
+            })?;
+            out.push((id, StoredWorker::decode(&value)?));
+        }
+        Ok(out)
+    }
+
+    /// Forgets every stored registration but those of `keep` (a new
+    /// session keeps the workers whose leases it restored). Not durable
+    /// until the next flush.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn retain_workers(
+        &self,
+        keep: &std::collections::HashSet<String>,
+    ) -> Result<usize> {
+        let mut batch = sled::Batch::default();
+        let mut removed = 0;
+        for key in self.workers.raw().iter().keys() {
+            let key = key?;
+            if !keep.contains(std::str::from_utf8(&key).unwrap_or("")) {
+                batch.remove(key);
+                removed += 1;
+            }
+        }
+        self.workers.raw().apply_batch(batch)?;
+        Ok(removed)
     }
 
     /// Makes every write so far durable (one disk sync). Returns the bytes
@@ -1011,6 +1081,7 @@ mod tests {
             state: JobState::Leased {
                 worker: "w".into(),
                 deadline_unix_ms: 9,
+                lease: None,
             },
             attempts: 2,
         };
@@ -1166,6 +1237,7 @@ mod tests {
                         state: JobState::Leased {
                             worker: "w3".into(),
                             deadline_unix_ms: 9,
+                            lease: None,
                         },
                         attempts: 2,
                     },
@@ -1192,7 +1264,10 @@ mod tests {
             store.job_record(JobId(0)).unwrap().state,
             JobState::Done(Box::new(result(3, "w1")))
         );
-        assert_eq!(store.requeue_leased().unwrap(), 1);
+        assert_eq!(store.leased_records().unwrap().len(), 1);
+        let none = std::collections::HashSet::new();
+        assert_eq!(store.requeue_leased_except(&none).unwrap(), 1);
+        assert!(store.leased_records().unwrap().is_empty());
         // A done record is final: a late lease record does not overwrite it.
         let late = JobRecord {
             state: JobState::Pending,

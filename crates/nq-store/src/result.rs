@@ -188,6 +188,8 @@ pub struct CommitBatch {
     /// Encoded records, each with whether it replaces a stored result.
     pub(crate) records: Vec<(JobId, Vec<u8>, bool)>,
     pub(crate) duplicates: Vec<(JobId, Vec<u8>)>,
+    /// Encoded worker registrations, by worker id.
+    pub(crate) workers: Vec<(String, Vec<u8>)>,
 }
 
 impl CommitBatch {
@@ -221,6 +223,12 @@ impl CommitBatch {
         self.records.push((job, record.encode(), true));
     }
 
+    /// Stores the registration of worker `id`, whose leases a restarted
+    /// coordinator may restore.
+    pub fn worker(&mut self, id: &str, worker: &crate::StoredWorker) {
+        self.workers.push((id.to_owned(), worker.encode()));
+    }
+
     /// Adds a record that is not a result (a lease, or a job back to pending),
     /// to be written with the batch. Dropped if the job is done by then.
     pub fn record(&mut self, job: JobId, record: &JobRecord) {
@@ -232,9 +240,9 @@ impl CommitBatch {
         self.duplicates.push((job, duplicate.encode()));
     }
 
-    /// Number of results and duplicates in the batch.
+    /// Number of records, duplicates and registrations in the batch.
     pub fn len(&self) -> usize {
-        self.records.len() + self.duplicates.len()
+        self.records.len() + self.duplicates.len() + self.workers.len()
     }
 
     /// True when the batch holds nothing.

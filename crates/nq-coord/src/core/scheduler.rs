@@ -874,6 +874,95 @@ impl Scheduler {
         Ok(self.add_worker(name, address, identity, threads, now, false))
     }
 
+    /// Registers again, under its id `id` of an earlier session, a remote
+    /// worker whose leases a restart keeps (see
+    /// [`Scheduler::restore_lease`]): its identity is the stored
+    /// `identity` string, so that its votes and its cap are the same
+    /// identity's as before. A worker id already registered is left alone.
+    pub fn restore_worker(
+        &mut self,
+        id: WorkerId,
+        name: &str,
+        identity: &str,
+        address: Option<IpAddr>,
+        threads: u32,
+        now: Instant,
+    ) {
+        if self.workers.contains_key(&id) {
+            return;
+        }
+        let identity = self.identities.intern(identity);
+        let address = address.map(|ip| ip.to_canonical());
+        if let Some(ip) = address {
+            *self.registrations_by_address.entry(ip).or_insert(0) += 1;
+        }
+        *self.registrations.entry(identity).or_insert(0) += 1;
+        self.returning.remove(&identity);
+        self.workers.insert(
+            id,
+            Worker {
+                name: name.to_owned(),
+                address,
+                identity,
+                threads,
+                last_seen: now,
+                told_complete: false,
+                local: false,
+                jobs_reported: 0,
+                work_reported: 0,
+                leases_taken_back: 0,
+            },
+        );
+    }
+
+    /// Restores a lease `lease` of an earlier session on `job`, held by
+    /// `worker` (registered again with [`Scheduler::restore_worker`]), with
+    /// a fresh lifetime from `now`: a report under it is then admitted with
+    /// the same binding rules as under a lease of this session (this
+    /// worker, this job). Returns false, restoring nothing, when the job is
+    /// not pending (done, or leased already), the lease id is taken, or the
+    /// worker is unknown.
+    pub fn restore_lease(
+        &mut self,
+        job: JobId,
+        lease: LeaseId,
+        worker: &WorkerId,
+        attempts: u32,
+        now: Instant,
+    ) -> bool {
+        let Some(identity) = self.workers.get(worker).map(|w| w.identity) else {
+            return false;
+        };
+        if self.phase(job) != Some(Phase::Pending)
+            || lease.0 == 0
+            || self.issued.contains_key(&lease)
+        {
+            return false;
+        }
+        self.table.set_phase(job, Phase::Leased);
+        self.pending_count -= 1;
+        self.attempts.insert(job, attempts.max(1));
+        self.leases.insert(Lease {
+            id: lease,
+            job,
+            worker: worker.clone(),
+            identity,
+            granted: now,
+            deadline: now + self.ttl,
+        });
+        self.issued.insert(
+            lease,
+            Issued {
+                job,
+                worker: worker.clone(),
+                identity,
+                local: false,
+                granted: now,
+            },
+        );
+        true
+    }
+
     /// Registers the coordinator's own threads. They lease like a remote
     /// worker but are not counted among the workers to tell that the run is
     /// over, and they are one identity, [`LOCAL`], whatever kernel they run:
@@ -2417,6 +2506,58 @@ mod tests {
         if Kernel::Avx512.is_available() {
             assert_ne!(kernel, KernelRequest::Any, "the fastest kernel already ran");
         }
+    }
+
+    #[test]
+    fn a_restored_lease_binds_its_worker_and_job_as_before_the_restart() {
+        let now = Instant::now();
+        let mut before = Scheduler::new(vec![1, 1, 1], 1, TTL, policy(0.0));
+        let ip = Some(IpAddr::from([10, 0, 0, 1]));
+        let a = before.register("a", 4, ip, now).unwrap();
+        let b = before
+            .register("b", 4, Some(IpAddr::from([10, 0, 0, 2])), now)
+            .unwrap();
+        let held = before.lease(&a, 2, &[], now).unwrap().jobs;
+        let other = before.lease(&b, 1, &[], now).unwrap().jobs[0].clone();
+        // The next session, as setup restores it.
+        let mut s = Scheduler::new(vec![1, 1, 1], 2, TTL, policy(0.0));
+        let later = now + Duration::from_secs(5);
+        s.restore_worker(a.clone(), "a", "10.0.0.1", ip, 4, later);
+        s.restore_worker(b.clone(), "b", "10.0.0.2", None, 4, later);
+        for g in held.iter().chain([&other]) {
+            let w = if g.job == other.job { &b } else { &a };
+            assert!(s.restore_lease(g.job, g.lease, w, g.attempts, later));
+        }
+        assert!(
+            !s.restore_lease(held[0].job, LeaseId(7), &a, 1, later),
+            "a job is leased once"
+        );
+        assert_eq!(s.jobs_pending(), 0);
+        let (j0, l0) = (held[0].job, held[0].lease);
+        // The same binding rules: this worker, this job.
+        assert!(s.check_report(j0, l0, &a).is_ok());
+        assert!(
+            matches!(s.check_report(j0, l0, &b), Err(Error::Refused(_))),
+            "another worker's id with a lease really issued before the restart"
+        );
+        assert!(
+            matches!(s.check_report(held[1].job, l0, &a), Err(Error::Refused(_))),
+            "the lease of another job"
+        );
+        assert!(matches!(
+            s.check_report(j0, LeaseId(l0.0 ^ 1), &a),
+            Err(Error::Refused(_))
+        ));
+        // The worker renews it under its old id, and the lease cap counts it.
+        let g = s.lease(&a, 0, &[l0], later).unwrap();
+        assert!(g.revoked.is_empty());
+        assert_eq!(
+            s.identities().name(s.worker(&a).unwrap().identity),
+            "10.0.0.1"
+        );
+        // Unrenewed, it expires as any lease, and its job is pending again.
+        s.expire(later + TTL + Duration::from_secs(1));
+        assert!(s.jobs_pending() >= 1);
     }
 
     #[test]

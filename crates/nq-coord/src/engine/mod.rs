@@ -76,11 +76,21 @@ pub(crate) struct Engine {
     /// commits fail with [`Error::ShuttingDown`].
     commits: mpsc::Sender<CommitRequest>,
     /// Lease and pending records waiting to be written (once a second, and
-    /// at shutdown), with the lease each one is about. They are for
-    /// inspection only, so writing them late is harmless, and records that
-    /// are out of date by then (the job is done, the lease is gone) are not
-    /// written at all: at high rates most lease records never cost a write.
+    /// at shutdown), with the lease each one is about. A restarted
+    /// coordinator restores the leases they record (see `setup`); a lease
+    /// younger than the last write is lost at a crash, and its report then
+    /// refused and its job computed again, which costs time, never
+    /// exactness. Records that are out of date by then (the job is done, the
+    /// lease is gone) are not written at all: at high rates most lease
+    /// records never cost a write.
     records: Mutex<Vec<(JobId, Option<LeaseId>, JobRecord)>>,
+    /// Workers whose registration is written (or queued in
+    /// `records_workers`): a restarted coordinator restores a lease only
+    /// with its worker's registration, so each leaseholder's is written
+    /// once, with its first lease record.
+    recorded_workers: Mutex<std::collections::HashSet<WorkerId>>,
+    /// Registrations waiting for the next [`Engine::write_records`].
+    records_workers: Mutex<Vec<WorkerId>>,
     /// Held by the commit loop while it applies and flushes a group, and by
     /// [`Engine::backup`] while it copies the store: a backup never sees half
     /// a group. Released on drop of the guard.
@@ -144,6 +154,13 @@ impl Engine {
         run_id: String,
     ) -> (Engine, mpsc::Receiver<CommitRequest>) {
         let (commits, rx) = mpsc::channel(COMMIT_QUEUE);
+        // The workers registered before the engine starts are the restored
+        // ones: their registrations are stored already.
+        let recorded: std::collections::HashSet<WorkerId> = sched
+            .workers()
+            .filter(|(_, w)| !w.local)
+            .map(|(id, _)| id.clone())
+            .collect();
         let complete = CancellationToken::new();
         if sched.is_complete() {
             complete.cancel();
@@ -156,6 +173,8 @@ impl Engine {
             run_id,
             commits,
             records: Mutex::new(Vec::new()),
+            recorded_workers: Mutex::new(recorded),
+            records_workers: Mutex::new(Vec::new()),
             write_gate: tokio::sync::Mutex::new(()),
             complete,
             machines_changed: Notify::new(),
@@ -403,10 +422,22 @@ impl Engine {
             state: JobState::Leased {
                 worker: worker.0.clone(),
                 deadline_unix_ms,
+                lease: Some(granted.lease.0),
             },
             attempts: granted.attempts,
         };
         self.note(granted.job, Some(granted.lease), record);
+        let new = self
+            .recorded_workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(worker.clone());
+        if new {
+            self.records_workers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(worker.clone());
+        }
     }
 
     /// Notes that expired or released jobs are pending again. (The store
@@ -440,7 +471,8 @@ impl Engine {
             .push((job, lease, record));
     }
 
-    /// Writes the noted records that are still current (not flushed).
+    /// Writes the noted records that are still current, with the
+    /// registrations of new leaseholders, and makes them durable.
     ///
     /// # Errors
     ///
@@ -449,12 +481,29 @@ impl Engine {
         let records = std::mem::take(
             &mut *self.records.lock().unwrap_or_else(PoisonError::into_inner),
         );
-        if records.is_empty() {
+        let workers = std::mem::take(
+            &mut *self
+                .records_workers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        if records.is_empty() && workers.is_empty() {
             return Ok(());
         }
         let mut batch = CommitBatch::new();
         {
             let core = self.core();
+            for id in &workers {
+                if let Some(w) = core.sched.worker(id) {
+                    let stored = nq_store::StoredWorker {
+                        name: w.name.clone(),
+                        identity: core.sched.identities().name(w.identity).to_owned(),
+                        address: w.address.map(|a| a.to_string()),
+                        threads: w.threads,
+                    };
+                    batch.worker(&id.0, &stored);
+                }
+            }
             for (job, lease, record) in &records {
                 let current = !core.sched.is_done(*job)
                     && lease.is_none_or(|l| core.sched.is_live(l));
@@ -464,7 +513,12 @@ impl Engine {
             }
         }
         if !batch.is_empty() {
+            let jobs: Vec<u64> = records.iter().map(|(job, _, _)| job.0).collect();
             self.store.apply(batch)?;
+            // Durable now, not at sled's next flush: a SIGKILL a moment
+            // later must not lose the leases that workers are computing.
+            self.store.flush()?;
+            tracing::debug!(?jobs, workers = workers.len(), "lease records written");
         }
         Ok(())
     }

@@ -1603,7 +1603,11 @@ pub(super) fn compare(
                 let name = s.identities().name(id);
                 (name != "?").then_some((id, name))
             })
-            .filter(|&(id, _)| !s.identities().on_probation(id, probation))
+            // Trusted identities never are on probation, seen yet or not.
+            .filter(|&(id, _)| {
+                !s.identities().on_probation(id, probation)
+                    && !s.identities().is_trusted(id)
+            })
             .map(|(_, name)| name.to_owned())
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
