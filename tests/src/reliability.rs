@@ -81,17 +81,19 @@ pub const FAULTS: &[Fault] = &[
     Fault {
         id: "lying-worker-verify-all",
         fault: "A worker that reports wrong counts, with `--verify 1`",
-        done: "N=16, `--verify 1 --ban-after 2`, the `nq-liar` test double (wrong \
-               counts on every job) beside two honest workers. The liar must be \
-               named in the log and in `faulty_workers`, refused with \
+        done: "N=16, `--verify 1 --ban-after 2`, one local thread (the trusted \
+               computation that settles disputes), the `nq-liar` test double \
+               (wrong counts on every job) beside two honest workers. The liar \
+               must be named in the log and in `faulty_workers`, refused with \
                PERMISSION_DENIED after 2 lost conflicts, and the totals exact.",
     },
     Fault {
         id: "lying-worker-spot-check",
         fault: "A worker that lies on every job, with `--verify 0.05`",
         done: "N=16 in 1367 jobs, `--verify 0.05`; the liar alone reports \
-               200 jobs before two honest workers join. It must be caught and \
-               the totals exact.",
+               200 jobs before two honest workers join. It must be caught (lose \
+               conflicts; with no trusted computation and no credentials, losses \
+               make it suspect, not banned) and the totals exact.",
     },
     Fault {
         id: "forged-reports",
