@@ -16,6 +16,7 @@
 pub mod allowance;
 pub mod lease;
 pub(crate) mod ledger;
+pub(crate) mod presence;
 pub mod quorum;
 pub mod report;
 pub mod scheduler;
