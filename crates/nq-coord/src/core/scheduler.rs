@@ -472,6 +472,15 @@ pub struct Scheduler {
     leases: LeaseTable,
     /// Every lease this session issued, until its job is settled.
     issued: HashMap<LeaseId, Issued>,
+    /// The last lease in `issued` of each job that has one, and for each
+    /// such lease the one issued before it for the same job: the leases
+    /// [`Scheduler::prune_issued`] forgets when a job is settled, found
+    /// without a scan.
+    issued_by_job: HashMap<JobId, LeaseId>,
+    issued_before: HashMap<LeaseId, LeaseId>,
+    /// Jobs settled since the last [`Scheduler::prune_issued`] that have
+    /// issued leases.
+    settled_since_prune: Vec<JobId>,
     workers: HashMap<WorkerId, Worker>,
     /// The remote workers ordered by when they were last heard from, so
     /// that the clock's questions (who is at work, on how many machines,
@@ -575,6 +584,9 @@ impl Scheduler {
             unchecked: JobBits::default(),
             leases: LeaseTable::default(),
             issued: HashMap::new(),
+            issued_by_job: HashMap::new(),
+            issued_before: HashMap::new(),
+            settled_since_prune: Vec::new(),
             workers: HashMap::new(),
             presence: Presence::new(ttl),
             locals: 0,
@@ -1022,6 +1034,9 @@ impl Scheduler {
                 deadline,
             });
             self.schedule_review(lease);
+            if let Some(before) = self.issued_by_job.insert(job, lease) {
+                self.issued_before.insert(lease, before);
+            }
             self.issued.insert(
                 lease,
                 Issued {
@@ -1468,6 +1483,7 @@ impl Scheduler {
                     self.pending_count -= 1;
                 }
                 self.table.set_phase(s.job, Phase::Done);
+                self.note_settled(s.job);
                 self.attempts.remove(&s.job);
                 self.leases.remove_job(s.job);
                 self.open.remove(&s.job);
@@ -1613,9 +1629,32 @@ impl Scheduler {
     /// Forgets issued leases of settled jobs: no report under them can
     /// change anything any more, and a run's leases would otherwise grow
     /// memory without bound.
+    ///
+    /// Costs what was settled since the last call, not what was issued:
+    /// only the jobs settled meanwhile are looked at, and those still
+    /// settled (not reopened for a check) lose their issued leases.
     pub fn prune_issued(&mut self) {
-        let table = &self.table;
-        self.issued.retain(|_, i| table.phase(i.job) != Phase::Done);
+        for job in std::mem::take(&mut self.settled_since_prune) {
+            if self.table.phase(job) != Phase::Done {
+                continue; // reopened; listed again when settled again
+            }
+            let mut next = self.issued_by_job.remove(&job);
+            while let Some(id) = next {
+                self.issued.remove(&id);
+                next = self.issued_before.remove(&id);
+            }
+        }
+        shrink(&mut self.issued);
+        shrink(&mut self.issued_by_job);
+        shrink(&mut self.issued_before);
+    }
+
+    /// Lists `job`, just settled, for [`Scheduler::prune_issued`] if it has
+    /// issued leases (the jobs restored as settled have none).
+    fn note_settled(&mut self, job: JobId) {
+        if self.issued_by_job.contains_key(&job) {
+            self.settled_since_prune.push(job);
+        }
     }
 
     /// Stops granting leases (the first step of shutdown). Heartbeats still
@@ -1740,7 +1779,7 @@ impl Scheduler {
     /// churn does not grow memory. A forgotten worker that calls again is
     /// told to register again.
     ///
-    /// Costs what is forgotten, not the number of workers ([`Presence`]).
+    /// Costs what is forgotten, not the number of workers (`Presence`).
     pub fn prune_workers(&mut self, now: Instant) {
         let Some(horizon) = now.checked_sub(self.ttl * FORGET_AFTER_TTLS) else {
             return; // nobody was heard from before the clock's start
@@ -1925,6 +1964,29 @@ mod tick_scans {
         ids
     }
 
+    /// The ledger's decision for one copy of `job` under `lease`: settled,
+    /// or (`settled` false) waiting for a check, which reopens a settled
+    /// job.
+    fn decided(job: JobId, lease: Option<LeaseId>, settled: bool) -> Settlement {
+        Settlement {
+            job,
+            lease,
+            counted_before: None,
+            counted: None,
+            work: 1,
+            attempts: 1,
+            votes: 1,
+            settled,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![],
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        }
+    }
+
     /// Renews every lease of `workers` at `now` (their heartbeats).
     fn heartbeat(s: &mut Scheduler, workers: &[&WorkerId], now: Instant) {
         for &w in workers {
@@ -1975,7 +2037,7 @@ mod tick_scans {
         /// the leases expired and the leases taken back as overdue.
         #[test]
         fn tick_answers_equal_full_scans(
-            events in proptest::collection::vec((0u8..9, 0u8..16, 0u64..120), 1..150),
+            events in proptest::collection::vec((0u8..10, 0u8..16, 0u64..120), 1..150),
         ) {
             let mut s = scheduler();
             let mut now = Instant::now();
@@ -2012,6 +2074,16 @@ mod tick_scans {
                             s.note_copy(&l.worker, l.id, 1, now);
                             s.release(&l.worker, &[l.id], now);
                         }
+                    }
+                    8 => {
+                        // A job decided: one with a live lease, or any
+                        // (a late copy, or a check that reopens it).
+                        let live: Vec<Lease> = s.live_leases().cloned().collect();
+                        let (job, lease) = match live.get(usize::from(who)) {
+                            Some(l) => (l.job, Some(l.id)),
+                            None => (JobId(u64::from(who) % 24), None),
+                        };
+                        s.settle(&decided(job, lease, secs % 4 != 0), true).unwrap();
                     }
                     4 if s.locals == 0 && who == 0 => {
                         ids.push(s.register_local(1, "scalar", now));
@@ -2062,6 +2134,15 @@ mod tick_scans {
                     .collect();
                 pruned.sort();
                 prop_assert_eq!(pruned, silent);
+                let mut kept: Vec<LeaseId> = (s.issued.iter())
+                    .filter(|(_, i)| s.table.phase(i.job) != Phase::Done)
+                    .map(|(&id, _)| id)
+                    .collect();
+                kept.sort();
+                s.prune_issued();
+                let mut issued: Vec<LeaseId> = s.issued.keys().copied().collect();
+                issued.sort();
+                prop_assert_eq!(issued, kept);
             }
         }
     }
