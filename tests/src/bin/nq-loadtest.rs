@@ -48,7 +48,10 @@
 //! the per-second samples), p50/p90/p99/max of the Lease and report round
 //! trips (from histograms, not means), the coordinator's peak RSS over its
 //! whole life (VmHWM of every coordinator process, sampled from `/proc` every
-//! 100 ms and just before each kill, creation included), the time to create
+//! 100 ms and just before each kill, creation included), the coordinator's
+//! CPU time over the measurement and per 1,000 completions (without kills:
+//! on a machine shared with other work that compares two builds better than
+//! completions per second), the time to create
 //! the run and to resume it after each kill, the lease expiries the
 //! coordinators logged (vanished workers' leases, reissued), and the store's
 //! size on disk (`du` of the data directory, after the coordinator stopped).
@@ -526,6 +529,10 @@ async fn run(args: Args) -> Result<()> {
     let t0 = Instant::now();
     let stats = &fleet.stats;
     let base = stats.completions.load(Ordering::Relaxed);
+    // The coordinator's CPU time over the measurement: on a machine shared
+    // with other work, CPU per completion compares builds better than
+    // completions per second.
+    let cpu_start = coord.proc.pid().and_then(cpu_seconds);
     eprintln!(
         "{} workers registered after {:.2?}",
         args.workers,
@@ -613,6 +620,11 @@ async fn run(args: Args) -> Result<()> {
     }
     let elapsed = t0.elapsed();
     let total = stats.completions.load(Ordering::Relaxed) - base;
+    // Only one process's time is known: none after a kill.
+    let coord_cpu = match (cpu_start, coord.proc.pid().and_then(cpu_seconds)) {
+        (Some(a), Some(b)) if fleet.kills.load(Ordering::Relaxed) == 0 => Some(b - a),
+        _ => None,
+    };
     fleet.stop.store(true, Ordering::Relaxed);
     while tasks.join_next().await.is_some() {}
 
@@ -692,6 +704,9 @@ async fn run(args: Args) -> Result<()> {
         "jobs_done": status.as_ref().map(|s| s.jobs_done),
         "restarts": restarts,
         "coord_peak_rss_mib": mem.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0,
+        "coord_cpu_seconds": coord_cpu,
+        "coord_cpu_ms_per_1000_completions":
+            coord_cpu.map(|c| c * 1e6 / total.max(1) as f64),
         "store_bytes": store_bytes,
         "store_mib": store_bytes as f64 / (1024.0 * 1024.0),
     });
@@ -1135,6 +1150,21 @@ fn du(dir: &Path) -> Result<u64> {
 /// The value of `name=VALUE` in a log line.
 fn field<T: std::str::FromStr>(line: &str, name: &str) -> Option<T> {
     nq_e2e::log_field(line, name).and_then(|v| v.parse().ok())
+}
+
+/// The CPU time (user and system, all threads) a live process has used so
+/// far, from `/proc/<pid>/stat`; `None` when it cannot be read.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from the `)` that
+    // ends it. utime and stime are fields 14 and 15.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // Linux reports them in USER_HZ, 100 per second on every architecture
+    // it exports to user space.
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// Resident memory of a process, from `/proc/<pid>/status`.
