@@ -42,12 +42,13 @@ pub struct Lease {
     pub deadline: Instant,
 }
 
-/// A live lease and when its holder's scheduler wants to look at it again
-/// ([`LeaseTable::set_review`]).
+/// A live lease, when its holder's scheduler wants to look at it again
+/// ([`LeaseTable::set_review`]), and whether it was ever renewed.
 #[derive(Debug)]
 struct Entry {
     lease: Lease,
     review: Option<Instant>,
+    renewed: bool,
 }
 
 /// The live leases of a session, by id, by job, by identity, by deadline and
@@ -91,6 +92,7 @@ impl LeaseTable {
             Entry {
                 lease,
                 review: None,
+                renewed: false,
             },
         );
     }
@@ -128,14 +130,25 @@ impl LeaseTable {
     /// false when the lease is not live or belongs to someone else.
     pub fn renew(&mut self, id: LeaseId, worker: &WorkerId, deadline: Instant) -> bool {
         match self.live.get_mut(&id) {
-            Some(Entry { lease, .. }) if lease.worker == *worker => {
+            Some(Entry { lease, renewed, .. }) if lease.worker == *worker => {
                 self.by_deadline.remove(&(lease.deadline, lease.job, id));
                 self.by_deadline.insert((deadline, lease.job, id));
                 lease.deadline = deadline;
+                *renewed = true;
                 true
             }
             _ => false,
         }
+    }
+
+    /// True when live lease `id` was renewed at least once.
+    pub fn is_renewed(&self, id: LeaseId) -> bool {
+        self.live.get(&id).is_some_and(|e| e.renewed)
+    }
+
+    /// The review time of live lease `id`, if it has one.
+    pub fn review(&self, id: LeaseId) -> Option<Instant> {
+        self.live.get(&id).and_then(|e| e.review)
     }
 
     /// Sets when the caller wants lease `id` back from
@@ -174,7 +187,7 @@ impl LeaseTable {
 
     /// Removes a lease, returning it if it was live.
     pub fn remove(&mut self, id: LeaseId) -> Option<Lease> {
-        let Entry { lease, review } = self.live.remove(&id)?;
+        let Entry { lease, review, .. } = self.live.remove(&id)?;
         self.by_job.remove(&lease.job);
         self.by_deadline.remove(&(lease.deadline, lease.job, id));
         if let Some(at) = review {

@@ -980,6 +980,9 @@ impl Scheduler {
         for &id in held {
             if self.leases.renew(id, worker, deadline) {
                 renewed += 1;
+                if self.leases.review(id).is_none() {
+                    self.schedule_review(id); // see `reclaim_overdue`
+                }
             } else {
                 grant.revoked.push(id);
             }
@@ -1033,7 +1036,6 @@ impl Scheduler {
                 granted: now,
                 deadline,
             });
-            self.schedule_review(lease);
             if let Some(before) = self.issued_by_job.insert(job, lease) {
                 self.issued_before.insert(lease, before);
             }
@@ -1127,9 +1129,12 @@ impl Scheduler {
     /// measured to need ([`crate::core::allowance`]); their jobs are
     /// reissued. Call it with [`Scheduler::expire`], on the clock's tick.
     ///
-    /// Costs what comes due, not what is live: each remote lease has a
-    /// review time in the lease table, when it becomes overdue if its
-    /// holder's measured time does not grow meanwhile. A lease reviewed
+    /// Costs what comes due, not what is live: each renewed remote lease
+    /// has a review time in the lease table, when it becomes overdue if its
+    /// holder's measured time does not grow meanwhile. A lease never renewed
+    /// needs none: it expires one lease lifetime after its grant, before it
+    /// can be overdue (more than [`crate::core::allowance::OVERDUE_TTLS`]
+    /// lifetimes), and [`Scheduler::expire`] runs first. A lease reviewed
     /// early (the time grew) gets its new review time. A review time can
     /// only be late when the time got shorter, which happens at an
     /// identity's first copy or the session's first, and
@@ -1163,8 +1168,11 @@ impl Scheduler {
     }
 
     /// Sets the review time of live lease `id` from its holder's measured
-    /// time now.
+    /// time now, if it was renewed (see [`Scheduler::reclaim_overdue`]).
     fn schedule_review(&mut self, id: LeaseId) {
+        if !self.leases.is_renewed(id) {
+            return;
+        }
         let at = self.leases.get(id).and_then(|l| self.review_time(l));
         self.leases.set_review(id, at);
     }
@@ -1602,8 +1610,8 @@ impl Scheduler {
         let (expected, longest) = before;
         let ids: Vec<LeaseId> =
             if longest.is_zero() && !self.allowances.longest().is_zero() {
-                // The session's first measurement: every lease gets a review
-                // time (once per session).
+                // The session's first measurement: every renewed lease gets
+                // a review time (once per session).
                 self.leases.iter().map(|l| l.id).collect()
             } else if self.allowances.expected(identity) < expected {
                 // The identity's first copy, shorter than the longest: only its
@@ -1644,9 +1652,6 @@ impl Scheduler {
                 next = self.issued_before.remove(&id);
             }
         }
-        shrink(&mut self.issued);
-        shrink(&mut self.issued_by_job);
-        shrink(&mut self.issued_before);
     }
 
     /// Lists `job`, just settled, for [`Scheduler::prune_issued`] if it has
