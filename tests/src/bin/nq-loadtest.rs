@@ -28,15 +28,30 @@
 //! * `--kill-at T1,T2,...` and `--kill-after N1,N2,...`: SIGKILL the
 //!   coordinator at those times (after the start of the measurement) or
 //!   durable-completion counts, and start it again at once on the same data
-//!   directory and port. The workers see failed calls, an unknown worker id
-//!   (they register again), refused reports of the old session's leases, and
-//!   go on.
+//!   directory and port. The workers see failed calls and retry them, as a
+//!   real worker does: a report is sent again until it is answered, and a
+//!   worker registers again only if the coordinator does not know its id.
+//!   `leases_lost_to_restarts` counts the leases that a worker held across a
+//!   kill and could not report after it: refused, dropped (its worker had to
+//!   register again), or expired and done by another worker meanwhile (the
+//!   report comes back as a confirmation, which `--verify 0` otherwise never
+//!   gives).
+//!
+//! Think time: `--think DURATION` makes each worker wait that long between
+//! a lease and its report, as a real worker computes what it leased (the
+//! default, 0, is the closed loop: every worker has a call in flight at all
+//! times, so by Little's law its latency is bounded below by the workers
+//! divided by the rate). The workers' first leases are spread evenly over
+//! one think time, so that they do not all report in the same second.
 //!
 //! It reports completions per second (overall, and the median and lowest of
 //! the per-second samples), p50/p90/p99/max of the Lease and report round
 //! trips (from histograms, not means), the coordinator's peak RSS over its
 //! whole life (VmHWM of every coordinator process, sampled from `/proc` every
-//! 100 ms and just before each kill, creation included), the time to create
+//! 100 ms and just before each kill, creation included), the coordinator's
+//! CPU time over the measurement and per 1,000 completions (without kills:
+//! on a machine shared with other work that compares two builds better than
+//! completions per second), the time to create
 //! the run and to resume it after each kill, the lease expiries the
 //! coordinators logged (vanished workers' leases, reissued), and the store's
 //! size on disk (`du` of the data directory, after the coordinator stopped).
@@ -111,6 +126,10 @@ struct Args {
     /// How long to measure, after the workers have registered.
     #[arg(long, default_value = "30s")]
     duration: String,
+    /// Time each worker spends "computing" a leased batch before it reports
+    /// it (e.g. `20s`); 0 is the closed loop.
+    #[arg(long, default_value = "0s")]
+    think: String,
     /// Stop after this many durable completions instead.
     #[arg(long)]
     max_jobs: Option<u64>,
@@ -239,9 +258,11 @@ struct Stats {
     empty_leases: AtomicU64,
     /// Calls that failed (network, coordinator down).
     errors: AtomicU64,
-    /// Report items the coordinator refused (PERMISSION_DENIED after a
-    /// restart: leases of an earlier session).
+    /// Report items the coordinator refused (PERMISSION_DENIED).
     refused: AtomicU64,
+    /// Leases held across a kill that could not be reported after it:
+    /// refused, dropped, or done by another worker first (expired).
+    lost_to_restarts: AtomicU64,
     conflicts: AtomicU64,
     /// Registrations after the first (a restarted coordinator forgot them).
     registrations: AtomicU64,
@@ -273,6 +294,7 @@ impl Stats {
             empty_leases: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            lost_to_restarts: AtomicU64::new(0),
             conflicts: AtomicU64::new(0),
             registrations: AtomicU64::new(0),
             vanished: AtomicU64::new(0),
@@ -305,6 +327,13 @@ struct Fleet {
     vanish_now: AtomicBool,
     want: u32,
     mode: ReportMode,
+    /// Kills of the coordinator so far: a lease taken before a kill that
+    /// was not reported by the time this moved on crossed it.
+    kills: AtomicU64,
+    /// `--think`.
+    think: Duration,
+    /// `--workers`, to spread the first leases over one think time.
+    workers: usize,
 }
 
 /// Peak memory of every coordinator process of the run, sampled.
@@ -363,6 +392,7 @@ async fn run(args: Args) -> Result<()> {
         return plan(&args);
     }
     let duration = nq_worker::parse_duration(&args.duration)?;
+    let think = nq_worker::parse_duration(&args.think)?;
     let vanish_at = nq_worker::parse_duration(&args.vanish_at)?;
     ensure!(
         (0.0..=1.0).contains(&args.vanish),
@@ -474,6 +504,9 @@ async fn run(args: Args) -> Result<()> {
         vanish_now: AtomicBool::new(false),
         want: args.want,
         mode: args.report,
+        kills: AtomicU64::new(0),
+        think,
+        workers: args.workers,
     });
     let vanishing = (args.workers as f64 * args.vanish).round() as usize;
     let registered = Arc::new(tokio::sync::Barrier::new(args.workers + 1));
@@ -496,6 +529,10 @@ async fn run(args: Args) -> Result<()> {
     let t0 = Instant::now();
     let stats = &fleet.stats;
     let base = stats.completions.load(Ordering::Relaxed);
+    // The coordinator's CPU time over the measurement: on a machine shared
+    // with other work, CPU per completion compares builds better than
+    // completions per second.
+    let cpu_start = coord.proc.pid().and_then(cpu_seconds);
     eprintln!(
         "{} workers registered after {:.2?}",
         args.workers,
@@ -535,6 +572,7 @@ async fn run(args: Args) -> Result<()> {
             mem.sample();
             let at = t0.elapsed();
             coord.proc.kill().await?;
+            fleet.kills.fetch_add(1, Ordering::Relaxed);
             mem.set(None);
             let restarting = Instant::now();
             expiries += coord.proc.lines_containing(LEASE_EXPIRED).len();
@@ -582,6 +620,11 @@ async fn run(args: Args) -> Result<()> {
     }
     let elapsed = t0.elapsed();
     let total = stats.completions.load(Ordering::Relaxed) - base;
+    // Only one process's time is known: none after a kill.
+    let coord_cpu = match (cpu_start, coord.proc.pid().and_then(cpu_seconds)) {
+        (Some(a), Some(b)) if fleet.kills.load(Ordering::Relaxed) == 0 => Some(b - a),
+        _ => None,
+    };
     fleet.stop.store(true, Ordering::Relaxed);
     while tasks.join_next().await.is_some() {}
 
@@ -613,6 +656,12 @@ async fn run(args: Args) -> Result<()> {
     let store_bytes = du(&dir)?;
     eprintln!("coordinator stopped in {shutdown:.2?}");
 
+    // With a think time, the first one passes before any report: the
+    // steady state is the seconds after it.
+    let warm = (think.as_secs_f64().ceil() as usize + 1).min(per_second.len());
+    let mut steady = per_second[if think.is_zero() { 0 } else { warm }..].to_vec();
+    steady.sort_unstable();
+    let steady_median = steady.get(steady.len() / 2).copied();
     per_second.sort_unstable();
     let median = per_second.get(per_second.len() / 2).copied();
     let batches = stats.batches.load(Ordering::Relaxed);
@@ -622,6 +671,7 @@ async fn run(args: Args) -> Result<()> {
         "workers": args.workers,
         "connections": connections,
         "want": args.want,
+        "think_seconds": think.as_secs_f64(),
         "report": format!("{:?}", args.report).to_lowercase(),
         "jobs": jobs,
         "subproblems": subproblems,
@@ -632,6 +682,7 @@ async fn run(args: Args) -> Result<()> {
         "completions": total,
         "completions_per_second": total as f64 / elapsed.as_secs_f64(),
         "median_per_second": median,
+        "median_per_second_after_first_think": steady_median,
         "min_per_second": per_second.first(),
         "lease_latency": stats.lease_latency.summary(),
         "report_latency": stats.report_latency.summary(),
@@ -644,6 +695,7 @@ async fn run(args: Args) -> Result<()> {
         "empty_leases": stats.empty_leases.load(Ordering::Relaxed),
         "errors": stats.errors.load(Ordering::Relaxed),
         "refused_reports": stats.refused.load(Ordering::Relaxed),
+        "leases_lost_to_restarts": stats.lost_to_restarts.load(Ordering::Relaxed),
         "conflicts": stats.conflicts.load(Ordering::Relaxed),
         "registrations_again": stats.registrations.load(Ordering::Relaxed),
         "vanished_workers": stats.vanished.load(Ordering::Relaxed),
@@ -652,6 +704,9 @@ async fn run(args: Args) -> Result<()> {
         "jobs_done": status.as_ref().map(|s| s.jobs_done),
         "restarts": restarts,
         "coord_peak_rss_mib": mem.peak_kib.load(Ordering::Relaxed) as f64 / 1024.0,
+        "coord_cpu_seconds": coord_cpu,
+        "coord_cpu_ms_per_1000_completions":
+            coord_cpu.map(|c| c * 1e6 / total.max(1) as f64),
         "store_bytes": store_bytes,
         "store_mib": store_bytes as f64 / (1024.0 * 1024.0),
     });
@@ -779,6 +834,13 @@ async fn simulate(
     let Some((mut worker_id, mut run_id)) = first? else {
         return Ok(());
     };
+    // The first leases spread over one think time.
+    if !fleet.think.is_zero() {
+        let offset = fleet.think.mul_f64(i as f64 / fleet.workers.max(1) as f64);
+        if !think_for(fleet, offset).await {
+            return Ok(());
+        }
+    }
     let mut failures = 0;
     while !fleet.stop.load(Ordering::Relaxed) {
         let sent = Instant::now();
@@ -829,18 +891,76 @@ async fn simulate(
                 .fetch_add(lease.jobs.len() as u64, Ordering::Relaxed);
             return Ok(());
         }
+        let held = Held {
+            worker: i,
+            kills: fleet.kills.load(Ordering::Relaxed),
+        };
+        if !think_for(fleet, fleet.think).await {
+            break;
+        }
         match fleet.mode {
             ReportMode::Batch => {
-                report_batch(&mut client, fleet, &worker_id, &run_id, lease.jobs).await
+                report_batch(&mut client, fleet, &worker_id, &run_id, lease.jobs, held)
+                    .await
             }
             ReportMode::Stream => {
                 for job in lease.jobs {
-                    report_stream(&mut client, fleet, &worker_id, &run_id, job).await;
+                    report_stream(&mut client, fleet, &worker_id, &run_id, job, held)
+                        .await;
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Waits `d` (the think time), in steps, so that the end of the measurement
+/// is not kept waiting. False when the measurement ended meanwhile.
+async fn think_for(fleet: &Fleet, d: Duration) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if fleet.stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+    }
+}
+
+/// Who holds a leased batch, and the kills counted when it was leased.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    /// The simulated worker (for its retry pause).
+    worker: usize,
+    kills: u64,
+}
+
+impl Held {
+    /// Counts `items` of this batch as lost to a restart, if a kill came
+    /// after they were leased.
+    fn lost(self, fleet: &Fleet, items: u64) {
+        if items > 0 && fleet.kills.load(Ordering::Relaxed) > self.kills {
+            fleet
+                .stats
+                .lost_to_restarts
+                .fetch_add(items, Ordering::Relaxed);
+        }
+    }
+}
+
+/// True for a failed call that a worker retries: the coordinator is down,
+/// restarting or busy. Anything else is its answer.
+fn retryable(s: &tonic::Status) -> bool {
+    !matches!(
+        s.code(),
+        Code::PermissionDenied
+            | Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::Unauthenticated
+    )
 }
 
 /// All-zero counts for `job`: valid for an incomplete prefix (see the module
@@ -859,13 +979,15 @@ fn zero_result(job: &pb::Job) -> pb::JobResult {
     }
 }
 
-/// Reports the jobs of one lease in one ReportBatch call.
+/// Reports the jobs of one lease in one ReportBatch call, sent again until
+/// it is answered (or the measurement ends).
 async fn report_batch(
     client: &mut CoordinatorClient<Channel>,
     fleet: &Fleet,
     worker_id: &str,
     run_id: &str,
     jobs: Vec<pb::Job>,
+    held: Held,
 ) {
     let stats = &fleet.stats;
     let request = pb::ReportBatchRequest {
@@ -880,37 +1002,66 @@ async fn report_batch(
             })
             .collect(),
     };
-    let sent = Instant::now();
-    match client.report_batch(request).await {
-        Ok(answer) => {
-            stats.report_latency.record(sent.elapsed());
-            let acks = answer.into_inner().acks;
-            stats.batches.fetch_add(1, Ordering::Relaxed);
-            stats
-                .batch_items
-                .fetch_add(acks.len() as u64, Ordering::Relaxed);
-            for ack in acks {
-                if ack.code != Code::Ok as i32 {
-                    stats.refused.fetch_add(1, Ordering::Relaxed);
-                    continue;
+    let mut failures = 0;
+    loop {
+        let sent = Instant::now();
+        match client.report_batch(request.clone()).await {
+            Ok(answer) => {
+                stats.report_latency.record(sent.elapsed());
+                let acks = answer.into_inner().acks;
+                stats.batches.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .batch_items
+                    .fetch_add(acks.len() as u64, Ordering::Relaxed);
+                let mut lost = 0;
+                for ack in acks {
+                    if ack.code != Code::Ok as i32 {
+                        stats.refused.fetch_add(1, Ordering::Relaxed);
+                        lost += 1;
+                        continue;
+                    }
+                    match ack.outcome() {
+                        pb::report_ack::Outcome::Conflict => {
+                            stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Another worker did the job first: this lease
+                        // expired (with `--verify 0`, nothing else
+                        // confirms).
+                        pb::report_ack::Outcome::Confirmed => lost += 1,
+                        _ => {}
+                    }
+                    stats.completions.fetch_add(1, Ordering::Relaxed);
                 }
-                if ack.outcome() == pb::report_ack::Outcome::Conflict {
-                    stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                held.lost(fleet, lost);
+                return;
+            }
+            Err(s) => {
+                stats.error("report batch", &s, &fleet.stop);
+                if !retryable(&s) {
+                    let items = request.reports.len() as u64;
+                    stats.refused.fetch_add(items, Ordering::Relaxed);
+                    held.lost(fleet, items);
+                    return;
                 }
-                stats.completions.fetch_add(1, Ordering::Relaxed);
+                if fleet.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                failures += 1;
+                tokio::time::sleep(pause(held.worker, failures)).await;
             }
         }
-        Err(s) => stats.error("report batch", &s, &fleet.stop),
     }
 }
 
-/// Reports one job in one Report stream.
+/// Reports one job in one Report stream, sent again until it is answered
+/// (or the measurement ends).
 async fn report_stream(
     client: &mut CoordinatorClient<Channel>,
     fleet: &Fleet,
     worker_id: &str,
     run_id: &str,
     job: pb::Job,
+    held: Held,
 ) {
     let stats = &fleet.stats;
     let chunk = pb::ReportChunk {
@@ -920,19 +1071,36 @@ async fn report_stream(
         body: Some(Body::Result(zero_result(&job))),
         run_id: run_id.to_owned(),
     };
-    let sent = Instant::now();
-    match client.report(tokio_stream::once(chunk)).await {
-        Ok(ack) => {
-            stats.report_latency.record(sent.elapsed());
-            if ack.get_ref().outcome() == pb::report_ack::Outcome::Conflict {
-                stats.conflicts.fetch_add(1, Ordering::Relaxed);
+    let mut failures = 0;
+    loop {
+        let sent = Instant::now();
+        match client.report(tokio_stream::once(chunk.clone())).await {
+            Ok(ack) => {
+                stats.report_latency.record(sent.elapsed());
+                match ack.get_ref().outcome() {
+                    pb::report_ack::Outcome::Conflict => {
+                        stats.conflicts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    pb::report_ack::Outcome::Confirmed => held.lost(fleet, 1),
+                    _ => {}
+                }
+                stats.completions.fetch_add(1, Ordering::Relaxed);
+                return;
             }
-            stats.completions.fetch_add(1, Ordering::Relaxed);
+            Err(s) if !retryable(&s) => {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+                held.lost(fleet, 1);
+                return;
+            }
+            Err(s) => {
+                stats.error("report", &s, &fleet.stop);
+                if fleet.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                failures += 1;
+                tokio::time::sleep(pause(held.worker, failures)).await;
+            }
         }
-        Err(s) if s.code() == Code::PermissionDenied => {
-            stats.refused.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(s) => stats.error("report", &s, &fleet.stop),
     }
 }
 
@@ -982,6 +1150,21 @@ fn du(dir: &Path) -> Result<u64> {
 /// The value of `name=VALUE` in a log line.
 fn field<T: std::str::FromStr>(line: &str, name: &str) -> Option<T> {
     nq_e2e::log_field(line, name).and_then(|v| v.parse().ok())
+}
+
+/// The CPU time (user and system, all threads) a live process has used so
+/// far, from `/proc/<pid>/stat`; `None` when it cannot be read.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from the `)` that
+    // ends it. utime and stime are fields 14 and 15.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // Linux reports them in USER_HZ, 100 per second on every architecture
+    // it exports to user space.
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// Resident memory of a process, from `/proc/<pid>/status`.

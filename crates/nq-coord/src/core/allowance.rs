@@ -159,8 +159,24 @@ impl Allowances {
     /// True when a lease of `identity` held for `age` is overdue (see the
     /// module doc). Never true before any copy was delivered in the session.
     pub fn is_overdue(&self, identity: IdentityId, age: Duration) -> bool {
+        self.overdue_after(identity)
+            .is_some_and(|limit| age > limit)
+    }
+
+    /// How long a lease of `identity` may be held before it is overdue, or
+    /// `None` while nothing was measured (see the module doc). It changes
+    /// only with a delivered copy ([`Allowances::note_copy`]), and it gets
+    /// shorter only at the identity's first copy, or at the session's
+    /// first (from `None`).
+    pub fn overdue_after(&self, identity: IdentityId) -> Option<Duration> {
         let expected = self.expected(identity);
-        !expected.is_zero() && age > self.ttl * OVERDUE_TTLS + expected * OVERDUE_SLACK
+        (!expected.is_zero()).then(|| self.ttl * OVERDUE_TTLS + expected * OVERDUE_SLACK)
+    }
+
+    /// The longest lease any identity needed for a copy (zero before the
+    /// first copy).
+    pub fn longest(&self) -> Duration {
+        self.longest
     }
 
     /// The lease time a job of `identity` is expected to need: the longest

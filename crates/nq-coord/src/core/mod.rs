@@ -16,6 +16,7 @@
 pub mod allowance;
 pub mod lease;
 pub(crate) mod ledger;
+pub(crate) mod presence;
 pub mod quorum;
 pub mod report;
 pub mod scheduler;
@@ -100,7 +101,10 @@ impl Core {
     /// Advances the clock to `now`: expires leases, takes back overdue ones
     /// (collecting those taken back since the last tick), forgets old workers and
     /// settled leases, recounts the machines at work, and samples the
-    /// counters. `prune` asks for the (costlier) pruning of issued leases.
+    /// counters. `prune` asks for the pruning of issued leases. Each step
+    /// costs what changed since the last tick, not the number of workers or
+    /// leases (see `tick_scans` in [`scheduler`]); the exception is the
+    /// per-worker sample that [`History`] takes every ten seconds.
     pub(crate) fn tick(&mut self, now: Instant, prune: bool) -> Ticked {
         let expired = self.sched.expire(now);
         self.sched.reclaim_overdue(now);

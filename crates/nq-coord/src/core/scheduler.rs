@@ -50,6 +50,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::core::allowance::{Allowances, fair_share};
 use crate::core::lease::{Lease, LeaseId, LeaseTable, WorkerId};
+use crate::core::presence::Presence;
 use crate::core::quorum::{
     Beaten, Identities, IdentityId, LOCAL, Policy, Rules, trusted_from_start,
 };
@@ -496,7 +497,23 @@ pub struct Scheduler {
     leases: LeaseTable,
     /// Every lease this session issued, until its job is settled.
     issued: HashMap<LeaseId, Issued>,
+    /// The last lease in `issued` of each job that has one, and for each
+    /// such lease the one issued before it for the same job: the leases
+    /// [`Scheduler::prune_issued`] forgets when a job is settled, found
+    /// without a scan.
+    issued_by_job: HashMap<JobId, LeaseId>,
+    issued_before: HashMap<LeaseId, LeaseId>,
+    /// Jobs settled since the last [`Scheduler::prune_issued`] that have
+    /// issued leases.
+    settled_since_prune: Vec<JobId>,
     workers: HashMap<WorkerId, Worker>,
+    /// The remote workers ordered by when they were last heard from, so
+    /// that the clock's questions (who is at work, on how many machines,
+    /// who to forget) cost what changed, not the number of workers.
+    presence: Presence,
+    /// The coordinator's own threads registered: one machine, always at
+    /// work, never forgotten.
+    locals: usize,
     /// Live registrations per identity and per address (bounded by
     /// [`MAX_REGISTRATIONS_PER_IDENTITY`] and
     /// [`MAX_REGISTRATIONS_PER_ADDRESS`]); entries leave with their workers.
@@ -595,7 +612,12 @@ impl Scheduler {
             unchecked: JobBits::default(),
             leases: LeaseTable::default(),
             issued: HashMap::new(),
+            issued_by_job: HashMap::new(),
+            issued_before: HashMap::new(),
+            settled_since_prune: Vec::new(),
             workers: HashMap::new(),
+            presence: Presence::new(ttl),
+            locals: 0,
             registrations: HashMap::new(),
             registrations_by_address: HashMap::new(),
             allowances: Allowances::new(ttl),
@@ -742,17 +764,20 @@ impl Scheduler {
     }
 
     /// True when two machines are at work at `now` (see
-    /// [`Scheduler::refresh_machines`]).
-    fn machines_at_work(&self, now: Instant) -> bool {
-        let mut machines: Vec<Option<IdentityId>> = self
-            .workers
-            .values()
-            .filter(|w| w.local || now.saturating_duration_since(w.last_seen) <= self.ttl)
-            .map(|w| (!w.local).then_some(w.identity))
-            .collect();
-        machines.sort_unstable();
-        machines.dedup();
-        machines.len() >= 2
+    /// [`Scheduler::refresh_machines`]). Costs what changed since the last
+    /// call, not the number of workers ([`Presence`]).
+    fn machines_at_work(&mut self, now: Instant) -> bool {
+        self.presence.machines(now) + usize::from(self.locals > 0) >= 2
+    }
+
+    /// Records that `worker` called in at `now`.
+    fn heard_from(&mut self, worker: &WorkerId, now: Instant) {
+        if let Some(w) = self.workers.get_mut(worker) {
+            let before = std::mem::replace(&mut w.last_seen, now);
+            if !w.local {
+                self.presence.touch(worker, w.identity, Some(before), now);
+            }
+        }
     }
 
     /// Sets whether two machines are at work (on startup at `now`: whether
@@ -898,6 +923,7 @@ impl Scheduler {
         }
         *self.registrations.entry(identity).or_insert(0) += 1;
         self.returning.remove(&identity);
+        self.presence.touch(&id, identity, None, now);
         self.workers.insert(
             id,
             Worker {
@@ -950,6 +976,9 @@ impl Scheduler {
             granted: now,
             deadline: now + self.ttl,
         });
+        if let Some(before) = self.issued_by_job.insert(job, lease) {
+            self.issued_before.insert(lease, before);
+        }
         self.issued.insert(
             lease,
             Issued {
@@ -997,6 +1026,11 @@ impl Scheduler {
             self.rng.random::<u32>()
         ));
         self.next_worker += 1;
+        if local {
+            self.locals += 1;
+        } else {
+            self.presence.touch(&id, identity, None, now);
+        }
         self.workers.insert(
             id.clone(),
             Worker {
@@ -1074,10 +1108,9 @@ impl Scheduler {
             let w = self.admit(worker)?;
             (w.threads, w.identity, w.local)
         };
-        let w = self.workers.get_mut(worker).expect("admitted above");
-        w.last_seen = now;
+        self.heard_from(worker, now);
         if complete {
-            w.told_complete = true;
+            self.mark_told(worker);
         }
         self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
@@ -1091,6 +1124,9 @@ impl Scheduler {
         for &id in held {
             if self.leases.renew(id, worker, deadline) {
                 renewed += 1;
+                if self.leases.review(id).is_none() {
+                    self.schedule_review(id); // see `reclaim_overdue`
+                }
             } else {
                 grant.revoked.push(id);
             }
@@ -1144,6 +1180,9 @@ impl Scheduler {
                 granted: now,
                 deadline,
             });
+            if let Some(before) = self.issued_by_job.insert(job, lease) {
+                self.issued_before.insert(lease, before);
+            }
             self.issued.insert(
                 lease,
                 Issued {
@@ -1188,10 +1227,9 @@ impl Scheduler {
             if holder == asker || held <= keep || self.is_local_identity(holder) {
                 continue;
             }
-            let mut old: Vec<&Lease> = self
-                .leases
-                .iter()
-                .filter(|l| l.identity == holder && l.granted + self.ttl <= now)
+            let mut old: Vec<&Lease> = (self.leases.held_by(holder))
+                .filter_map(|id| self.leases.get(id))
+                .filter(|l| l.granted + self.ttl <= now)
                 .collect();
             old.sort_by_key(|l| std::cmp::Reverse((l.granted, l.job)));
             victims.extend(
@@ -1234,21 +1272,53 @@ impl Scheduler {
     /// Takes back every remote lease held far past the time its holder was
     /// measured to need ([`crate::core::allowance`]); their jobs are
     /// reissued. Call it with [`Scheduler::expire`], on the clock's tick.
+    ///
+    /// Costs what comes due, not what is live: each renewed remote lease
+    /// has a review time in the lease table, when it becomes overdue if its
+    /// holder's measured time does not grow meanwhile. A lease never renewed
+    /// needs none: it expires one lease lifetime after its grant, before it
+    /// can be overdue (more than [`crate::core::allowance::OVERDUE_TTLS`]
+    /// lifetimes), and [`Scheduler::expire`] runs first. A lease reviewed
+    /// early (the time grew) gets its new review time. A review time can
+    /// only be late when the time got shorter, which happens at an
+    /// identity's first copy or the session's first, and
+    /// [`Scheduler::note_copy`] sets those leases' review times again.
     pub fn reclaim_overdue(&mut self, now: Instant) {
-        let overdue: Vec<Lease> = self
-            .leases
-            .iter()
-            .filter(|l| {
-                !self.is_local_identity(l.identity)
-                    && self
-                        .allowances
-                        .is_overdue(l.identity, now.saturating_duration_since(l.granted))
-            })
-            .cloned()
-            .collect();
-        for lease in overdue {
-            self.take_back(lease, TakenBack::Overdue, now);
+        for id in self.leases.take_due_for_review(now) {
+            let Some(lease) = self.leases.get(id) else {
+                continue;
+            };
+            match self.review_time(lease) {
+                Some(at) if at < now => {
+                    let lease = lease.clone();
+                    self.take_back(lease, TakenBack::Overdue, now);
+                }
+                at => {
+                    self.leases.set_review(id, at);
+                }
+            }
         }
+    }
+
+    /// When live lease `lease` becomes overdue as its holder's time is
+    /// measured now: `None` for the local threads' leases (exempt) and
+    /// while nothing is measured.
+    fn review_time(&self, lease: &Lease) -> Option<Instant> {
+        if self.is_local_identity(lease.identity) {
+            return None;
+        }
+        let limit = self.allowances.overdue_after(lease.identity)?;
+        lease.granted.checked_add(limit)
+    }
+
+    /// Sets the review time of live lease `id` from its holder's measured
+    /// time now, if it was renewed (see [`Scheduler::reclaim_overdue`]).
+    fn schedule_review(&mut self, id: LeaseId) {
+        if !self.leases.is_renewed(id) {
+            return;
+        }
+        let at = self.leases.get(id).and_then(|l| self.review_time(l));
+        self.leases.set_review(id, at);
     }
 
     /// Every live lease, in no particular order.
@@ -1358,9 +1428,7 @@ impl Scheduler {
         leases: &[LeaseId],
         now: Instant,
     ) -> Vec<JobId> {
-        if let Some(w) = self.workers.get_mut(worker) {
-            w.last_seen = now;
-        }
+        self.heard_from(worker, now);
         let mut out = vec![];
         for &id in leases {
             if self.leases.get(id).is_some_and(|l| l.worker == *worker) {
@@ -1540,6 +1608,7 @@ impl Scheduler {
                     self.pending_count -= 1;
                 }
                 self.table.set_phase(s.job, Phase::Done);
+                self.note_settled(s.job);
                 self.attempts.remove(&s.job);
                 self.leases.remove_job(s.job);
                 self.open.remove(&s.job);
@@ -1644,7 +1713,37 @@ impl Scheduler {
             && !i.local
         {
             let held = now.saturating_duration_since(i.granted);
-            self.allowances.note_copy(i.identity, held, now);
+            let identity = i.identity;
+            let before = (
+                self.allowances.expected(identity),
+                self.allowances.longest(),
+            );
+            self.allowances.note_copy(identity, held, now);
+            self.review_sooner(identity, before);
+        }
+    }
+
+    /// Sets again the review times that a copy of `identity` made too late
+    /// (see [`Scheduler::reclaim_overdue`]); `before` is the identity's
+    /// expected time and the session's longest before the copy. Later
+    /// review times need nothing: a lease reviewed early is scheduled
+    /// again.
+    fn review_sooner(&mut self, identity: IdentityId, before: (Duration, Duration)) {
+        let (expected, longest) = before;
+        let ids: Vec<LeaseId> =
+            if longest.is_zero() && !self.allowances.longest().is_zero() {
+                // The session's first measurement: every renewed lease gets
+                // a review time (once per session).
+                self.leases.iter().map(|l| l.id).collect()
+            } else if self.allowances.expected(identity) < expected {
+                // The identity's first copy, shorter than the longest: only its
+                // leases, at most its starting cap.
+                self.leases.held_by(identity).collect()
+            } else {
+                return;
+            };
+        for id in ids {
+            self.schedule_review(id);
         }
     }
 
@@ -1660,9 +1759,29 @@ impl Scheduler {
     /// Forgets issued leases of settled jobs: no report under them can
     /// change anything any more, and a run's leases would otherwise grow
     /// memory without bound.
+    ///
+    /// Costs what was settled since the last call, not what was issued:
+    /// only the jobs settled meanwhile are looked at, and those still
+    /// settled (not reopened for a check) lose their issued leases.
     pub fn prune_issued(&mut self) {
-        let table = &self.table;
-        self.issued.retain(|_, i| table.phase(i.job) != Phase::Done);
+        for job in std::mem::take(&mut self.settled_since_prune) {
+            if self.table.phase(job) != Phase::Done {
+                continue; // reopened; listed again when settled again
+            }
+            let mut next = self.issued_by_job.remove(&job);
+            while let Some(id) = next {
+                self.issued.remove(&id);
+                next = self.issued_before.remove(&id);
+            }
+        }
+    }
+
+    /// Lists `job`, just settled, for [`Scheduler::prune_issued`] if it has
+    /// issued leases (the jobs restored as settled have none).
+    fn note_settled(&mut self, job: JobId) {
+        if self.issued_by_job.contains_key(&job) {
+            self.settled_since_prune.push(job);
+        }
     }
 
     /// Stops granting leases (the first step of shutdown). Heartbeats still
@@ -1739,13 +1858,9 @@ impl Scheduler {
     }
 
     /// Remote workers heard from within one lease TTL before `now`.
+    /// Costs what changed since the last tick, not the number of workers.
     pub fn active_workers(&self, now: Instant) -> usize {
-        self.workers
-            .values()
-            .filter(|w| {
-                !w.local && now.saturating_duration_since(w.last_seen) <= self.ttl
-            })
-            .count()
+        self.presence.at_work(now)
     }
 
     /// Notes the remote identities that voted in earlier sessions (on
@@ -1790,21 +1905,22 @@ impl Scheduler {
     /// allowances of identities left with no worker and no lease, so that
     /// churn does not grow memory. A forgotten worker that calls again is
     /// told to register again.
+    ///
+    /// Costs what is forgotten, not the number of workers (`Presence`).
     pub fn prune_workers(&mut self, now: Instant) {
-        let horizon = self.ttl * FORGET_AFTER_TTLS;
-        let gone: Vec<WorkerId> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| {
-                !w.local && now.saturating_duration_since(w.last_seen) > horizon
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
+        let Some(horizon) = now.checked_sub(self.ttl * FORGET_AFTER_TTLS) else {
+            return; // nobody was heard from before the clock's start
+        };
+        let gone = self.presence.silent_since(horizon);
         if gone.is_empty() {
             return;
         }
         for id in &gone {
-            let w = self.workers.remove(id).expect("listed above");
+            // Presence lists only registered workers.
+            let Some(w) = self.workers.remove(id) else {
+                continue;
+            };
+            self.presence.forget(id, w.identity, w.last_seen);
             release_count(&mut self.registrations, w.identity);
             if let Some(ip) = w.address {
                 release_count(&mut self.registrations_by_address, ip);
@@ -1907,6 +2023,252 @@ fn release_count<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, u32>, key: K) 
 fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > 4 * map.len().max(16) {
         map.shrink_to_fit();
+    }
+}
+
+/// The clock's questions, asked of indexes ([`Presence`], the lease table's
+/// review and deadline indexes), answer as full scans of the workers and
+/// leases would, over random sequences of events.
+#[cfg(test)]
+mod tick_scans {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    fn scheduler() -> Scheduler {
+        let policy = Policy {
+            secret: [3; 16],
+            fraction: crate::core::quorum::Fraction::Fixed(0.0),
+            ban_after: 2,
+        };
+        Scheduler::new(vec![1; 400], 1, TTL, policy)
+    }
+
+    /// What the clock's questions answered before they were indexed: the
+    /// remote workers at work, whether two machines are at work, and the
+    /// workers to forget, by a scan of every worker.
+    fn scanned_workers(s: &Scheduler, now: Instant) -> (usize, bool, Vec<WorkerId>) {
+        let at_work = |w: &Worker| now.saturating_duration_since(w.last_seen) <= s.ttl;
+        let active = s.workers().filter(|(_, w)| !w.local && at_work(w)).count();
+        let mut machines: Vec<Option<IdentityId>> = s
+            .workers()
+            .filter(|(_, w)| w.local || at_work(w))
+            .map(|(_, w)| (!w.local).then_some(w.identity))
+            .collect();
+        machines.sort_unstable();
+        machines.dedup();
+        let horizon = s.ttl * FORGET_AFTER_TTLS;
+        let mut silent: Vec<WorkerId> = s
+            .workers()
+            .filter(|(_, w)| {
+                !w.local && now.saturating_duration_since(w.last_seen) > horizon
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        silent.sort();
+        (active, machines.len() >= 2, silent)
+    }
+
+    /// The leases a scan of every live lease finds overdue at `now`.
+    fn scanned_overdue(s: &Scheduler, now: Instant) -> Vec<LeaseId> {
+        let mut ids: Vec<LeaseId> = s
+            .live_leases()
+            .filter(|l| {
+                !s.is_local_identity(l.identity)
+                    && s.allowances()
+                        .is_overdue(l.identity, now.saturating_duration_since(l.granted))
+            })
+            .map(|l| l.id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// The ledger's decision for one copy of `job` under `lease`: settled,
+    /// or (`settled` false) waiting for a check, which reopens a settled
+    /// job.
+    fn decided(job: JobId, lease: Option<LeaseId>, settled: bool) -> Settlement {
+        Settlement {
+            job,
+            lease,
+            counted_before: None,
+            counted: None,
+            work: 1,
+            attempts: 1,
+            votes: 1,
+            settled,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        }
+    }
+
+    /// Renews every lease of `workers` at `now` (their heartbeats).
+    fn heartbeat(s: &mut Scheduler, workers: &[&WorkerId], now: Instant) {
+        for &w in workers {
+            let held: Vec<LeaseId> = (s.live_leases())
+                .filter(|l| l.worker == *w)
+                .map(|l| l.id)
+                .collect();
+            s.lease(w, 0, &held, now).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_lease_reviewed_before_its_time_grew_is_reviewed_again_later() {
+        let mut s = scheduler();
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        let [a, b, h] = ["a", "b", "h"].map(|n| s.register(n, 1, None, t0).unwrap());
+        let held = s.lease(&h, 1, &[], t0).unwrap().jobs[0].lease;
+        let la = s.lease(&a, 1, &[], t0).unwrap().jobs[0].lease;
+        let lb = s.lease(&b, 1, &[], t0).unwrap().jobs[0].lease;
+        // a delivers in 2 s: h, never measured, is expected to need 2 s
+        // too, and is overdue after 3 × 30 + 8 × 2 = 106 s.
+        s.note_copy(&a, la, 1, at(2));
+        s.release(&a, &[la], at(2));
+        // b delivers in 25 s: h is now expected to need 25 s, overdue
+        // after 3 × 30 + 8 × 25 = 290 s.
+        s.note_copy(&b, lb, 1, at(25));
+        s.release(&b, &[lb], at(25));
+        for secs in (20..=280).step_by(20) {
+            heartbeat(&mut s, &[&h, &a, &b], at(secs));
+            s.expire(at(secs));
+            s.reclaim_overdue(at(secs));
+            assert!(s.take_reclaimed().is_empty(), "{secs} s: not overdue yet");
+        }
+        heartbeat(&mut s, &[&h], at(291));
+        s.reclaim_overdue(at(291));
+        let taken: Vec<LeaseId> = s.take_reclaimed().iter().map(|r| r.lease.id).collect();
+        assert_eq!(taken, vec![held], "reviewed at 106 s, then again at 290 s");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// After any sequence of registrations (names and addresses
+        /// collide, so machines repeat), heartbeats, releases, grants,
+        /// delivered copies and ticks, the indexed answers equal the scans:
+        /// workers at work, two machines at work, the workers forgotten,
+        /// the leases expired and the leases taken back as overdue.
+        #[test]
+        fn tick_answers_equal_full_scans(
+            events in proptest::collection::vec((0u8..10, 0u8..16, 0u64..120), 1..150),
+        ) {
+            let mut s = scheduler();
+            let mut now = Instant::now();
+            let mut ids: Vec<WorkerId> = Vec::new();
+            for (kind, who, secs) in events {
+                let pick = |ids: &[WorkerId]| ids[usize::from(who) % ids.len()].clone();
+                match kind {
+                    0 => {
+                        let ip = IpAddr::from([10, 0, 0, who % 3]);
+                        if let Ok(id) = s.register(&format!("w{}", who % 4), 1, Some(ip), now) {
+                            ids.push(id);
+                        }
+                    }
+                    1 if !ids.is_empty() => {
+                        // A heartbeat that renews what it holds and asks
+                        // for more.
+                        let id = pick(&ids);
+                        let held: Vec<LeaseId> = (s.live_leases())
+                            .filter(|l| l.worker == id)
+                            .map(|l| l.id)
+                            .collect();
+                        let _ = s.lease(&id, u32::from(who % 3), &held, now);
+                    }
+                    2 if !ids.is_empty() => {
+                        let id = pick(&ids);
+                        s.release(&id, &[], now);
+                    }
+                    3 if !ids.is_empty() => {
+                        // A copy delivered under a live lease, which then
+                        // ends: the holder's measured time changes.
+                        let live: Vec<Lease> = s.live_leases().cloned().collect();
+                        if !live.is_empty() {
+                            let l = &live[usize::from(who) % live.len()];
+                            s.note_copy(&l.worker, l.id, 1, now);
+                            s.release(&l.worker, &[l.id], now);
+                        }
+                    }
+                    8 => {
+                        // A job decided: one with a live lease, or any
+                        // (a late copy, or a check that reopens it).
+                        let live: Vec<Lease> = s.live_leases().cloned().collect();
+                        let (job, lease) = match live.get(usize::from(who)) {
+                            Some(l) => (l.job, Some(l.id)),
+                            None => (JobId(u64::from(who) % 24), None),
+                        };
+                        s.settle(&decided(job, lease, secs % 4 != 0), true).unwrap();
+                    }
+                    4 if s.locals == 0 && who == 0 => {
+                        ids.push(s.register_local(1, now));
+                    }
+                    5 => {
+                        now += Duration::from_secs(secs);
+                    }
+                    6 | 7 => {
+                        // Every worker renews what it holds, some time
+                        // later: leases outlive their expected time.
+                        now += Duration::from_secs(secs % 25);
+                        for id in ids.clone() {
+                            let held: Vec<LeaseId> = (s.live_leases())
+                                .filter(|l| l.worker == id)
+                                .map(|l| l.id)
+                                .collect();
+                            let _ = s.lease(&id, u32::from(kind == 6), &held, now);
+                        }
+                    }
+                    _ => {
+                        now += Duration::from_secs(secs % 10);
+                    }
+                }
+                // The tick, as `Core::tick` runs it, each answer checked
+                // against its scan.
+                let mut due: Vec<LeaseId> = (s.live_leases())
+                    .filter(|l| l.deadline < now)
+                    .map(|l| l.id)
+                    .collect();
+                due.sort();
+                let mut expired: Vec<LeaseId> = s.expire(now).iter().map(|l| l.id).collect();
+                expired.sort();
+                prop_assert_eq!(expired, due);
+                let overdue = scanned_overdue(&s, now);
+                s.reclaim_overdue(now);
+                let mut taken: Vec<LeaseId> =
+                    s.take_reclaimed().iter().map(|r| r.lease.id).collect();
+                taken.sort();
+                prop_assert_eq!(taken, overdue);
+                let (active, two, silent) = scanned_workers(&s, now);
+                prop_assert_eq!(s.active_workers(now), active);
+                prop_assert_eq!(s.machines_at_work(now), two);
+                let before: Vec<WorkerId> = s.workers().map(|(id, _)| id.clone()).collect();
+                s.prune_workers(now);
+                let mut pruned: Vec<WorkerId> = before
+                    .into_iter()
+                    .filter(|id| s.worker(id).is_none())
+                    .collect();
+                pruned.sort();
+                prop_assert_eq!(pruned, silent);
+                let mut kept: Vec<LeaseId> = (s.issued.iter())
+                    .filter(|(_, i)| s.table.phase(i.job) != Phase::Done)
+                    .map(|(&id, _)| id)
+                    .collect();
+                kept.sort();
+                s.prune_issued();
+                let mut issued: Vec<LeaseId> = s.issued.keys().copied().collect();
+                issued.sort();
+                prop_assert_eq!(issued, kept);
+            }
+        }
     }
 }
 
