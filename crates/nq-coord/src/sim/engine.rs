@@ -196,6 +196,26 @@ struct Sim {
     stats: Stats,
 }
 
+/// Opens the sled database in `dir` directly, as an attacker with write
+/// access would. A store closed a moment ago keeps its lock until sled's
+/// background threads let go (see `Store::open`), so a held lock is retried
+/// for a while.
+fn raw_open(dir: &std::path::Path) -> Result<sled::Db, String> {
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match sled::Config::new().path(dir).open() {
+            Ok(db) => return Ok(db),
+            Err(sled::Error::Io(ref e))
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < give_up =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(format!("raw sled: {e}")),
+        }
+    }
+}
+
 /// Opens the run in `config.data_dir` as a new session does (`setup`,
 /// which restores), and starts its engine.
 fn open(config: &Config) -> Result<(Session, String), String> {
@@ -691,7 +711,7 @@ impl Sim {
         let dir = self.config.data_dir.clone();
         let err = |e: sled::Error| format!("raw sled: {e}");
         let (key, real) = {
-            let db = sled::Config::new().path(&dir).open().map_err(err)?;
+            let db = raw_open(&dir)?;
             let records = db.open_tree("records").map_err(err)?;
             let Some((key, real)) = records.first().map_err(err)? else {
                 return Ok(()); // nothing stored yet
@@ -713,7 +733,7 @@ impl Sim {
             }
         }
         self.stats.tampered += 1;
-        let db = sled::Config::new().path(&dir).open().map_err(err)?;
+        let db = raw_open(&dir)?;
         db.open_tree("records")
             .and_then(|r| r.insert(&key, real))
             .map_err(err)?;
