@@ -283,6 +283,31 @@ pub struct Worker {
     pub leases_taken_back: u64,
 }
 
+impl Worker {
+    /// A worker registered at `now`, with nothing reported yet.
+    fn new(
+        name: &str,
+        address: Option<IpAddr>,
+        identity: IdentityId,
+        threads: u32,
+        now: Instant,
+        local: bool,
+    ) -> Worker {
+        Worker {
+            name: name.to_owned(),
+            address,
+            identity,
+            threads,
+            last_seen: now,
+            told_complete: false,
+            local,
+            jobs_reported: 0,
+            work_reported: 0,
+            leases_taken_back: 0,
+        }
+    }
+}
+
 /// One job handed out by [`Scheduler::lease`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Granted {
@@ -924,21 +949,8 @@ impl Scheduler {
         *self.registrations.entry(identity).or_insert(0) += 1;
         self.returning.remove(&identity);
         self.presence.touch(&id, identity, None, now);
-        self.workers.insert(
-            id,
-            Worker {
-                name: name.to_owned(),
-                address,
-                identity,
-                threads,
-                last_seen: now,
-                told_complete: false,
-                local: false,
-                jobs_reported: 0,
-                work_reported: 0,
-                leases_taken_back: 0,
-            },
-        );
+        let worker = Worker::new(name, address, identity, threads, now, false);
+        self.workers.insert(id, worker);
     }
 
     /// Restores a lease `lease` of an earlier session on `job`, held by
@@ -965,31 +977,36 @@ impl Scheduler {
         {
             return false;
         }
-        self.table.set_phase(job, Phase::Leased);
-        self.pending_count -= 1;
         self.attempts.insert(job, attempts.max(1));
-        self.leases.insert(Lease {
-            id: lease,
+        let issued = Issued {
             job,
             worker: worker.clone(),
             identity,
+            local: false,
             granted: now,
-            deadline: now + self.ttl,
+        };
+        self.issue(lease, issued, now + self.ttl);
+        true
+    }
+
+    /// Leases pending `issued.job` under `lease` until `deadline`: the job
+    /// is leased, the lease live and bound to its worker and job.
+    fn issue(&mut self, lease: LeaseId, issued: Issued, deadline: Instant) {
+        let job = issued.job;
+        self.table.set_phase(job, Phase::Leased);
+        self.pending_count -= 1;
+        self.leases.insert(Lease {
+            id: lease,
+            job,
+            worker: issued.worker.clone(),
+            identity: issued.identity,
+            granted: issued.granted,
+            deadline,
         });
         if let Some(before) = self.issued_by_job.insert(job, lease) {
             self.issued_before.insert(lease, before);
         }
-        self.issued.insert(
-            lease,
-            Issued {
-                job,
-                worker: worker.clone(),
-                identity,
-                local: false,
-                granted: now,
-            },
-        );
-        true
+        self.issued.insert(lease, issued);
     }
 
     /// Registers the coordinator's own threads. They lease like a remote
@@ -1031,21 +1048,8 @@ impl Scheduler {
         } else {
             self.presence.touch(&id, identity, None, now);
         }
-        self.workers.insert(
-            id.clone(),
-            Worker {
-                name: name.to_owned(),
-                address,
-                identity,
-                threads,
-                last_seen: now,
-                told_complete: false,
-                local,
-                jobs_reported: 0,
-                work_reported: 0,
-                leases_taken_back: 0,
-            },
-        );
+        let worker = Worker::new(name, address, identity, threads, now, local);
+        self.workers.insert(id.clone(), worker);
         self.note_machine(now);
         id
     }
@@ -1167,32 +1171,17 @@ impl Scheduler {
                 break;
             };
             let lease = self.fresh_lease_id();
-            self.table.set_phase(job, Phase::Leased);
             let attempts = self.attempts.entry(job).or_insert(0);
             *attempts = attempts.saturating_add(1);
             let attempts = *attempts;
-            self.pending_count -= 1;
-            self.leases.insert(Lease {
-                id: lease,
+            let issued = Issued {
                 job,
                 worker: worker.clone(),
                 identity,
+                local,
                 granted: now,
-                deadline,
-            });
-            if let Some(before) = self.issued_by_job.insert(job, lease) {
-                self.issued_before.insert(lease, before);
-            }
-            self.issued.insert(
-                lease,
-                Issued {
-                    job,
-                    worker: worker.clone(),
-                    identity,
-                    local,
-                    granted: now,
-                },
-            );
+            };
+            self.issue(lease, issued, deadline);
             grant.jobs.push(Granted {
                 job,
                 lease,
