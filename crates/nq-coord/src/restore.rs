@@ -201,37 +201,24 @@ pub(crate) fn restore_leases(
 ) -> Result<KeptLeases> {
     use std::collections::{HashMap, HashSet};
 
-    use crate::core::lease::{LeaseId, WorkerId};
-
     let stored: HashMap<String, nq_store::StoredWorker> =
         store.workers()?.into_iter().collect();
     let oldest =
         crate::engine::unix_ms(now_wall).saturating_sub(LEASE_GRACE.as_millis() as u64);
     let (mut jobs, mut workers) = (HashSet::new(), HashSet::new());
+    // One scan of the records: the leases not kept are requeued from it.
+    let mut requeue = Vec::new();
     for (job, record) in store.leased_records()? {
-        let JobState::Leased {
-            worker,
-            deadline_unix_ms,
-            lease: Some(lease),
-        } = &record.state
-        else {
-            continue; // written before lease ids were kept
-        };
-        let Some(w) = stored.get(worker).filter(|_| *deadline_unix_ms >= oldest) else {
-            continue;
-        };
-        if sched.is_done(job) {
-            continue; // a stale record: the job was done meanwhile
-        }
-        let id = WorkerId(worker.clone());
-        let address = w.address.as_deref().and_then(|a| a.parse().ok());
-        sched.restore_worker(id.clone(), &w.name, &w.identity, address, w.threads, now);
-        if sched.restore_lease(job, LeaseId(*lease), &id, record.attempts, now) {
+        if keep_lease(sched, &stored, oldest, job, &record, now) {
+            if let JobState::Leased { worker, .. } = &record.state {
+                workers.insert(worker.clone());
+            }
             jobs.insert(job);
-            workers.insert(worker.clone());
+        } else {
+            requeue.push((job, record));
         }
     }
-    let requeued = store.requeue_leased_except(&jobs)?;
+    let requeued = store.requeue(requeue)?;
     store.retain_workers(&workers)?;
     store.flush()?;
     Ok(KeptLeases {
@@ -239,6 +226,40 @@ pub(crate) fn restore_leases(
         workers: workers.len(),
         requeued,
     })
+}
+
+/// Restores the lease of `record` on `job` (see [`restore_leases`]), with
+/// its worker's registration from `stored`, unless its deadline is before
+/// `oldest` (wall clock, ms), it has no lease id or no stored worker, or the
+/// job is done. Returns true when the lease is restored.
+fn keep_lease(
+    sched: &mut Scheduler,
+    stored: &std::collections::HashMap<String, nq_store::StoredWorker>,
+    oldest: u64,
+    job: nq_store::JobId,
+    record: &nq_store::JobRecord,
+    now: Instant,
+) -> bool {
+    use crate::core::lease::{LeaseId, WorkerId};
+
+    let JobState::Leased {
+        worker,
+        deadline_unix_ms,
+        lease: Some(lease),
+    } = &record.state
+    else {
+        return false; // written before lease ids were kept
+    };
+    let Some(w) = stored.get(worker).filter(|_| *deadline_unix_ms >= oldest) else {
+        return false;
+    };
+    if sched.is_done(job) {
+        return false; // a stale record: the job was done meanwhile
+    }
+    let id = WorkerId(worker.clone());
+    let address = w.address.as_deref().and_then(|a| a.parse().ok());
+    sched.restore_worker(id.clone(), &w.name, &w.identity, address, w.threads, now);
+    sched.restore_lease(job, LeaseId(*lease), &id, record.attempts, now)
 }
 
 /// Checks a done job's copies against its stored definition: every tally

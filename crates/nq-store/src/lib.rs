@@ -619,29 +619,23 @@ impl Store {
         Ok(out)
     }
 
-    /// Makes the jobs recorded as leased pending again, except `keep`
-    /// (whose leases a restarted coordinator restored), and flushes.
-    /// Returns how many it made pending.
+    /// Makes the jobs of `leased` (records read by
+    /// [`Store::leased_records`]) pending again, keeping their attempts.
+    /// Returns how many. Not durable until the next flush.
     ///
     /// # Errors
     ///
     /// [`Error::Corrupt`], sled errors.
-    pub fn requeue_leased_except(
-        &self,
-        keep: &std::collections::HashSet<JobId>,
-    ) -> Result<u64> {
-        let mut requeue = vec![];
-        for (id, mut rec) in self.leased_records()? {
-            if !keep.contains(&id) {
+    pub fn requeue(&self, leased: Vec<(JobId, JobRecord)>) -> Result<u64> {
+        let requeue: Vec<_> = leased
+            .into_iter()
+            .map(|(id, mut rec)| {
                 rec.state = JobState::Pending;
-                requeue.push((id, rec.encode(), false));
-            }
-        }
+                (id, rec.encode(), false)
+            })
+            .collect();
         let n = requeue.len() as u64;
         self.update_records(requeue)?;
-        if n > 0 {
-            self.db.flush()?;
-        }
         Ok(n)
     }
 
@@ -1265,8 +1259,8 @@ mod tests {
             JobState::Done(Box::new(result(3, "w1")))
         );
         assert_eq!(store.leased_records().unwrap().len(), 1);
-        let none = std::collections::HashSet::new();
-        assert_eq!(store.requeue_leased_except(&none).unwrap(), 1);
+        let leased = store.leased_records().unwrap();
+        assert_eq!(store.requeue(leased).unwrap(), 1);
         assert!(store.leased_records().unwrap().is_empty());
         // A done record is final: a late lease record does not overwrite it.
         let late = JobRecord {

@@ -513,12 +513,16 @@ impl Engine {
             }
         }
         if !batch.is_empty() {
-            let jobs: Vec<u64> = records.iter().map(|(job, _, _)| job.0).collect();
             self.store.apply(batch)?;
             // Durable now, not at sled's next flush: a SIGKILL a moment
             // later must not lose the leases that workers are computing.
             self.store.flush()?;
-            tracing::debug!(?jobs, workers = workers.len(), "lease records written");
+            // The job list is built only when debug logs are on.
+            tracing::debug!(
+                jobs = ?records.iter().map(|(job, _, _)| job.0).collect::<Vec<_>>(),
+                workers = workers.len(),
+                "lease records written"
+            );
         }
         Ok(())
     }
