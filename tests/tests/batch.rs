@@ -178,13 +178,14 @@ async fn a_batch_is_durable_when_answered() -> Result<()> {
         coord.proc.kill().await?;
 
         let mut coord = Coord::ephemeral(&dir, HAND_DRIVEN).await?;
-        // Logged after the stored results are restored, always.
-        coord.proc.line_containing("data directory ready").await?;
+        // Logged once the stored results are checked and counted (before
+        // serving, or in the background after it).
         let done: u64 = coord
             .proc
-            .lines_containing("restored finished jobs")
-            .first()
-            .and_then(|l| nq_e2e::log_field(l, "done")?.parse().ok())
+            .line_containing("restored finished jobs")
+            .await
+            .ok()
+            .and_then(|l| nq_e2e::log_field(&l, "done")?.parse().ok())
             .unwrap_or(0);
         ensure!(
             done == 4,

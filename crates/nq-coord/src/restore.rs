@@ -97,55 +97,132 @@ pub(crate) fn restore_from<I>(
 where
     I: Iterator<Item = nq_store::Result<ScannedJob>>,
 {
-    let (mut confirmations, mut conflicts) = (0, 0);
-    let mut writes = Vec::new();
-    // The remote identities that voted, and whether the coordinator's own
-    // threads did (one machine, whatever kernels they ran).
-    let mut voters: std::collections::BTreeSet<String> =
-        std::collections::BTreeSet::new();
-    let mut local_voted = false;
+    let mut voters = Voters::default();
     for entry in scan(Scan::Done) {
         let entry = entry?;
-        for d in &entry.duplicates {
-            match d.kind {
-                DuplicateKind::Confirmation => confirmations += 1,
-                DuplicateKind::Conflict => conflicts += 1,
-            }
-        }
-        let has_duplicates = !entry.duplicates.is_empty();
-        let job = entry.job;
+        let (job, duplicates) = (entry.job, entry.duplicates.clone());
         let copies = entry.into_copies();
         for c in &copies {
-            if ledger::machine_of(&c.identity) == "local" {
-                local_voted = true;
-            } else if !voters.contains(&c.identity) {
-                voters.insert(c.identity.clone());
-            }
+            voters.note(&c.identity);
         }
-        // Only jobs with duplicates can hold a lost conflict or a
-        // confirmation.
-        if has_duplicates {
-            let records = ledger::records_in(sched, job, &copies);
-            for loser in records.losers {
-                sched.restore_loss(loser, &records.beaten);
-            }
-            // Probation records, from the confirmations stored as duplicates.
-            for confirmed in records.confirmed {
-                sched.restore_confirmation(confirmed);
-            }
-        }
+        voters.learn(sched, job, &duplicates, &copies);
     }
-    sched.restore_duplicates(confirmations, conflicts);
-    // The selection as the previous session left it: two machines at work if
-    // the stored copies came from two.
-    let machines = voters.len() + usize::from(local_voted);
-    sched.restore_two_machines(machines >= 2, now);
-    sched.expect_back(voters.iter().map(String::as_str));
+    voters.restore(sched, now);
+    let mut writes = Vec::new();
     for entry in scan(Scan::Every) {
         let entry = entry?;
-        if entry.is_done() {
-            let checked = check(&entry)?;
-            let (job, attempts) = (entry.job, entry.record.attempts);
+        let checked = if entry.is_done() {
+            Some(check(&entry)?)
+        } else {
+            None
+        };
+        writes.extend(restore_job(sched, entry, checked, solutions_mode)?.writes);
+    }
+    Ok(writes)
+}
+
+/// What the stored copies say of who voted, and the confirmations and
+/// conflicts they record: pass 1 of the module doc, over every done job
+/// (a full restore) or over the jobs with duplicates and the voters index
+/// (a restart that serves first, [`restore_indexed`]).
+#[derive(Debug, Default)]
+struct Voters {
+    /// The remote identities that voted.
+    remote: std::collections::BTreeSet<String>,
+    /// Whether the coordinator's own threads did (one machine, whatever
+    /// kernels they ran).
+    local: bool,
+    confirmations: u64,
+    conflicts: u64,
+}
+
+impl Voters {
+    /// Notes a voter.
+    fn note(&mut self, identity: &str) {
+        if ledger::machine_of(identity) == "local" {
+            self.local = true;
+        } else if !self.remote.contains(identity) {
+            self.remote.insert(identity.to_owned());
+        }
+    }
+
+    /// Learns the conflicts lost and the results confirmed in done `job`,
+    /// whose copies are `copies` (the counted one first) and whose recorded
+    /// duplicates are `duplicates`: they rebuild every identity's
+    /// reputation and probation record. Only a job with duplicates can hold
+    /// either.
+    fn learn(
+        &mut self,
+        sched: &mut Scheduler,
+        job: nq_store::JobId,
+        duplicates: &[nq_store::Duplicate],
+        copies: &[StoredResult],
+    ) {
+        if duplicates.is_empty() {
+            return;
+        }
+        for d in duplicates {
+            match d.kind {
+                DuplicateKind::Confirmation => self.confirmations += 1,
+                DuplicateKind::Conflict => self.conflicts += 1,
+            }
+        }
+        let records = ledger::records_in(sched, job, copies);
+        for loser in records.losers {
+            sched.restore_loss(loser, &records.beaten);
+        }
+        for confirmed in records.confirmed {
+            sched.restore_confirmation(confirmed);
+        }
+    }
+
+    /// Gives `sched` what was learnt: the duplicates' counts, and the
+    /// selection as the previous session left it (two machines at work if
+    /// the stored copies came from two).
+    fn restore(self, sched: &mut Scheduler, now: Instant) {
+        sched.restore_duplicates(self.confirmations, self.conflicts);
+        let machines = self.remote.len() + usize::from(self.local);
+        sched.restore_two_machines(machines >= 2, now);
+        sched.expect_back(self.remote.iter().map(String::as_str));
+    }
+}
+
+/// What [`restore_job`] did with one stored job.
+#[derive(Debug, Default)]
+pub(crate) struct RestoredJob {
+    /// Writes that move its Done record to the copy that counts now, for
+    /// the caller to make durable.
+    pub(crate) writes: Vec<Write>,
+    /// The job was marked restoring, but the store has no result for it: it
+    /// is pending again.
+    pub(crate) not_stored: bool,
+    /// Judged from its stored copies: `Some(true)` when that settled it,
+    /// `Some(false)` when it waits for another copy.
+    pub(crate) judged: Option<bool>,
+}
+
+/// Judges one stored job (`checked`: its copies checked, for a done job)
+/// into `sched`, as pass 3 of the module doc does: a done job not settled
+/// in this session (pending, restoring, or leased where the state index
+/// missed its result) is judged from its copies; a job marked restoring that
+/// has no result is pending again; a job with a record of attempts keeps
+/// them. A job this session settled already is left alone: its copies were
+/// read from the store when it was judged.
+///
+/// # Errors
+///
+/// [`Error::Inconsistent`] if the totals overflow.
+pub(crate) fn restore_job(
+    sched: &mut Scheduler,
+    entry: ScannedJob,
+    checked: Option<Checked>,
+    solutions_mode: bool,
+) -> Result<RestoredJob> {
+    let job = entry.job;
+    let mut out = RestoredJob::default();
+    match checked {
+        Some(checked) if entry.is_done() && !sched.is_done(job) => {
+            let attempts = entry.record.attempts;
             let (settlement, moved) = ledger::judge_restored(
                 sched,
                 job,
@@ -155,13 +232,76 @@ where
                 solutions_mode,
             );
             sched.settle(&settlement, false)?;
-            writes.extend(moved);
-        } else {
+            out.writes = moved;
+            out.judged = Some(settlement.settled);
+        }
+        _ if entry.is_done() => {}
+        _ => {
+            if sched.is_restoring(job) {
+                sched.not_stored(job);
+                out.not_stored = true;
+            }
             // The leased jobs of the last session are pending again.
-            sched.restore_attempts(entry.job, entry.record.attempts);
+            if sched.attempts(job) == 0 {
+                sched.restore_attempts(job, entry.record.attempts);
+            }
         }
     }
-    Ok(writes)
+    Ok(out)
+}
+
+/// The first half of a restart that serves before it checked the stored
+/// copies, for a store whose state index is complete
+/// ([`Store::is_indexed`]): the jobs the index names done are marked
+/// restoring (not handed out, not counted), the reputations are learnt from
+/// the jobs with duplicates, and the voters from the voters index. Reads no
+/// result but those with duplicates. Returns the records of the jobs the
+/// index names leased, for [`restore_leases`]. The check of every stored
+/// copy, which settles the restoring jobs, follows in the background
+/// (`engine::restoring`).
+///
+/// # Errors
+///
+/// Store errors.
+pub(crate) fn restore_indexed(
+    store: &Store,
+    sched: &mut Scheduler,
+    now: Instant,
+) -> Result<Vec<(nq_store::JobId, nq_store::JobRecord)>> {
+    let mut leased = Vec::new();
+    store.visit_states(|job, kind| match kind {
+        nq_store::RecordKind::Done => sched.mark_restoring(job),
+        nq_store::RecordKind::Leased => leased.push(job),
+        nq_store::RecordKind::Pending => {}
+    })?;
+    // Even with nothing marked: the index may have missed a result.
+    sched.begin_store_check();
+    let mut voters = Voters::default();
+    for identity in store.voters()? {
+        voters.note(&identity);
+    }
+    let mut duplicates = store.duplicates().peekable();
+    while let Some(first) = duplicates.next() {
+        let (job, d) = first?;
+        let mut of_job = vec![d];
+        while let Some(Ok((next, _))) = duplicates.peek()
+            && *next == job
+        {
+            of_job.push(duplicates.next().expect("peeked")?.1);
+        }
+        if let JobState::Done(counted) = store.job_record(job)?.state {
+            let copies: Vec<StoredResult> = std::iter::once(*counted)
+                .chain(of_job.iter().map(|d| d.result.clone()))
+                .collect();
+            voters.learn(sched, job, &of_job, &copies);
+        }
+    }
+    voters.restore(sched, now);
+    let mut records = Vec::with_capacity(leased.len());
+    for job in leased {
+        records.push((job, store.job_record(job)?));
+    }
+    Ok(records)
 }
 
 /// How long after its recorded deadline a lease of an earlier session is
@@ -181,8 +321,9 @@ pub(crate) struct KeptLeases {
     pub(crate) requeued: u64,
 }
 
-/// Keeps the leases of the previous session that the store records with
-/// their lease id and their worker's registration, and whose deadline
+/// Keeps the leases of the previous session, `leased` (the records of the
+/// jobs recorded as leased), that carry their lease id and whose worker's
+/// registration is stored, and whose deadline
 /// (wall clock, `now_wall`) is at most [`LEASE_GRACE`] past: their workers
 /// are registered again under their ids, and the leases restored with a
 /// fresh lifetime from `now`, so that reports under them are admitted by
@@ -195,6 +336,7 @@ pub(crate) struct KeptLeases {
 /// Store errors.
 pub(crate) fn restore_leases(
     store: &Store,
+    leased: Vec<(nq_store::JobId, nq_store::JobRecord)>,
     sched: &mut Scheduler,
     now_wall: std::time::SystemTime,
     now: Instant,
@@ -208,7 +350,7 @@ pub(crate) fn restore_leases(
     let (mut jobs, mut workers) = (HashSet::new(), HashSet::new());
     // One scan of the records: the leases not kept are requeued from it.
     let mut requeue = Vec::new();
-    for (job, record) in store.leased_records()? {
+    for (job, record) in leased {
         if keep_lease(sched, &stored, oldest, job, &record, now) {
             if let JobState::Leased { worker, .. } = &record.state {
                 workers.insert(worker.clone());
@@ -265,7 +407,11 @@ fn keep_lease(
 /// Checks a done job's copies against its stored definition: every tally
 /// derived again from its counts, and in solutions mode the stored
 /// solutions counted.
-fn check(store: &Store, shape: &RunShape, entry: &ScannedJob) -> Result<Checked> {
+pub(crate) fn check(
+    store: &Store,
+    shape: &RunShape,
+    entry: &ScannedJob,
+) -> Result<Checked> {
     let job = entry.job;
     let definition = entry
         .definition

@@ -20,7 +20,7 @@ use crate::engine::unix_ms;
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
-use crate::restore::{restore, restore_leases};
+use crate::restore::{restore, restore_indexed, restore_leases};
 
 /// What setup found in the data directory.
 pub(crate) enum Setup {
@@ -92,9 +92,25 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     )?;
     sched.expect_local_threads(config.local_threads > 0);
     sched.trust(config.trusted.iter().map(String::as_str));
-    // Totals are derived again from the stored counts, never from a cached sum.
-    restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
-    let kept = restore_leases(&store, &mut sched, SystemTime::now(), Instant::now())?;
+    // Totals are derived again from the stored counts, never from a cached
+    // sum: before serving for a store without a state index (and the index
+    // is built then), else in the background while serving (see
+    // `restore_indexed`).
+    let leased = if store.is_indexed()? {
+        restore_indexed(&store, &mut sched, Instant::now())?
+    } else {
+        restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
+        info!("building the state index of a store written before it existed");
+        store.rebuild_indexes()?;
+        store.leased_records()?
+    };
+    let kept = restore_leases(
+        &store,
+        leased,
+        &mut sched,
+        SystemTime::now(),
+        Instant::now(),
+    )?;
     if kept.restored > 0 || kept.requeued > 0 {
         info!(
             restored = kept.restored,
@@ -109,6 +125,13 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
             jobs = sched.jobs(),
             in_check = sched.jobs_in_check(),
             "restored finished jobs"
+        );
+    }
+    if sched.restoring() > 0 {
+        info!(
+            stored = sched.restoring(),
+            jobs = sched.jobs(),
+            "done jobs found in the state index: not handed out; their stored copies are checked and counted in the background"
         );
     }
     let elapsed_before = Duration::from_millis(store.elapsed_ms()?);

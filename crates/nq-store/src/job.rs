@@ -312,12 +312,13 @@ pub(crate) fn encode_record_chunk(records: &[(u8, &[u8])]) -> Vec<u8> {
 /// to a chunk value. A `Done` record is replaced only by an update marked
 /// `replaces_result` (verification chose another copy of the job's result);
 /// any other update of a done job is dropped, so that a late lease record can
-/// never undo a result. Returns the new value, or the decoding error of the
-/// old one.
+/// never undo a result. Returns the new value and the states of its jobs
+/// (for the state index, see [`crate::states`]), or the decoding error of
+/// the old one.
 pub(crate) fn update_record_chunk(
     old: Option<&[u8]>,
     updates: &[(u8, Vec<u8>, bool)],
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, crate::states::ChunkStates)> {
     let mut records: Vec<(u8, &[u8])> = match old {
         Some(bytes) => decode_record_chunk(bytes)?,
         None => Vec::new(),
@@ -329,7 +330,10 @@ pub(crate) fn update_record_chunk(
             Err(at) => records.insert(at, (*index, bytes)),
         }
     }
-    Ok(encode_record_chunk(&records))
+    Ok((
+        encode_record_chunk(&records),
+        crate::states::pack(records.iter().copied()),
+    ))
 }
 
 impl JobRecord {
@@ -448,16 +452,18 @@ mod tests {
             })),
             attempts: 1,
         };
-        let v = update_record_chunk(
+        let (v, _) = update_record_chunk(
             None,
             &[(5, leased.encode(), false), (2, leased.encode(), false)],
         )
         .unwrap();
-        let v = update_record_chunk(
+        let (v, states) = update_record_chunk(
             Some(&v),
             &[(5, done.encode(), false), (5, leased.encode(), false)],
         )
         .unwrap();
+        // Job 2 leased, job 5 done (the later lease record was dropped).
+        assert_eq!(states, (1 << 4) | (2 << 10));
         let records = decode_record_chunk(&v).unwrap();
         assert_eq!(records.iter().map(|r| r.0).collect::<Vec<_>>(), vec![2, 5]);
         assert_eq!(JobRecord::decode(records[1].1).unwrap(), done);

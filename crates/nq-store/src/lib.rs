@@ -76,6 +76,7 @@ pub mod plan;
 pub mod result;
 mod scan;
 pub mod seal;
+pub mod states;
 pub mod worker;
 
 use std::fmt;
@@ -93,6 +94,7 @@ pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
 pub use scan::{JobScan, Scan, ScannedJob};
 pub use seal::{KeyError, StoreKey};
+pub use states::RecordKind;
 pub use worker::StoredWorker;
 
 use codec::{Reader, key_u64};
@@ -118,6 +120,11 @@ const BOOT: &[u8] = b"boot";
 const ELAPSED: &[u8] = b"elapsed_ms";
 const SUMMARY: &[u8] = b"summary";
 const SECRET: &[u8] = b"verify_secret";
+/// Set when the `states` and `voters` trees cover every record (see
+/// [`states`]): from a run's creation on, or once
+/// [`Store::rebuild_indexes`] built them for a store written before they
+/// existed.
+const INDEXED: &[u8] = b"indexed";
 /// The seal record of a keyed store: its salt and the key's check value
 /// (see [`seal`]). The one value that carries no tag: it is what tells a
 /// keyed store.
@@ -181,6 +188,13 @@ pub struct Store {
     order: SealedTree,
     /// Registrations of workers that held leases, by worker id.
     workers: SealedTree,
+    /// The state index: two bits per job (see [`states`]).
+    states: SealedTree,
+    /// Every identity that has a stored copy (key: the identity; value
+    /// empty), so that a restart knows who voted without reading results.
+    voters: SealedTree,
+    /// The identities known to be in `voters`, loaded on the first write.
+    voters_written: std::sync::Mutex<Option<std::collections::HashSet<String>>>,
     /// Whether values are sealed with a store key.
     keyed: bool,
     dir: Option<PathBuf>,
@@ -295,9 +309,20 @@ impl Store {
             "solutions",
             "order",
             "workers",
+            "states",
+            "voters",
         ];
-        let [meta, jobs, records, duplicates, solutions, order, workers] =
-            names.map(|name| db.open_tree(name));
+        let [
+            meta,
+            jobs,
+            records,
+            duplicates,
+            solutions,
+            order,
+            workers,
+            states,
+            voters,
+        ] = names.map(|name| db.open_tree(name));
         let (meta, jobs, records, duplicates) = (meta?, jobs?, records?, duplicates?);
         let dir_name = dir
             .clone()
@@ -321,6 +346,9 @@ impl Store {
             solutions: tree(solutions?, "solutions"),
             order: tree(order?, "order"),
             workers: tree(workers?, "workers"),
+            states: tree(states?, "states"),
+            voters: tree(voters?, "voters"),
+            voters_written: std::sync::Mutex::new(None),
             keyed: sealer.is_some(),
             db,
             dir,
@@ -593,11 +621,125 @@ impl Store {
                 .or_default()
                 .push((index, bytes, replaces_result));
         }
+        let mut index: std::collections::BTreeMap<
+            u64,
+            Vec<(usize, states::ChunkStates)>,
+        > = std::collections::BTreeMap::new();
         for (key, updates) in by_chunk {
             // A corrupt chunk is left as it is, and reported.
+            let mut kinds = 0;
             self.records.fetch_and_update(key.to_be_bytes(), |old| {
-                job::update_record_chunk(old, &updates).map(Some)
+                let (value, k) = job::update_record_chunk(old, &updates)?;
+                kinds = k;
+                Ok(Some(value))
             })?;
+            let (chunk, at) = states::chunk_of_records(key);
+            index.entry(chunk).or_default().push((at, kinds));
+        }
+        // The index after the records: should a crash keep one write and not
+        // the other, the background check at the next start finds it.
+        for (chunk, states) in index {
+            self.states.fetch_and_update(chunk.to_be_bytes(), |old| {
+                states::update_chunk(old, &states).map(Some)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// True when the state index and the voters cover every record (see
+    /// [`states`]); false for a store written before they existed, until
+    /// [`Store::rebuild_indexes`].
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn is_indexed(&self) -> Result<bool> {
+        Ok(self.meta.get(INDEXED)?.is_some())
+    }
+
+    /// Calls `f` with every job whose record the state index names leased or
+    /// done, in job order. A hint, never a count: see [`states`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a damaged index chunk, sled errors.
+    pub fn visit_states(&self, mut f: impl FnMut(JobId, RecordKind)) -> Result<()> {
+        for entry in self.states.iter() {
+            let (k, v) = entry?;
+            states::visit(states::chunk_key(&k)?, states::decode_chunk(&v)?, &mut f);
+        }
+        Ok(())
+    }
+
+    /// Every identity with a stored copy, as the `voters` index lists them.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn voters(&self) -> Result<Vec<String>> {
+        self.voters
+            .iter()
+            .map(|entry| Ok(String::from_utf8_lossy(&entry?.0).into_owned()))
+            .collect()
+    }
+
+    /// Builds the state index and the voters from every record and
+    /// duplicate, for a store written before they existed, and marks the
+    /// store indexed. A full read of the results, once. Not durable until
+    /// the next flush.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn rebuild_indexes(&self) -> Result<()> {
+        self.states.raw().clear()?;
+        let mut index: std::collections::BTreeMap<
+            u64,
+            Vec<(usize, states::ChunkStates)>,
+        > = std::collections::BTreeMap::new();
+        let mut voters = std::collections::HashSet::new();
+        for entry in self.records.iter() {
+            let (k, v) = entry?;
+            let key = key_u64("records", &k)?;
+            let records = job::decode_record_chunk(&v)?;
+            for (_, bytes) in &records {
+                if let JobState::Done(r) = JobRecord::decode(bytes)?.state {
+                    voters.insert(r.identity);
+                }
+            }
+            let (chunk, at) = states::chunk_of_records(key);
+            index
+                .entry(chunk)
+                .or_default()
+                .push((at, states::pack(records.iter().copied())));
+        }
+        for entry in self.duplicates() {
+            voters.insert(entry?.1.result.identity);
+        }
+        for (chunk, states) in index {
+            self.states
+                .insert(chunk.to_be_bytes(), states::update_chunk(None, &states)?)?;
+        }
+        self.note_voters(voters)?;
+        self.meta.insert(INDEXED, [1u8])?;
+        Ok(())
+    }
+
+    /// Adds `identities` to the voters index (those not there yet).
+    fn note_voters(&self, identities: impl IntoIterator<Item = String>) -> Result<()> {
+        let mut written = self
+            .voters_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if written.is_none() {
+            *written = Some(self.voters()?.into_iter().collect());
+        }
+        let written = written.as_mut().expect("loaded above");
+        for id in identities {
+            if !written.contains(&id) {
+                self.voters.insert(id.as_bytes(), [])?;
+                written.insert(id);
+            }
         }
         Ok(())
     }
@@ -693,6 +835,27 @@ impl Store {
         })
     }
 
+    /// One job as [`Store::scan_jobs`] with [`Scan::Every`] yields it: its
+    /// record, its duplicates (a done job's only) and its definition.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn scanned_job(&self, job: JobId) -> Result<ScannedJob> {
+        let record = self.job_record(job)?;
+        let duplicates = if matches!(record.state, JobState::Done(_)) {
+            self.job_duplicates(job)?
+        } else {
+            Vec::new()
+        };
+        Ok(ScannedJob {
+            job,
+            record,
+            duplicates,
+            definition: Some(self.job(job)?),
+        })
+    }
+
     /// Applies a group commit's writes. They are durable after the next flush;
     /// acknowledge nothing before it.
     ///
@@ -700,6 +863,7 @@ impl Store {
     ///
     /// sled errors.
     pub fn apply(&self, batch: CommitBatch) -> Result<()> {
+        self.note_voters(batch.voters)?;
         self.update_records(batch.records)?;
         for (id, value) in batch.workers {
             self.workers.insert(id.as_bytes(), value)?;
@@ -1179,6 +1343,81 @@ mod tests {
         );
         assert_eq!(store.results().count(), 1);
         assert_eq!(store.job_record(JobId(38)).unwrap(), JobRecord::default());
+    }
+
+    /// The state index as [`Store::visit_states`] reads it.
+    fn index_of(store: &Store) -> Vec<(u64, RecordKind)> {
+        let mut seen = Vec::new();
+        store.visit_states(|j, k| seen.push((j.0, k))).unwrap();
+        seen
+    }
+
+    #[test]
+    fn the_state_index_follows_every_record_write_and_rebuilds_the_same() {
+        let store = Store::temporary().unwrap();
+        let many: Vec<NewJob> = (0..9000u64)
+            .map(|_| NewJob {
+                rows: vec![0, 255, 255, 255],
+                work: 1,
+            })
+            .collect();
+        store
+            .create_run(new_run(key(4, 1, 0, false)), many)
+            .unwrap();
+        assert!(store.is_indexed().unwrap(), "a new run is indexed");
+        let leased = |w: &str| JobRecord {
+            state: JobState::Leased {
+                worker: w.into(),
+                deadline_unix_ms: 9,
+                lease: Some(3),
+            },
+            attempts: 1,
+        };
+        let mut batch = CommitBatch::new();
+        batch.record(JobId(5), &leased("w1"));
+        batch.record(JobId(4100), &leased("w1"));
+        batch.record(JobId(8999), &leased("w2"));
+        batch.result(JobId(17), result(1, "a"), 1);
+        batch.result(JobId(4097), result(1, "b"), 1);
+        store.apply(batch).unwrap();
+        // A result ends a lease; a lease record after a result is dropped;
+        // a requeue makes a job pending.
+        let mut batch = CommitBatch::new();
+        batch.result(JobId(5), result(1, "a"), 2);
+        batch.record(JobId(17), &leased("w3"));
+        store.apply(batch).unwrap();
+        store.requeue(vec![(JobId(8999), leased("w2"))]).unwrap();
+        let want = vec![
+            (5, RecordKind::Done),
+            (17, RecordKind::Done),
+            (4097, RecordKind::Done),
+            (4100, RecordKind::Leased),
+        ];
+        assert_eq!(index_of(&store), want);
+        let mut dup = Duplicate {
+            kind: DuplicateKind::Confirmation,
+            result: result(1, "c"),
+        };
+        dup.result.identity = "c".into();
+        let mut batch = CommitBatch::new();
+        batch.duplicate(JobId(5), &dup);
+        store.apply(batch).unwrap();
+        let mut voters = store.voters().unwrap();
+        voters.sort();
+        // `result()` leaves the identity empty; the duplicate names "c".
+        assert_eq!(voters, vec!["".to_owned(), "c".to_owned()]);
+        // Built again from the records alone: the same index and voters.
+        store.states.raw().clear().unwrap();
+        store.voters.raw().clear().unwrap();
+        *store.voters_written.lock().unwrap() = None;
+        store.meta.remove(INDEXED).unwrap();
+        assert!(!store.is_indexed().unwrap());
+        store.rebuild_indexes().unwrap();
+        assert!(store.is_indexed().unwrap());
+        assert_eq!(index_of(&store), want);
+        let mut rebuilt = store.voters().unwrap();
+        rebuilt.sort();
+        assert_eq!(rebuilt, voters);
     }
 
     #[test]

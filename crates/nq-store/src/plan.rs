@@ -281,9 +281,13 @@ impl Store {
             &self.duplicates,
             &self.solutions,
             &self.order,
+            &self.states,
+            &self.voters,
         ] {
             tree.raw().clear()?;
         }
+        // A new run has no records: its (empty) indexes cover them all.
+        self.meta.insert(crate::INDEXED, [1u8])?;
         self.meta.remove(CHECKPOINT)?;
         self.meta.remove(ORDER_BUILT)?;
         // Durable with the first batch's flush: a crash before it leaves

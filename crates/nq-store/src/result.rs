@@ -190,6 +190,8 @@ pub struct CommitBatch {
     pub(crate) duplicates: Vec<(JobId, Vec<u8>)>,
     /// Encoded worker registrations, by worker id.
     pub(crate) workers: Vec<(String, Vec<u8>)>,
+    /// The identities of the copies stored, for the voters index.
+    pub(crate) voters: Vec<String>,
 }
 
 impl CommitBatch {
@@ -205,6 +207,7 @@ impl CommitBatch {
     /// yet: the store keeps the first result and silently drops later ones
     /// (which must be compared and recorded with [`CommitBatch::duplicate`]).
     pub fn result(&mut self, job: JobId, result: StoredResult, attempts: u32) {
+        self.voters.push(result.identity.clone());
         let record = JobRecord {
             state: JobState::Done(Box::new(result)),
             attempts,
@@ -216,6 +219,7 @@ impl CommitBatch {
     /// found that another copy than the stored one holds the majority. The
     /// caller records the replaced copy with [`CommitBatch::duplicate`].
     pub fn replace_result(&mut self, job: JobId, result: StoredResult, attempts: u32) {
+        self.voters.push(result.identity.clone());
         let record = JobRecord {
             state: JobState::Done(Box::new(result)),
             attempts,
@@ -237,6 +241,7 @@ impl CommitBatch {
 
     /// Records a repeated result of `job`.
     pub fn duplicate(&mut self, job: JobId, duplicate: &Duplicate) {
+        self.voters.push(duplicate.result.identity.clone());
         self.duplicates.push((job, duplicate.encode()));
     }
 

@@ -43,6 +43,10 @@ pub(crate) struct Core {
     claims: HashSet<JobId>,
     /// Recent samples of the counters, for the rates.
     history: History,
+    /// Jobs of earlier sessions judged from their stored copies after the
+    /// session began serving (see `engine::restoring`): settled, and
+    /// waiting for another copy.
+    pub(crate) restored: (u64, u64),
 }
 
 /// What one tick of the clock changed.
@@ -65,6 +69,7 @@ impl Core {
             history: History::new(&sched, now),
             sched,
             claims: HashSet::new(),
+            restored: (0, 0),
         }
     }
 

@@ -88,6 +88,10 @@ enum Phase {
     Pending,
     Leased,
     Done,
+    /// Done in the store, as a restart's state index says, and not judged
+    /// yet: never handed out, not counted, until the background check of
+    /// the stored copies settles it (or finds it not done after all).
+    Restoring,
 }
 
 /// Four bits of state per job, two jobs to a byte: the phase (two bits),
@@ -135,7 +139,8 @@ impl JobTable {
         match self.get(job) & PHASE_BITS {
             0 => Phase::Pending,
             1 => Phase::Leased,
-            _ => Phase::Done,
+            2 => Phase::Done,
+            _ => Phase::Restoring,
         }
     }
 
@@ -144,6 +149,7 @@ impl JobTable {
             Phase::Pending => 0,
             Phase::Leased => 1,
             Phase::Done => 2,
+            Phase::Restoring => 3,
         };
         self.set(job, (self.get(job) & !PHASE_BITS) | code);
     }
@@ -519,6 +525,12 @@ pub struct Scheduler {
     /// second machine was at work to give it.
     unchecked: JobBits,
     pending_count: u64,
+    /// Jobs in [`Phase::Restoring`].
+    restoring: u64,
+    /// True from a restart that serves before it checked the stored copies
+    /// until that check has read every job ([`Scheduler::stored_checked`]):
+    /// the run is not complete before, whatever is settled.
+    unchecked_store: bool,
     leases: LeaseTable,
     /// Every lease this session issued, until its job is settled.
     issued: HashMap<LeaseId, Issued>,
@@ -624,6 +636,8 @@ impl Scheduler {
     ) -> Scheduler {
         Scheduler {
             pending_count: jobs,
+            restoring: 0,
+            unchecked_store: false,
             table: JobTable::new(jobs),
             attempts: HashMap::new(),
             source,
@@ -832,6 +846,56 @@ impl Scheduler {
         if attempts > 0 && self.known(job).is_ok() {
             self.attempts.insert(job, attempts);
         }
+    }
+
+    /// Marks pending `job` done in the store but not judged yet (a restart's
+    /// state index names it done): it is not handed out until
+    /// [`Scheduler::settle`] settles it or [`Scheduler::not_stored`] gives
+    /// it back. Call [`Scheduler::begin_store_check`] too.
+    pub fn mark_restoring(&mut self, job: JobId) {
+        if self.phase(job) == Some(Phase::Pending) {
+            self.table.set_phase(job, Phase::Restoring);
+            self.pending_count -= 1;
+            self.restoring += 1;
+        }
+    }
+
+    /// True when `job` waits for the check of its stored copies.
+    pub fn is_restoring(&self, job: JobId) -> bool {
+        self.phase(job) == Some(Phase::Restoring)
+    }
+
+    /// Jobs waiting for the check of their stored copies.
+    pub fn restoring(&self) -> u64 {
+        self.restoring
+    }
+
+    /// `job` was marked restoring but the store holds no result for it (the
+    /// index was wrong): it is pending again, handed out before fresh jobs.
+    pub fn not_stored(&mut self, job: JobId) {
+        if self.phase(job) == Some(Phase::Restoring) {
+            self.table.set_phase(job, Phase::Pending);
+            self.restoring -= 1;
+            self.pending_count += 1;
+            self.requeued.push_back(job);
+        }
+    }
+
+    /// A restart serves before it checked the stored copies: the run is not
+    /// complete until [`Scheduler::stored_checked`].
+    pub fn begin_store_check(&mut self) {
+        self.unchecked_store = true;
+    }
+
+    /// The background check has read every stored job: a run whose jobs are
+    /// all settled may now complete.
+    pub fn stored_checked(&mut self) {
+        self.unchecked_store = false;
+    }
+
+    /// True while the stored copies of a restart are not all checked.
+    pub fn store_unchecked(&self) -> bool {
+        self.unchecked_store
     }
 
     /// Adds the confirmations and conflicts of earlier sessions.
@@ -1588,6 +1652,15 @@ impl Scheduler {
         }
         self.tally = tally;
         let was_done = phase == Phase::Done;
+        if phase == Phase::Restoring {
+            // Judged now: settled below, or pending for another copy.
+            self.restoring -= 1;
+            if !s.settled {
+                self.table.set_phase(s.job, Phase::Pending);
+                self.pending_count += 1;
+                self.checks.push_back(s.job);
+            }
+        }
         self.table.set_flag(s.job, COUNTED, s.counted.is_some());
         self.table.set_flag(s.job, VERIFIED, s.votes >= 2);
         let work = u128::from(s.work);
@@ -1788,7 +1861,9 @@ impl Scheduler {
     /// second machine is at work to check it (the caller judges those again
     /// once [`Scheduler::refresh_machines`] reports the second machine).
     pub fn is_complete(&self) -> bool {
-        self.all_settled() && !(self.two_machines && self.unchecked.ones > 0)
+        self.all_settled()
+            && !self.unchecked_store
+            && !(self.two_machines && self.unchecked.ones > 0)
     }
 
     /// True when every job is settled (checked or not).

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use super::{Engine, blocking};
+use super::{Engine, blocking, restoring};
 use crate::core::ledger::{self, Decision, JobCopies, Verified, Write};
 use crate::core::scheduler::{Fallout, Outcome};
 use crate::error::Result;
@@ -94,9 +94,31 @@ pub(crate) async fn commit_loop(
     token: CancellationToken,
 ) -> Result<()> {
     let mut group = Vec::with_capacity(MAX_GROUP);
+    // A restart that served first checks the stored copies here, between
+    // groups (see `restoring`): first in the select, so that a steady flow
+    // of reports cannot starve it.
+    let mut stored =
+        (!engine.checked.is_cancelled()).then(|| restoring::start_reader(&engine));
     loop {
         let received = tokio::select! {
             biased;
+            block = next_block(&mut stored), if stored.is_some() => {
+                let settled = match block {
+                    Some(Ok(block)) => restoring::settle_block(&engine, block).await,
+                    Some(Err(e)) => Err(e),
+                    None => {
+                        stored = None;
+                        restoring::finish(&engine);
+                        Ok(())
+                    }
+                };
+                if let Err(e) = settled {
+                    error!(error = %e.chain(), "cannot check the stored results; stopping the coordinator");
+                    rx.close();
+                    return Err(e);
+                }
+                continue;
+            }
             n = rx.recv_many(&mut group, MAX_GROUP) => n,
             () = engine.machines_changed.notified(), if !engine.complete.is_cancelled() => {
                 let changed = Fallout {
@@ -127,6 +149,16 @@ pub(crate) async fn commit_loop(
             rx.close();
             return Err(e);
         }
+    }
+}
+
+/// The next block of the background check of stored copies.
+async fn next_block(
+    stored: &mut Option<mpsc::Receiver<Result<restoring::Block>>>,
+) -> Option<Result<restoring::Block>> {
+    match stored {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -195,7 +227,14 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     if engine.complete.is_cancelled() {
         return keep_late_copies(engine, group).await;
     }
-    // 0. A late copy never settles a job alone.
+    // 0. Jobs whose stored copies wait for the background check are
+    // checked and counted first: the copies below are judged with them.
+    let jobs = group
+        .iter()
+        .flat_map(|req| req.copies.iter().map(|v| v.job))
+        .collect();
+    restoring::restore_now(engine, jobs).await?;
+    // A late copy never settles a job alone.
     refuse_late_alone(engine, group)?;
     if group.is_empty() {
         return Ok(());
@@ -367,7 +406,7 @@ async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Re
 
 /// Writes a batch and flushes, with sled's synchronous writes kept off the
 /// async threads, under the write gate (a backup waits for the whole group).
-async fn apply_and_flush(engine: &Engine, batch: CommitBatch) -> Result<()> {
+pub(crate) async fn apply_and_flush(engine: &Engine, batch: CommitBatch) -> Result<()> {
     let _gate = engine.write_gate.lock().await;
     if !batch.is_empty() {
         let store = Arc::clone(&engine.store);
@@ -464,6 +503,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
         }
         jobs.sort_unstable();
         jobs.dedup();
+        restoring::restore_now(engine, jobs.clone()).await?;
         let mut batch = CommitBatch::new();
         let mut settlements = Vec::with_capacity(jobs.len());
         for &job in &jobs {

@@ -32,6 +32,7 @@
 
 pub(crate) mod backup;
 pub(crate) mod commit;
+pub(crate) mod restoring;
 pub(crate) mod solutions;
 pub(crate) mod ticker;
 
@@ -98,6 +99,10 @@ pub(crate) struct Engine {
     /// Cancelled by the commit loop once the last job is settled; `run`
     /// then lingers and shuts down.
     pub(crate) complete: CancellationToken,
+    /// Cancelled once the stored copies of earlier sessions are all checked
+    /// and counted: at once, unless this session serves before it checked
+    /// them (see [`restoring`]).
+    pub(crate) checked: CancellationToken,
     /// Signalled by the tick when the number of machines at work changed
     /// the selection of jobs to check; the commit loop then judges the
     /// affected jobs again.
@@ -165,6 +170,10 @@ impl Engine {
         if sched.is_complete() {
             complete.cancel();
         }
+        let checked = CancellationToken::new();
+        if !sched.store_unchecked() {
+            checked.cancel();
+        }
         let engine = Engine {
             store,
             ttl: sched.ttl(),
@@ -177,6 +186,7 @@ impl Engine {
             records_workers: Mutex::new(Vec::new()),
             write_gate: tokio::sync::Mutex::new(()),
             complete,
+            checked,
             machines_changed: Notify::new(),
         };
         (engine, rx)

@@ -217,8 +217,11 @@ fn raw_open(dir: &std::path::Path) -> Result<sled::Db, String> {
 }
 
 /// Opens the run in `config.data_dir` as a new session does (`setup`,
-/// which restores), and starts its engine.
-fn open(config: &Config) -> Result<(Session, String), String> {
+/// which restores), and starts its engine; returns once the stored copies
+/// of earlier sessions are checked and counted (a restart serves before,
+/// see `engine::restoring`), so that the restored scheduler can be compared
+/// with the live one.
+async fn open(config: &Config) -> Result<(Session, String), String> {
     let ready = match setup(config, &AtomicBool::new(false)) {
         Ok(Setup::Ready(ready)) => *ready,
         Ok(Setup::Finished(_)) => return Err("the run was finished unexpectedly".into()),
@@ -231,7 +234,17 @@ fn open(config: &Config) -> Result<(Session, String), String> {
         shape_of(&ready.manifest),
         run_id.clone(),
     );
-    Ok((Session::start(engine, rx), run_id))
+    let mut session = Session::start(engine, rx);
+    tokio::select! {
+        () = session.engine.checked.cancelled() => {}
+        stopped = &mut session.committer => {
+            return Err(match stopped {
+                Ok(Err(e)) => format!("checking the stored copies failed: {}", e.chain()),
+                other => format!("the commit loop stopped while checking the stored copies: {other:?}"),
+            });
+        }
+    }
+    Ok((session, run_id))
 }
 
 impl Sim {
@@ -250,7 +263,7 @@ impl Sim {
             config.store_key =
                 Some(nq_store::StoreKey::from_bytes(&key).map_err(|e| e.to_string())?);
         }
-        let (session, run_id) = open(&config)?;
+        let (session, run_id) = open(&config).await?;
         let jobs = session.engine.core().sched.jobs();
         let never = AtomicBool::new(false);
         let mut truth = Vec::new();
@@ -666,9 +679,9 @@ impl Sim {
             self.lose_disk()?;
         }
         if !hard && self.config.store_key.is_some() && self.rng.random_range(0..3) == 0 {
-            self.tampered_store_is_refused()?;
+            self.tampered_store_is_refused().await?;
         }
-        let (session, _) = open(&self.config)?;
+        let (session, _) = open(&self.config).await?;
         self.session = session;
         self.granted.clear();
         for w in &mut self.workers {
@@ -707,7 +720,7 @@ impl Sim {
     /// key edits one stored record while the coordinator is down: the next
     /// session must refuse the store, naming the record, before it counts
     /// anything. The edit is then undone, and the run goes on.
-    fn tampered_store_is_refused(&mut self) -> Result<(), String> {
+    async fn tampered_store_is_refused(&mut self) -> Result<(), String> {
         let dir = self.config.data_dir.clone();
         let err = |e: sled::Error| format!("raw sled: {e}");
         let (key, real) = {
@@ -723,7 +736,7 @@ impl Sim {
             db.flush().map_err(err)?;
             (key, real)
         };
-        match open(&self.config) {
+        match open(&self.config).await {
             Ok(_) => return Err("a session opened a store with a forged record".into()),
             Err(e) if e.contains("record") => {}
             Err(e) => {
