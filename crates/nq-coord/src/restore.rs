@@ -19,6 +19,14 @@
 //!
 //! The judging is [`restore_from`], over plain [`ScannedJob`] values, so
 //! that the simulation restores its model of the store exactly as here.
+//!
+//! That is how a store written before the state index existed is restored,
+//! before serving. A store with the index ([`Store::is_indexed`]) is served
+//! at once instead: [`restore_indexed`] does pass 1 from the jobs with
+//! duplicates and the voters index, and marks the jobs the index calls done
+//! as restoring; pass 3 then runs in the background, job by job through
+//! [`restore_job`] (`crate::engine::restoring`), before the run can
+//! complete.
 
 use std::time::Instant;
 
@@ -455,4 +463,103 @@ fn check_tally(
         tally.add(sub, counts).map_err(|_| ())?;
     }
     if tally == copy.tally { Ok(()) } else { Err(()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use nq_core::split::{SubCounts, Tally};
+    use nq_store::{JobId, JobRecord};
+
+    use super::*;
+    use crate::core::quorum::{Fraction, Policy};
+
+    /// A job as the store holds it: done with one copy of `count`
+    /// solutions (eight symmetric images each), computed by the local
+    /// threads, or pending.
+    fn stored(job: u64, count: Option<u128>) -> ScannedJob {
+        let state = match count {
+            Some(count) => JobState::Done(Box::new(StoredResult {
+                counts: vec![SubCounts {
+                    count,
+                    ..SubCounts::default()
+                }],
+                tally: Tally {
+                    total: count * 8,
+                    burnside: count * 8,
+                },
+                identity: "local".into(),
+                worker: "w1.0-00".into(),
+                lease: 1,
+                ..StoredResult::default()
+            })),
+            None => JobState::Pending,
+        };
+        ScannedJob {
+            job: JobId(job),
+            record: JobRecord { state, attempts: 1 },
+            duplicates: Vec::new(),
+            definition: None,
+        }
+    }
+
+    const CHECKED: Option<Checked> = Some(Checked {
+        work: 1,
+        stored: true,
+    });
+
+    #[test]
+    fn restoring_jobs_count_only_once_checked_and_the_run_waits_for_the_whole_store() {
+        let now = Instant::now();
+        let policy = Policy {
+            secret: [0; 16],
+            fraction: Fraction::Fixed(0.0),
+            ban_after: 3,
+        };
+        let mut s = Scheduler::new(vec![1; 4], 2, Duration::from_secs(30), policy);
+        // The index names jobs 0 and 1 done.
+        s.mark_restoring(JobId(0));
+        s.mark_restoring(JobId(1));
+        s.begin_store_check();
+        assert_eq!((s.restoring(), s.jobs_pending(), s.jobs_done()), (2, 2, 0));
+        assert_eq!(
+            s.tally(),
+            Tally::default(),
+            "nothing counts before its check"
+        );
+        // Only the jobs the index does not name done are handed out.
+        let w = s.register_local(1, now);
+        let granted: Vec<u64> = (s.lease(&w, 4, &[], now).unwrap().jobs)
+            .iter()
+            .map(|g| g.job.0)
+            .collect();
+        assert_eq!(granted, vec![2, 3]);
+        // Job 0's copy, checked, is judged and counted.
+        let r = restore_job(&mut s, stored(0, Some(5)), CHECKED, false).unwrap();
+        assert_eq!(r.judged, Some(true));
+        assert!(s.is_done(JobId(0)) && !s.is_restoring(JobId(0)));
+        assert_eq!(s.tally().total, 40);
+        // Job 1 has no result after all (a wrong index): pending again, and
+        // handed out next.
+        let r = restore_job(&mut s, stored(1, None), None, false).unwrap();
+        assert!(r.not_stored && r.judged.is_none());
+        let again = s.lease(&w, 4, &[], now).unwrap().jobs;
+        assert_eq!(again.iter().map(|g| g.job.0).collect::<Vec<_>>(), vec![1]);
+        // Results the index missed (jobs leased in this session) are judged
+        // from the store all the same; a job already settled is left alone.
+        for job in [1, 2, 3] {
+            let r = restore_job(&mut s, stored(job, Some(1)), CHECKED, false).unwrap();
+            assert_eq!(r.judged, Some(true), "job {job}");
+        }
+        let r = restore_job(&mut s, stored(0, Some(7)), CHECKED, false).unwrap();
+        assert_eq!(r.judged, None, "a settled job is not judged twice");
+        assert_eq!(s.tally().total, 40 + 3 * 8);
+        // Every job is settled, but the run is complete only once the whole
+        // store was read.
+        assert_eq!(s.jobs_done(), 4);
+        assert!(!s.is_complete());
+        s.stored_checked();
+        assert!(s.is_complete());
+    }
 }

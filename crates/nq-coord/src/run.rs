@@ -14,8 +14,10 @@
 //! 4. let the commit loop drain its queue, then flush the store;
 //! 5. return the report.
 //!
-//! On startup, every job a previous session had leased goes back to pending:
-//! sled holds the truth, and no lease survives a restart.
+//! On startup, the leases a previous session recorded are kept with their
+//! workers (or their jobs are pending again), and a store with a state
+//! index is served at once while its stored copies are checked in the
+//! background (`crate::restore`, `crate::engine::restoring`).
 
 use std::future::Future;
 use std::sync::Arc;
