@@ -15,7 +15,9 @@ use tracing::{info, warn};
 
 use crate::config::{Config, default_split, default_target_jobs};
 use crate::core::quorum::Policy;
-use crate::core::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler};
+use crate::core::scheduler::{
+    EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler, claimed_cap,
+};
 use crate::engine::unix_ms;
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
@@ -94,6 +96,13 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     sched.trust(config.trusted.iter().map(String::as_str));
     // Totals are derived again from the stored counts, never from a cached sum.
     restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
+    // Leases granted in the second before a crash have no record; their
+    // jobs are set aside, so that their holders report them first (issue
+    // 17). The recorded registrations bound how many there can be.
+    let caps: u64 = (store.workers()?.iter())
+        .map(|(_, w)| claimed_cap(w.threads))
+        .sum();
+    sched.defer_unrecorded(caps, Instant::now());
     let kept = restore_leases(&store, &mut sched, SystemTime::now(), Instant::now())?;
     if kept.restored > 0 || kept.requeued > 0 {
         info!(

@@ -87,6 +87,16 @@ pub const MAX_REGISTRATIONS_PER_ADDRESS: u32 = 1 << 16;
 /// the claim can only lower it, and an unknown claim must not.
 const RECOGNIZED_THREADS: u32 = MAX_GRANT / 4;
 
+/// Most jobs a restart sets aside ([`Scheduler::defer_unrecorded`]): the
+/// first `Lease` call after it reads that far into the hand-out order.
+pub const MAX_DEFERRED: u64 = 1 << 20;
+
+/// The most leases a remote worker that claims `threads` threads may hold
+/// at once (its measured allowance may lower it).
+pub fn claimed_cap(threads: u32) -> u64 {
+    u64::from(threads.saturating_mul(4).max(16))
+}
+
 /// Lease lifetimes of silence after which a worker is forgotten: its leases
 /// expired long before, and it must register again to call.
 const FORGET_AFTER_TTLS: u32 = 3;
@@ -509,6 +519,11 @@ pub struct Scheduler {
     attempts: HashMap<JobId, u32>,
     /// Where fresh jobs come from.
     source: Box<dyn HandOut>,
+    /// Fresh jobs set aside on a restart ([`Scheduler::defer_unrecorded`]),
+    /// how many more to set aside, and until when.
+    deferred: VecDeque<JobId>,
+    defer_left: u64,
+    deferred_until: Option<Instant>,
     /// The source's current batch, in hand-out order.
     window: VecDeque<JobId>,
     /// True once the source has given every job.
@@ -640,6 +655,9 @@ impl Scheduler {
             table: JobTable::new(jobs),
             attempts: HashMap::new(),
             source,
+            deferred: VecDeque::new(),
+            defer_left: 0,
+            deferred_until: None,
             window: VecDeque::new(),
             source_drained: false,
             requeued: VecDeque::new(),
@@ -1243,7 +1261,7 @@ impl Scheduler {
         self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
         // overflow (found by tests/fuzz_messages.rs).
-        let claimed = threads.saturating_mul(4).max(16) as usize;
+        let claimed = claimed_cap(threads) as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()
@@ -1536,16 +1554,59 @@ impl Scheduler {
 
     /// The next candidate for a fresh grant: a requeued job, else the next
     /// job of the hand-out order (read from the source a batch at a time).
+    /// The first fresh pending jobs of a restarted session are set aside
+    /// (see [`Scheduler::defer_unrecorded`]) and come only once no other is
+    /// left.
     fn next_pending(&mut self) -> Result<Option<JobId>> {
         if let Some(job) = self.requeued.pop_front() {
             return Ok(Some(job));
         }
-        while self.window.is_empty() && !self.source_drained {
-            let batch = self.source.next_batch()?;
-            self.source_drained = batch.is_empty();
-            self.window.extend(batch);
+        loop {
+            while self.window.is_empty() && !self.source_drained {
+                let batch = self.source.next_batch()?;
+                self.source_drained = batch.is_empty();
+                self.window.extend(batch);
+            }
+            let Some(job) = self.window.pop_front() else {
+                return Ok(self.deferred.pop_front());
+            };
+            let pending = self.table.phase(job) == Phase::Pending;
+            if self.defer_left > 0 && pending && !self.open.contains_key(&job) {
+                self.defer_left -= 1;
+                self.deferred.push_back(job);
+                continue;
+            }
+            return Ok(Some(job));
         }
-        Ok(self.window.pop_front())
+    }
+
+    /// On a restart (at `now`): sets aside the first `leases` fresh pending
+    /// jobs of the hand-out order, at most [`MAX_DEFERRED`], for one lease
+    /// lifetime or until no other job is left. A lease granted in the
+    /// second before a crash has no record, so its job is pending again, and
+    /// since the hand-out follows one order, the jobs of such leases are
+    /// the first pending ones: handed out at once, another worker would
+    /// compute them before their holders report them (recognised by their
+    /// ids, [`Scheduler::recognize_lease`]). `leases` bounds the leases that
+    /// were live at the crash (the caller sums the lease caps of the
+    /// recorded workers); the order of the rest is unchanged.
+    pub fn defer_unrecorded(&mut self, leases: u64, now: Instant) {
+        self.defer_left = leases.min(MAX_DEFERRED);
+        self.deferred_until = (self.defer_left > 0).then(|| now + self.ttl);
+    }
+
+    /// Ends the set-aside of [`Scheduler::defer_unrecorded`] at its time:
+    /// the jobs still pending go to the front of the queue, like expired
+    /// leases' jobs.
+    fn end_deferral(&mut self, now: Instant) {
+        if self.deferred_until.is_none_or(|t| now < t) {
+            return;
+        }
+        self.deferred_until = None;
+        self.defer_left = 0;
+        while let Some(job) = self.deferred.pop_back() {
+            self.requeued.push_front(job);
+        }
     }
 
     /// Takes back leases that `worker` hands in; their jobs go to the front of
@@ -1572,6 +1633,7 @@ impl Scheduler {
     /// Expires every lease whose deadline is before `now`; their jobs go to
     /// the front of their queue. Returns the expired leases.
     pub fn expire(&mut self, now: Instant) -> Vec<Lease> {
+        self.end_deferral(now);
         let expired = self.leases.expire(now);
         self.expiries += expired.len() as u64;
         // Pushed to the front in reverse, so the oldest grant is reissued first.
@@ -3156,6 +3218,29 @@ mod tests {
         assert!(s.check_report(j1, l1, &a).is_ok());
         s.prune_issued();
         assert!(matches!(s.check_report(j1, l1, &a), Err(Error::Refused(_))));
+    }
+
+    #[test]
+    fn a_restart_hands_the_jobs_of_unrecorded_leases_out_last() {
+        // Equal works: the hand-out order is the id order.
+        let (mut s, clock) = setup(&[1; 8]);
+        let a = s.register("a", 4, None, clock.now()).unwrap();
+        s.defer_unrecorded(3, clock.now());
+        let g = s.lease(&a, 5, &[], clock.now()).unwrap();
+        assert_eq!(jobs_of(&g), [3, 4, 5, 6, 7], "the first three set aside");
+        let g = s.lease(&a, 3, &[], clock.now()).unwrap();
+        assert_eq!(jobs_of(&g), [0, 1, 2], "no other job left: they go now");
+
+        // Or they go first once a lease lifetime has passed.
+        let (mut s, mut clock) = setup(&[1; 8]);
+        let a = s.register("a", 4, None, clock.now()).unwrap();
+        s.defer_unrecorded(2, clock.now());
+        assert_eq!(jobs_of(&s.lease(&a, 1, &[], clock.now()).unwrap()), [2]);
+        s.expire(clock.advance(31));
+        assert_eq!(
+            jobs_of(&s.lease(&a, 3, &[], clock.now()).unwrap()),
+            [2, 0, 1]
+        );
     }
 
     #[test]
