@@ -1279,7 +1279,7 @@ impl Scheduler {
                 if self.leases.review(id).is_none() {
                     self.schedule_review(id); // see `reclaim_overdue`
                 }
-            } else if !(earlier && !self.issued.contains_key(&id)) {
+            } else if !earlier || self.issued.contains_key(&id) {
                 grant.revoked.push(id);
             }
         }
