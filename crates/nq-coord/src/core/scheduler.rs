@@ -601,6 +601,9 @@ pub struct Scheduler {
     rng: rand::rngs::StdRng,
     /// The keys of the run's worker and lease ids.
     tags: Tags,
+    /// Registrations recorded by earlier sessions, until their workers are
+    /// recognised ([`Scheduler::expect_recorded`]).
+    recorded: HashMap<WorkerId, nq_store::StoredWorker>,
     session: u64,
     next_worker: u64,
     ttl: Duration,
@@ -687,6 +690,7 @@ impl Scheduler {
             local_arbiter: false,
             rng: rand::rngs::StdRng::from_os_rng(),
             tags,
+            recorded: HashMap::new(),
             session,
             next_worker: 1,
             ttl,
@@ -966,13 +970,27 @@ impl Scheduler {
         }
     }
 
+    /// Keeps the registrations that earlier sessions recorded (on startup),
+    /// so that a worker recognised by its id ([`Scheduler::recognize`])
+    /// keeps its name, its claimed threads and, on loopback where the name
+    /// is part of it, its identity: its copies before and after the restart
+    /// are one voice.
+    pub fn expect_recorded(
+        &mut self,
+        workers: impl IntoIterator<Item = (WorkerId, nq_store::StoredWorker)>,
+    ) {
+        self.recorded.extend(workers);
+    }
+
     /// Registers again, under its id, a remote worker of an earlier session
     /// of this run that calls after a restart: its id's tag must check out
     /// for what the call proves of its caller (its credential, else its
     /// address; see [`crate::core::tag`]), so a made-up id, or a true one
     /// used by another caller, is not. Its identity is resolved as at
-    /// registration (the credential, else [`remote_identity`], with its id
-    /// for a name: the call carries no name). Returns true when it was
+    /// registration (the credential, else [`remote_identity`]), with the
+    /// name and threads of its recorded registration
+    /// ([`Scheduler::expect_recorded`]), else its id for a name (the call
+    /// carries none) and [`RECOGNIZED_THREADS`]. Returns true when it was
     /// registered again; false, changing nothing, for a worker already
     /// registered, an id that does not check, or an id of this session (a
     /// worker forgotten after a silence registers again, as before).
@@ -995,14 +1013,20 @@ impl Scheduler {
             Some(session) if session < self.session => {}
             _ => return Ok(false),
         }
-        let identity = match &caller.credential {
+        // Its recorded registration, if any, names it as before; the tag
+        // bound the id to this caller, as the identity was at registration.
+        let resolve = |name: &str| match &caller.credential {
             Some(c) => c.clone(),
-            None => remote_identity(&id.0, caller.address),
+            None => remote_identity(name, caller.address),
         };
+        let (name, threads) = match self.recorded.remove(id) {
+            Some(w) if w.identity == resolve(&w.name) => (w.name, w.threads),
+            _ => (id.0.clone(), RECOGNIZED_THREADS),
+        };
+        let identity = resolve(&name);
         let address = caller.address.map(|ip| ip.to_canonical());
         self.within_limits(&identity, address)?;
-        let threads = RECOGNIZED_THREADS;
-        self.restore_worker(id.clone(), &id.0, &identity, address, threads, now);
+        self.restore_worker(id.clone(), &name, &identity, address, threads, now);
         self.note_machine(now);
         Ok(true)
     }
@@ -3241,6 +3265,34 @@ mod tests {
             jobs_of(&s.lease(&a, 3, &[], clock.now()).unwrap()),
             [2, 0, 1]
         );
+    }
+
+    #[test]
+    fn a_recognised_worker_keeps_its_recorded_name_and_identity() {
+        let now = Instant::now();
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let mut before = Scheduler::new(vec![1], 1, TTL, policy(0.0));
+        let a = before.register("a", 8, lo, now).unwrap();
+        let b = before.register("b", 8, lo, now).unwrap();
+        let mut s = Scheduler::new(vec![1], 2, TTL, policy(0.0));
+        let recorded = nq_store::StoredWorker {
+            name: "a".into(),
+            identity: "a@127.0.0.1".into(),
+            address: Some("127.0.0.1".into()),
+            threads: 8,
+        };
+        s.expect_recorded([(a.clone(), recorded)]);
+        let from = caller([127, 0, 0, 1], None);
+        assert!(s.recognize(&a, &from, now).unwrap());
+        assert!(s.recognize(&b, &from, now).unwrap());
+        let w = s.worker(&a).unwrap();
+        assert_eq!((w.name.as_str(), w.threads), ("a", 8));
+        assert_eq!(s.identities().name(w.identity), "a@127.0.0.1", "one voice");
+        // Unrecorded (registered in the second before the crash): its id
+        // names it.
+        let w = s.worker(&b).unwrap();
+        assert_eq!((&w.name, w.threads), (&b.0, RECOGNIZED_THREADS));
+        assert_eq!(s.identities().name(w.identity), format!("{b}@127.0.0.1"));
     }
 
     #[test]
