@@ -3296,6 +3296,31 @@ mod tests {
     }
 
     #[test]
+    fn a_banned_identity_stays_banned_when_its_worker_is_recognised() {
+        let now = Instant::now();
+        let ip = Some(IpAddr::from([10, 0, 0, 1]));
+        let mut before = Scheduler::new(vec![1; 4], 1, TTL, policy(0.0));
+        let a = before.register("a", 1, ip, now).unwrap();
+        let g = before.lease(&a, 1, &[], now).unwrap().jobs[0].clone();
+        let mut s = Scheduler::new(vec![1; 4], 2, TTL, policy(0.0));
+        // Its lost conflicts, as restore finds them in the stored copies.
+        let identity = s.intern("10.0.0.1");
+        for _ in 0..2 {
+            s.restore_loss(identity, &crate::core::quorum::Beaten::trusted());
+        }
+        assert!(s.recognize(&a, &caller([10, 0, 0, 1], None), now).unwrap());
+        assert!(matches!(
+            s.lease(&a, 1, &[], now),
+            Err(Error::Refused(Refusal::Banned { .. }))
+        ));
+        s.recognize_lease(g.job, g.lease, &a, now);
+        assert!(matches!(
+            s.check_report(g.job, g.lease, &a),
+            Err(Error::Refused(Refusal::Banned { .. }))
+        ));
+    }
+
+    #[test]
     fn a_recognised_worker_counts_against_the_registration_limits() {
         let now = Instant::now();
         let mut before = Scheduler::new(vec![1], 1, TTL, policy(0.0));
