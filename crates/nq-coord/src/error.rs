@@ -360,8 +360,10 @@ pub const MAX_NAME: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// The lease was not issued by this coordinator session (made up, or of
-    /// a session before a restart: the job is computed again).
+    /// The lease was not issued by this run to this worker for this job: made
+    /// up, altered, of another run, or forgotten since its job settled.
+    /// (A lease of a session before a restart is recognised by its id's
+    /// tag; see [`crate::core::tag`].)
     UnknownLease {
         /// The lease received.
         lease: LeaseId,
@@ -438,10 +440,9 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::UnknownLease { lease } => write!(
                 f,
-                "lease {lease} was not issued by this coordinator session; a report \
-                 must carry the lease its job was handed out under (after a \
-                 coordinator restart, old leases are void and their jobs are \
-                 computed again)"
+                "lease {lease} was not issued by this run to this worker for this \
+                 job; a report must carry the lease its job was handed out under, \
+                 with the worker id it was handed out to"
             ),
             Refusal::LeaseOfAnotherJob { lease, job, leased } => {
                 write!(

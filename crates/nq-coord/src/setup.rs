@@ -14,8 +14,11 @@ use nq_store::{
 use tracing::{info, warn};
 
 use crate::config::{Config, default_split, default_target_jobs};
+use crate::core::lease::WorkerId;
 use crate::core::quorum::Policy;
-use crate::core::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler};
+use crate::core::scheduler::{
+    EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler, claimed_cap,
+};
 use crate::engine::unix_ms;
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
@@ -104,6 +107,14 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         store.rebuild_indexes()?;
         store.leased_records()?
     };
+    // Leases granted in the second before a crash have no record; their
+    // jobs are set aside, so that their holders report them first (issue
+    // 17). The recorded registrations bound how many there can be.
+    let recorded = store.workers()?;
+    let caps: u64 = recorded.iter().map(|(_, w)| claimed_cap(w.threads)).sum();
+    sched.defer_unrecorded(caps, Instant::now());
+    // A worker recognised by its id keeps its recorded name and identity.
+    sched.expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
     let kept = restore_leases(
         &store,
         leased,

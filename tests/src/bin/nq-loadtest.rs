@@ -33,9 +33,15 @@
 //!   worker registers again only if the coordinator does not know its id.
 //!   `leases_lost_to_restarts` counts the leases that a worker held across a
 //!   kill and could not report after it: refused, dropped (its worker had to
-//!   register again), or expired and done by another worker meanwhile (the
-//!   report comes back as a confirmation, which `--verify 0` otherwise never
-//!   gives).
+//!   register again), or expired and done by another worker meanwhile. A
+//!   report answered as a confirmation after a kill (which `--verify 0`
+//!   otherwise never gives) is one of two things: another worker computed
+//!   the job first (lost), or the worker's own report was made durable just
+//!   before the kill, which cut its answer, and this is its retry (not
+//!   lost: its copy counts). The answer cannot tell them apart, so after
+//!   the run `nq-coord audit` reads the store: a job whose copies come from
+//!   two identities was computed twice (lost); one whose copies are all the
+//!   worker's own is counted in `retries_of_reports_durable_before_a_kill`.
 //!
 //! Think time: `--think DURATION` makes each worker wait that long between
 //! a lease and its report, as a real worker computes what it leased (the
@@ -263,6 +269,10 @@ struct Stats {
     /// Leases held across a kill that could not be reported after it:
     /// refused, dropped, or done by another worker first (expired).
     lost_to_restarts: AtomicU64,
+    /// Jobs of leases held across a kill whose report was answered as a
+    /// confirmation: lost, or retried after a durable first send (see the
+    /// module doc), told apart by the audit after the run.
+    confirmed_after_kill: Mutex<Vec<u64>>,
     conflicts: AtomicU64,
     /// Registrations after the first (a restarted coordinator forgot them).
     registrations: AtomicU64,
@@ -295,6 +305,7 @@ impl Stats {
             errors: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             lost_to_restarts: AtomicU64::new(0),
+            confirmed_after_kill: Mutex::new(Vec::new()),
             conflicts: AtomicU64::new(0),
             registrations: AtomicU64::new(0),
             vanished: AtomicU64::new(0),
@@ -655,6 +666,17 @@ async fn run(args: Args) -> Result<()> {
     expiries += coord.proc.lines_containing(LEASE_EXPIRED).len();
     let store_bytes = du(&dir)?;
     eprintln!("coordinator stopped in {shutdown:.2?}");
+    let confirmed = std::mem::take(
+        &mut *(stats.confirmed_after_kill.lock())
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    let retries = if confirmed.is_empty() {
+        0
+    } else {
+        let (twice, retries) = computed_twice(&coord_bin, &dir, &confirmed)?;
+        stats.lost_to_restarts.fetch_add(twice, Ordering::Relaxed);
+        retries
+    };
 
     // With a think time, the first one passes before any report: the
     // steady state is the seconds after it.
@@ -696,6 +718,7 @@ async fn run(args: Args) -> Result<()> {
         "errors": stats.errors.load(Ordering::Relaxed),
         "refused_reports": stats.refused.load(Ordering::Relaxed),
         "leases_lost_to_restarts": stats.lost_to_restarts.load(Ordering::Relaxed),
+        "retries_of_reports_durable_before_a_kill": retries,
         "conflicts": stats.conflicts.load(Ordering::Relaxed),
         "registrations_again": stats.registrations.load(Ordering::Relaxed),
         "vanished_workers": stats.vanished.load(Ordering::Relaxed),
@@ -949,6 +972,16 @@ impl Held {
                 .fetch_add(items, Ordering::Relaxed);
         }
     }
+
+    /// Notes `job` of this batch, answered as a confirmation, for the audit
+    /// after the run, if a kill came after it was leased.
+    fn confirmed(self, fleet: &Fleet, job: u64) {
+        if fleet.kills.load(Ordering::Relaxed) > self.kills {
+            (fleet.stats.confirmed_after_kill.lock())
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(job);
+        }
+    }
 }
 
 /// True for a failed call that a worker retries: the coordinator is down,
@@ -1015,6 +1048,7 @@ async fn report_batch(
                     .fetch_add(acks.len() as u64, Ordering::Relaxed);
                 let mut lost = 0;
                 for ack in acks {
+                    let job = ack.job_id;
                     if ack.code != Code::Ok as i32 {
                         stats.refused.fetch_add(1, Ordering::Relaxed);
                         lost += 1;
@@ -1024,10 +1058,10 @@ async fn report_batch(
                         pb::report_ack::Outcome::Conflict => {
                             stats.conflicts.fetch_add(1, Ordering::Relaxed);
                         }
-                        // Another worker did the job first: this lease
-                        // expired (with `--verify 0`, nothing else
-                        // confirms).
-                        pb::report_ack::Outcome::Confirmed => lost += 1,
+                        // Another worker did the job first, or this is the
+                        // retry of a report made durable before a kill: the
+                        // audit after the run tells.
+                        pb::report_ack::Outcome::Confirmed => held.confirmed(fleet, job),
                         _ => {}
                     }
                     stats.completions.fetch_add(1, Ordering::Relaxed);
@@ -1081,7 +1115,9 @@ async fn report_stream(
                     pb::report_ack::Outcome::Conflict => {
                         stats.conflicts.fetch_add(1, Ordering::Relaxed);
                     }
-                    pb::report_ack::Outcome::Confirmed => held.lost(fleet, 1),
+                    pb::report_ack::Outcome::Confirmed => {
+                        held.confirmed(fleet, job.job_id)
+                    }
                     _ => {}
                 }
                 stats.completions.fetch_add(1, Ordering::Relaxed);
@@ -1124,6 +1160,56 @@ fn raise_fd_limit() -> Result<u64> {
         }
     }
     Ok(lim.rlim_cur)
+}
+
+/// Reads `nq-coord audit` of the stopped run in `dir` and sorts `jobs`
+/// (each answered as a confirmation after a kill): returns how many were
+/// computed by two identities (a lease lost to the restart) and how many
+/// hold only one identity's copies (the retry of a report made durable
+/// before the kill).
+fn computed_twice(coord_bin: &Path, dir: &Path, jobs: &[u64]) -> Result<(u64, u64)> {
+    use std::io::BufRead;
+    let wanted: std::collections::HashSet<u64> = jobs.iter().copied().collect();
+    let mut child = std::process::Command::new(coord_bin)
+        .arg("audit")
+        .arg("--data")
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("cannot run nq-coord audit")?;
+    let out = child.stdout.take().context("audit without stdout")?;
+    let (mut twice, mut retries) = (0, 0);
+    // CSV rows: job,…, with the copies' `identity:verdict` list, space
+    // separated, in the 14th column.
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line?;
+        let mut cols = line.split(',');
+        let Some(job) = cols.next().and_then(|j| j.parse::<u64>().ok()) else {
+            continue; // a comment or the header
+        };
+        if !wanted.contains(&job) {
+            continue;
+        }
+        let workers = cols.nth(12).unwrap_or("");
+        let identities: std::collections::HashSet<&str> = workers
+            .split(' ')
+            .filter_map(|w| w.rsplit_once(':').map(|(identity, _)| identity))
+            .collect();
+        if identities.len() > 1 {
+            twice += 1;
+        } else {
+            retries += 1;
+        }
+    }
+    child.wait()?;
+    ensure!(
+        twice + retries == jobs.len() as u64,
+        "the audit lists {} of the {} jobs confirmed after a kill",
+        twice + retries,
+        jobs.len()
+    );
+    Ok((twice, retries))
 }
 
 /// Bytes on disk under `dir`, as `du` counts them (allocated blocks).

@@ -41,6 +41,7 @@ use crate::core::allowance::StreamDeadlines;
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::ledger::Verified;
 use crate::core::scheduler::Outcome;
+use crate::core::tag::Caller;
 use crate::engine::solutions::SolutionWriter;
 use crate::engine::{Admitted, Engine, Submission, blocking};
 use crate::error::{Error, ReportFault};
@@ -192,9 +193,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         // important as granting new jobs, so it is done even when the
         // scheduler is closed or the run complete.
         let peer = request.remote_addr();
+        let caller = caller_of(&request);
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let held: Vec<LeaseId> = req.held.iter().map(|&l| LeaseId(l)).collect();
+        self.engine
+            .recognize(&worker, &caller, &[])
+            .inspect_err(|e| refused(e, peer))?;
         let (grant, definitions) = self
             .engine
             .grant(&worker, req.want, &held, Instant::now())
@@ -237,6 +242,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<Streaming<pb::ReportChunk>>,
     ) -> Result<Response<pb::ReportAck>, Status> {
         let peer = request.remote_addr();
+        let caller = caller_of(&request);
         let mut stream = request.into_inner();
         let started = Instant::now();
         // Before the first chunk the job is unknown: the smallest deadlines.
@@ -253,6 +259,10 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let span = tracing::Span::current();
         span.record("worker", first.worker_id.as_str());
         span.record("job", first.job_id);
+        let lease = (JobId(first.job_id), LeaseId(first.lease_id));
+        self.engine
+            .recognize(&WorkerId(first.worker_id.clone()), &caller, &[lease])
+            .inspect_err(|e| refused(e, peer))?;
         let admitted = self
             .engine
             .admit(
@@ -327,6 +337,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         request: Request<pb::ReportBatchRequest>,
     ) -> Result<Response<pb::ReportBatchResponse>, Status> {
         let peer = request.remote_addr();
+        let caller = caller_of(&request);
         let req = request.into_inner();
         if req.reports.len() > nq_proto::MAX_REPORT_BATCH {
             return Err(Error::BatchTooLarge {
@@ -339,6 +350,12 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         if self.engine.shape.solutions {
             return Err(Error::BatchOfSolutionsRun.into());
         }
+        let leases: Vec<(JobId, LeaseId)> = (req.reports.iter())
+            .map(|r| (JobId(r.job_id), LeaseId(r.lease_id)))
+            .collect();
+        self.engine
+            .recognize(&WorkerId(req.worker_id.clone()), &caller, &leases)
+            .inspect_err(|e| refused(e, peer))?;
         let mut acks: Vec<pb::JobReportAck> = req
             .reports
             .iter()
@@ -405,9 +422,14 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let peer = request.remote_addr();
+        let caller = caller_of(&request);
         let req = request.into_inner();
         let worker = WorkerId(req.worker_id);
         let leases: Vec<LeaseId> = req.leases.iter().map(|&l| LeaseId(l)).collect();
+        self.engine
+            .recognize(&worker, &caller, &[])
+            .inspect_err(|e| refused(e, peer))?;
         let released = self.engine.release(&worker, &leases);
         if !released.is_empty() {
             info!(jobs = released.len(), "worker released leases");
@@ -441,6 +463,17 @@ fn credential_of<T>(request: &Request<T>) -> Option<String> {
         .extensions()
         .get::<security::Credential>()
         .map(|c| c.0.clone())
+}
+
+/// What a call proves about its caller: its credential (as
+/// [`credential_of`]) and its address, as registration resolves them, so
+/// that a worker id is checked against the same caller it was issued to
+/// ([`Engine::recognize`]).
+fn caller_of<T>(request: &Request<T>) -> Caller {
+    Caller {
+        credential: credential_of(request),
+        address: request.remote_addr().map(|p| p.ip()),
+    }
 }
 
 /// Logs a refused call with the caller's address (a stranger, a confused

@@ -3,12 +3,14 @@
 //! A lease is the right to work on one job until a deadline. Workers renew
 //! their leases with every `Lease` call (the heartbeat); a lease that is not
 //! renewed expires and its job goes back to the pending queue. Lease ids are
-//! random 64-bit numbers drawn by the scheduler (never 0, never one it still
-//! has on record), so that they cannot be guessed; they carry no session
-//! number. No lease survives a restart: the jobs leased by an earlier session
-//! go back to pending when the next one starts, and a report under one of its
-//! leases names an id the new session never issued, so it is refused as an
-//! unknown lease ([`crate::Refusal::UnknownLease`]).
+//! 64-bit MACs of (worker, job, a random nonce) under the run's key
+//! ([`crate::core::tag`]; never 0, never one the session still has on
+//! record), so that they cannot be guessed. A lease survives a restart: the
+//! leases an earlier session recorded are restored on startup, and a report
+//! under one it did not record is recognised by its id's tag
+//! (`Scheduler::recognize_lease`); a made-up id, or a true one reported by
+//! another worker or for another job, is refused as an unknown lease
+//! ([`crate::Refusal::UnknownLease`]).
 //!
 //! The table answers the clock's questions (what expired, what is due for a
 //! look at whether it is overdue) from ordered indexes, so that a tick costs

@@ -21,6 +21,7 @@ pub mod quorum;
 pub mod report;
 pub mod scheduler;
 pub mod status;
+pub mod tag;
 
 use std::collections::HashSet;
 use std::time::Instant;

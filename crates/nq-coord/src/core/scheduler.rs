@@ -33,9 +33,12 @@
 //! * Jobs that wait for another copy (a check) go to the `checks` queue and
 //!   are granted first, to identities that have not reported them.
 //! * An expired or released job goes to the FRONT of its queue: it is late.
-//! * Leases are bound: a report counts only under a lease this session
-//!   issued, to the worker that sends it, for the job it names. Lease ids are
-//!   random, so they cannot be guessed.
+//! * Leases are bound: a report counts only under a lease this run issued,
+//!   to the worker that sends it, for the job it names. Worker and lease ids
+//!   carry a MAC keyed by the run's secret ([`crate::core::tag`]), so they
+//!   cannot be guessed, and a restarted coordinator recognises the ids of
+//!   the sessions before it without any stored state
+//!   ([`Scheduler::recognize`], [`Scheduler::recognize_lease`]).
 //! * The ledger decides what each copy does ([`Settlement`]); the scheduler
 //!   applies it: the counted tally, settled or not, and lost conflicts.
 
@@ -54,6 +57,7 @@ use crate::core::presence::Presence;
 use crate::core::quorum::{
     Beaten, Identities, IdentityId, LOCAL, Policy, Rules, trusted_from_start,
 };
+use crate::core::tag::{Caller, Tags, caller_key};
 use crate::error::{Error, Refusal, RegistrationLimit, Result};
 
 /// Most jobs one `Lease` call can grant.
@@ -76,6 +80,22 @@ pub const MAX_REGISTRATIONS_PER_IDENTITY: u32 = 64;
 /// (BENCHMARKS.md). At about 200 bytes each, a full address holds about
 /// 13 MB until its workers are forgotten.
 pub const MAX_REGISTRATIONS_PER_ADDRESS: u32 = 1 << 16;
+
+/// The threads assumed for a worker recognised after a restart
+/// ([`Scheduler::recognize`]): its claim is not in the call. Its cap is then
+/// what its identity's measured allowance says ([`MAX_GRANT`] = 4 × this):
+/// the claim can only lower it, and an unknown claim must not.
+const RECOGNIZED_THREADS: u32 = MAX_GRANT / 4;
+
+/// Most jobs a restart sets aside ([`Scheduler::defer_unrecorded`]): the
+/// first `Lease` call after it reads that far into the hand-out order.
+pub const MAX_DEFERRED: u64 = 1 << 20;
+
+/// The most leases a remote worker that claims `threads` threads may hold
+/// at once (its measured allowance may lower it).
+pub fn claimed_cap(threads: u32) -> u64 {
+    u64::from(threads.saturating_mul(4).max(16))
+}
 
 /// Lease lifetimes of silence after which a worker is forgotten: its leases
 /// expired long before, and it must register again to call.
@@ -505,6 +525,11 @@ pub struct Scheduler {
     attempts: HashMap<JobId, u32>,
     /// Where fresh jobs come from.
     source: Box<dyn HandOut>,
+    /// Fresh jobs set aside on a restart ([`Scheduler::defer_unrecorded`]),
+    /// how many more to set aside, and until when.
+    deferred: VecDeque<JobId>,
+    defer_left: u64,
+    deferred_until: Option<Instant>,
     /// The source's current batch, in hand-out order.
     window: VecDeque<JobId>,
     /// True once the source has given every job.
@@ -586,6 +611,11 @@ pub struct Scheduler {
     /// ([`Scheduler::expect_local_threads`]).
     local_arbiter: bool,
     rng: rand::rngs::StdRng,
+    /// The keys of the run's worker and lease ids.
+    tags: Tags,
+    /// Registrations recorded by earlier sessions, until their workers are
+    /// recognised ([`Scheduler::expect_recorded`]).
+    recorded: HashMap<WorkerId, nq_store::StoredWorker>,
     session: u64,
     next_worker: u64,
     ttl: Duration,
@@ -634,6 +664,7 @@ impl Scheduler {
         ttl: Duration,
         policy: Policy,
     ) -> Scheduler {
+        let tags = Tags::new(&policy.secret);
         Scheduler {
             pending_count: jobs,
             restoring: 0,
@@ -641,6 +672,9 @@ impl Scheduler {
             table: JobTable::new(jobs),
             attempts: HashMap::new(),
             source,
+            deferred: VecDeque::new(),
+            defer_left: 0,
+            deferred_until: None,
             window: VecDeque::new(),
             source_drained: false,
             requeued: VecDeque::new(),
@@ -669,6 +703,8 @@ impl Scheduler {
             returning: std::collections::HashSet::new(),
             local_arbiter: false,
             rng: rand::rngs::StdRng::from_os_rng(),
+            tags,
+            recorded: HashMap::new(),
             session,
             next_worker: 1,
             ttl,
@@ -942,16 +978,34 @@ impl Scheduler {
             Some(c) => c.to_owned(),
             None => remote_identity(name, address),
         };
+        let caller = caller_key(credential, address);
         let address = address.map(|ip| ip.to_canonical());
+        self.within_limits(&key, address)?;
+        let identity = self.identities.intern(&key);
+        if let Some(ip) = address {
+            let label = match credential {
+                Some(c) => format!("{c} ({name}@{ip})"),
+                None => format!("{name}@{ip}"),
+            };
+            self.identities.set_label(identity, &label);
+            *self.registrations_by_address.entry(ip).or_insert(0) += 1;
+        }
+        *self.registrations.entry(identity).or_insert(0) += 1;
+        Ok(self.add_worker(name, address, identity, threads, now, &caller))
+    }
+
+    /// Refuses one more registration of identity `key` from `address` when
+    /// either already holds as many live registrations as allowed.
+    fn within_limits(&self, key: &str, address: Option<IpAddr>) -> Result<()> {
         let over = |count: Option<&u32>, limit: u32| count.is_some_and(|&n| n >= limit);
-        let known = self.identities.get(&key);
+        let known = self.identities.get(key);
         let refusal = if over(
             known.and_then(|id| self.registrations.get(&id)),
             MAX_REGISTRATIONS_PER_IDENTITY,
         ) {
             Some((
                 RegistrationLimit::Identity,
-                key.clone(),
+                key.to_owned(),
                 MAX_REGISTRATIONS_PER_IDENTITY,
             ))
         } else if let Some(ip) = address
@@ -968,24 +1022,138 @@ impl Scheduler {
         } else {
             None
         };
-        if let Some((per, holder, limit)) = refusal {
-            return Err(Error::Refused(Refusal::TooManyRegistrations {
-                per,
-                holder,
-                limit,
-            }));
+        match refusal {
+            Some((per, holder, limit)) => {
+                Err(Error::Refused(Refusal::TooManyRegistrations {
+                    per,
+                    holder,
+                    limit,
+                }))
+            }
+            None => Ok(()),
         }
-        let identity = self.identities.intern(&key);
-        if let Some(ip) = address {
-            let label = match credential {
-                Some(c) => format!("{c} ({name}@{ip})"),
-                None => format!("{name}@{ip}"),
-            };
-            self.identities.set_label(identity, &label);
-            *self.registrations_by_address.entry(ip).or_insert(0) += 1;
+    }
+
+    /// Keeps the registrations that earlier sessions recorded (on startup),
+    /// so that a worker recognised by its id ([`Scheduler::recognize`])
+    /// keeps its name, its claimed threads and, on loopback where the name
+    /// is part of it, its identity: its copies before and after the restart
+    /// are one voice.
+    pub fn expect_recorded(
+        &mut self,
+        workers: impl IntoIterator<Item = (WorkerId, nq_store::StoredWorker)>,
+    ) {
+        self.recorded.extend(workers);
+    }
+
+    /// Registers again, under its id, a remote worker of an earlier session
+    /// of this run that calls after a restart: its id's tag must check out
+    /// for what the call proves of its caller (its credential, else its
+    /// address; see [`crate::core::tag`]), so a made-up id, or a true one
+    /// used by another caller, is not. Its identity is resolved as at
+    /// registration (the credential, else [`remote_identity`]), with the
+    /// name and threads of its recorded registration
+    /// ([`Scheduler::expect_recorded`]), else its id for a name (the call
+    /// carries none) and [`RECOGNIZED_THREADS`]. Returns true when it was
+    /// registered again; false, changing nothing, for a worker already
+    /// registered, an id that does not check, or an id of this session (a
+    /// worker forgotten after a silence registers again, as before).
+    ///
+    /// # Errors
+    ///
+    /// [`Refusal::TooManyRegistrations`], as [`Scheduler::register_as`]: the
+    /// limits hold for workers recognised after a restart too.
+    pub fn recognize(
+        &mut self,
+        id: &WorkerId,
+        caller: &Caller,
+        now: Instant,
+    ) -> Result<bool> {
+        if self.workers.contains_key(id) {
+            return Ok(false);
         }
-        *self.registrations.entry(identity).or_insert(0) += 1;
-        Ok(self.add_worker(name, address, identity, threads, now, false))
+        let key = caller_key(caller.credential.as_deref(), caller.address);
+        match self.tags.check_worker_id(id, &key) {
+            Some(session) if session < self.session => {}
+            _ => return Ok(false),
+        }
+        // Its recorded registration, if any, names it as before; the tag
+        // bound the id to this caller, as the identity was at registration.
+        let resolve = |name: &str| match &caller.credential {
+            Some(c) => c.clone(),
+            None => remote_identity(name, caller.address),
+        };
+        let (name, threads) = match self.recorded.remove(id) {
+            Some(w) if w.identity == resolve(&w.name) => (w.name, w.threads),
+            _ => (id.0.clone(), RECOGNIZED_THREADS),
+        };
+        let identity = resolve(&name);
+        let address = caller.address.map(|ip| ip.to_canonical());
+        self.within_limits(&identity, address)?;
+        self.restore_worker(id.clone(), &name, &identity, address, threads, now);
+        self.note_machine(now);
+        Ok(true)
+    }
+
+    /// Binds a report under `lease`, unknown to this session, to what an
+    /// earlier session of this run issued: when the lease id's tag checks out
+    /// for (`worker`, `job`) ([`crate::core::tag`]), and `worker` is a
+    /// registered remote worker of an earlier session, the lease is issued
+    /// again, so that [`Scheduler::check_report`] admits the report with the
+    /// usual binding rules. A pending job is leased under it again, live
+    /// ([`Scheduler::restore_lease`]); for a job leased to another worker or
+    /// done, the lease is kept as ended, so that the report is a late copy,
+    /// as under a lease of this session that expired. Anything else changes
+    /// nothing (and the report is refused as before). Returns true when the
+    /// lease was recognised.
+    pub fn recognize_lease(
+        &mut self,
+        job: JobId,
+        lease: LeaseId,
+        worker: &WorkerId,
+        now: Instant,
+    ) -> bool {
+        if self.issued.contains_key(&lease) || self.known(job).is_err() {
+            return false;
+        }
+        let Some(w) = self.workers.get(worker) else {
+            return false;
+        };
+        if w.local
+            || !self.of_earlier_session(worker)
+            || !self.tags.check_lease_id(lease, worker, job)
+        {
+            return false;
+        }
+        if self.table.phase(job) == Phase::Pending {
+            let attempts = self.attempts(job).saturating_add(1);
+            return self.restore_lease(job, lease, worker, attempts, now);
+        }
+        let issued = Issued {
+            job,
+            worker: worker.clone(),
+            identity: w.identity,
+            local: false,
+            granted: now,
+        };
+        if let Some(before) = self.issued_by_job.insert(job, lease) {
+            self.issued_before.insert(lease, before);
+        }
+        self.issued.insert(lease, issued);
+        if self.table.phase(job) == Phase::Done {
+            // Forgotten at the next prune, as the leases of a job settled
+            // now.
+            self.settled_since_prune.push(job);
+        }
+        true
+    }
+
+    /// True when `id` reads as a worker id of a session before this one.
+    fn of_earlier_session(&self, id: &WorkerId) -> bool {
+        id.0.strip_prefix('w')
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(session, _)| session.parse::<u64>().ok())
+            .is_some_and(|session| session < self.session)
     }
 
     /// Registers again, under its id `id` of an earlier session, a remote
@@ -1080,9 +1248,11 @@ impl Scheduler {
     pub fn register_local(&mut self, threads: u32, now: Instant) -> WorkerId {
         let identity = self.identities.intern(LOCAL);
         self.local_arbiter = true;
-        self.add_worker("local", None, identity, threads, now, true)
+        self.add_worker("local", None, identity, threads, now, "local")
     }
 
+    /// Adds a registration of `caller` ([`caller_key`]; `"local"` for the
+    /// coordinator's own threads).
     fn add_worker(
         &mut self,
         name: &str,
@@ -1090,22 +1260,18 @@ impl Scheduler {
         identity: IdentityId,
         threads: u32,
         now: Instant,
-        local: bool,
+        caller: &str,
     ) -> WorkerId {
+        let local = caller == "local";
         if !local {
             self.returning.remove(&identity);
         }
-        // The session and a sequence number for people, and a random part so
-        // that an id can neither be guessed (and used to renew or report
-        // under another worker's leases) nor repeat in another run on the
-        // same address, where a worker of the old run would pass for a
-        // worker of the new one.
-        let id = WorkerId(format!(
-            "w{}.{}-{:08x}",
-            self.session,
-            self.next_worker,
-            self.rng.random::<u32>()
-        ));
+        // The session and a sequence number for people, and a MAC of both
+        // and the caller under the run's key, so that an id can neither be
+        // guessed (and used to renew or report under another worker's
+        // leases), nor pass in another run, nor from another caller; and so
+        // that a restarted coordinator recognises it ([`Scheduler::recognize`]).
+        let id = self.tags.worker_id(self.session, self.next_worker, caller);
         self.next_worker += 1;
         if local {
             self.locals += 1;
@@ -1183,19 +1349,25 @@ impl Scheduler {
         self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
         // overflow (found by tests/fuzz_messages.rs).
-        let claimed = threads.saturating_mul(4).max(16) as usize;
+        let claimed = claimed_cap(threads) as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()
         };
         let mut renewed = 0;
+        // A worker of an earlier session may hold leases that session issued
+        // and never recorded: their jobs are not in the call, so they cannot
+        // be checked here; its report under them decides
+        // ([`Scheduler::recognize_lease`]). Only the leases this session
+        // knows to have ended are revoked to it.
+        let earlier = !local && self.of_earlier_session(worker);
         for &id in held {
             if self.leases.renew(id, worker, deadline) {
                 renewed += 1;
                 if self.leases.review(id).is_none() {
                     self.schedule_review(id); // see `reclaim_overdue`
                 }
-            } else {
+            } else if !earlier || self.issued.contains_key(&id) {
                 grant.revoked.push(id);
             }
         }
@@ -1234,7 +1406,16 @@ impl Scheduler {
             let Some((job, identity, kernel)) = self.next_job(identity, local)? else {
                 break;
             };
-            let lease = self.fresh_lease_id();
+            let Some(lease) = self.fresh_lease_id(worker, job) else {
+                // Every nonce of this job and worker is on record: it goes
+                // back to the front of its queue, for another worker.
+                if self.open.contains_key(&job) {
+                    self.checks.push_front(job);
+                } else {
+                    self.requeued.push_front(job);
+                }
+                break;
+            };
             let attempts = self.attempts.entry(job).or_insert(0);
             *attempts = attempts.saturating_add(1);
             let attempts = *attempts;
@@ -1394,14 +1575,15 @@ impl Scheduler {
         &self.allowances
     }
 
-    /// A random lease id not issued before in this session.
-    fn fresh_lease_id(&mut self) -> LeaseId {
-        loop {
-            let id = LeaseId(self.rng.random());
-            if id.0 != 0 && !self.issued.contains_key(&id) {
-                return id;
-            }
-        }
+    /// A lease id for `job` granted to `worker` ([`Tags::lease_id`], with
+    /// a random nonce) not issued before in this session; `None` when all
+    /// 65,536 nonces are on record (a job granted to one worker that often
+    /// without being settled).
+    fn fresh_lease_id(&mut self, worker: &WorkerId, job: JobId) -> Option<LeaseId> {
+        let start: u16 = self.rng.random();
+        (0..=u16::MAX)
+            .map(|i| self.tags.lease_id(worker, job, start.wrapping_add(i)))
+            .find(|id| id.0 != 0 && !self.issued.contains_key(id))
     }
 
     /// The next job `identity` may compute, with the identity it computes
@@ -1460,16 +1642,59 @@ impl Scheduler {
 
     /// The next candidate for a fresh grant: a requeued job, else the next
     /// job of the hand-out order (read from the source a batch at a time).
+    /// The first fresh pending jobs of a restarted session are set aside
+    /// (see [`Scheduler::defer_unrecorded`]) and come only once no other is
+    /// left.
     fn next_pending(&mut self) -> Result<Option<JobId>> {
         if let Some(job) = self.requeued.pop_front() {
             return Ok(Some(job));
         }
-        while self.window.is_empty() && !self.source_drained {
-            let batch = self.source.next_batch()?;
-            self.source_drained = batch.is_empty();
-            self.window.extend(batch);
+        loop {
+            while self.window.is_empty() && !self.source_drained {
+                let batch = self.source.next_batch()?;
+                self.source_drained = batch.is_empty();
+                self.window.extend(batch);
+            }
+            let Some(job) = self.window.pop_front() else {
+                return Ok(self.deferred.pop_front());
+            };
+            let pending = self.table.phase(job) == Phase::Pending;
+            if self.defer_left > 0 && pending && !self.open.contains_key(&job) {
+                self.defer_left -= 1;
+                self.deferred.push_back(job);
+                continue;
+            }
+            return Ok(Some(job));
         }
-        Ok(self.window.pop_front())
+    }
+
+    /// On a restart (at `now`): sets aside the first `leases` fresh pending
+    /// jobs of the hand-out order, at most [`MAX_DEFERRED`], for one lease
+    /// lifetime or until no other job is left. A lease granted in the
+    /// second before a crash has no record, so its job is pending again, and
+    /// since the hand-out follows one order, the jobs of such leases are
+    /// the first pending ones: handed out at once, another worker would
+    /// compute them before their holders report them (recognised by their
+    /// ids, [`Scheduler::recognize_lease`]). `leases` bounds the leases that
+    /// were live at the crash (the caller sums the lease caps of the
+    /// recorded workers); the order of the rest is unchanged.
+    pub fn defer_unrecorded(&mut self, leases: u64, now: Instant) {
+        self.defer_left = leases.min(MAX_DEFERRED);
+        self.deferred_until = (self.defer_left > 0).then(|| now + self.ttl);
+    }
+
+    /// Ends the set-aside of [`Scheduler::defer_unrecorded`] at its time:
+    /// the jobs still pending go to the front of the queue, like expired
+    /// leases' jobs.
+    fn end_deferral(&mut self, now: Instant) {
+        if self.deferred_until.is_none_or(|t| now < t) {
+            return;
+        }
+        self.deferred_until = None;
+        self.defer_left = 0;
+        while let Some(job) = self.deferred.pop_back() {
+            self.requeued.push_front(job);
+        }
     }
 
     /// Takes back leases that `worker` hands in; their jobs go to the front of
@@ -1496,6 +1721,7 @@ impl Scheduler {
     /// Expires every lease whose deadline is before `now`; their jobs go to
     /// the front of their queue. Returns the expired leases.
     pub fn expire(&mut self, now: Instant) -> Vec<Lease> {
+        self.end_deferral(now);
         let expired = self.leases.expire(now);
         self.expiries += expired.len() as u64;
         // Pushed to the front in reverse, so the oldest grant is reissued first.
@@ -2984,6 +3210,209 @@ mod tests {
         // Unrenewed, it expires as any lease, and its job is pending again.
         s.expire(later + TTL + Duration::from_secs(1));
         assert!(s.jobs_pending() >= 1);
+    }
+
+    /// What a call from `ip` with `credential` proves (as the gRPC adapter
+    /// resolves it).
+    fn caller(ip: [u8; 4], credential: Option<&str>) -> Caller {
+        Caller {
+            credential: credential.map(str::to_owned),
+            address: Some(IpAddr::from(ip)),
+        }
+    }
+
+    #[test]
+    fn ids_of_an_earlier_session_are_recognised_by_their_tags_alone() {
+        let now = Instant::now();
+        let mut before = Scheduler::new(vec![1; 4], 1, TTL, policy(0.0));
+        let a = before.register("a", 4, Some(IpAddr::from([10, 0, 0, 1])), now);
+        let a = a.unwrap();
+        let b = (before.register_as(
+            "b",
+            4,
+            Some(IpAddr::from([10, 0, 0, 2])),
+            Some("token:b"),
+            now,
+        ))
+        .unwrap();
+        let held = before.lease(&a, 2, &[], now).unwrap().jobs;
+        let (j0, l0, j1, l1) = (held[0].job, held[0].lease, held[1].job, held[1].lease);
+        let theirs = before.lease(&b, 1, &[], now).unwrap().jobs[0].clone();
+        // A restart that recorded nothing: a scheduler rebuilt from scratch.
+        let later = now + Duration::from_secs(1);
+        let mut s = Scheduler::new(vec![1; 4], 2, TTL, policy(0.0));
+        assert!(matches!(
+            s.lease(&a, 1, &[], later),
+            Err(Error::UnknownWorker { .. })
+        ));
+        // A tag made for another caller, another run, or a made-up id.
+        let a_from = caller([10, 0, 0, 1], None);
+        for wrong in [
+            caller([10, 0, 0, 9], None),
+            caller([10, 0, 0, 1], Some("token:a")),
+        ] {
+            assert!(!s.recognize(&a, &wrong, later).unwrap(), "{wrong:?}");
+        }
+        let mut other_run = Scheduler::new(
+            vec![1; 4],
+            2,
+            TTL,
+            Policy {
+                secret: [4; 16],
+                ..policy(0.0)
+            },
+        );
+        assert!(!other_run.recognize(&a, &a_from, later).unwrap());
+        let tag = a.0.split_once('-').unwrap().1;
+        let forged = WorkerId(format!("w1.7-{tag}"));
+        assert!(!s.recognize(&forged, &a_from, later).unwrap());
+        assert!(s.worker(&a).is_none() && s.worker(&forged).is_none());
+        // The genuine ids: `a` from its address, `b` with its credential
+        // from anywhere; each votes as before.
+        assert!(s.recognize(&a, &a_from, later).unwrap());
+        assert!(!s.recognize(&a, &a_from, later).unwrap(), "once");
+        assert!(
+            s.recognize(&b, &caller([10, 0, 0, 7], Some("token:b")), later)
+                .unwrap()
+        );
+        let identity = |w: &WorkerId| s.identities().name(s.worker(w).unwrap().identity);
+        assert_eq!((identity(&a), identity(&b)), ("10.0.0.1", "token:b"));
+        // Lease ids: one bit flipped, another job, another worker: refused.
+        for (job, lease, w) in [
+            (j0, LeaseId(l0.0 ^ (1 << 63)), &a),
+            (j0, LeaseId(l0.0 ^ 1), &a),
+            (j1, l0, &a),
+            (j0, l0, &b),
+        ] {
+            assert!(!s.recognize_lease(job, lease, w, later));
+            assert!(
+                matches!(s.check_report(job, lease, w), Err(Error::Refused(_))),
+                "{job} {lease} {w}"
+            );
+        }
+        // The genuine lease of a pending job: live again, bound as before.
+        assert!(s.recognize_lease(j0, l0, &a, later));
+        assert!(s.is_live(l0) && s.check_report(j0, l0, &a).is_ok());
+        assert!(matches!(s.check_report(j0, l0, &b), Err(Error::Refused(_))));
+        assert!(!s.recognize_lease(j0, l0, &a, later), "known now");
+        // Its worker renews it, and holds on to a lease the call cannot
+        // check (its report decides); a worker of this session is told that
+        // an id this session never issued is void.
+        let c = s.register("c", 4, Some(IpAddr::from([10, 0, 0, 3])), later);
+        let c = c.unwrap();
+        let g = s.lease(&a, 0, &[l0, l1], later).unwrap();
+        assert!(g.revoked.is_empty(), "{:?}", g.revoked);
+        assert_eq!(s.lease(&c, 0, &[l1], later).unwrap().revoked, vec![l1]);
+        // `b`'s job went to `c` meanwhile: `b`'s report is a late copy.
+        let got = s.lease(&c, 4, &[], later).unwrap().jobs;
+        assert!(got.iter().any(|g| g.job == theirs.job));
+        assert!(s.recognize_lease(theirs.job, theirs.lease, &b, later));
+        assert!(s.is_late(theirs.lease));
+        assert!(s.check_report(theirs.job, theirs.lease, &b).is_ok());
+        // A job done meanwhile: a late copy too, forgotten with the job's
+        // other leases.
+        let cj1 = got.iter().find(|g| g.job == j1).unwrap().lease;
+        first_copy(&mut s, j1, cj1, 1);
+        assert!(s.recognize_lease(j1, l1, &a, later) && s.is_late(l1));
+        assert!(s.check_report(j1, l1, &a).is_ok());
+        s.prune_issued();
+        assert!(matches!(s.check_report(j1, l1, &a), Err(Error::Refused(_))));
+    }
+
+    #[test]
+    fn a_restart_hands_the_jobs_of_unrecorded_leases_out_last() {
+        // Equal works: the hand-out order is the id order.
+        let (mut s, clock) = setup(&[1; 8]);
+        let a = s.register("a", 4, None, clock.now()).unwrap();
+        s.defer_unrecorded(3, clock.now());
+        let g = s.lease(&a, 5, &[], clock.now()).unwrap();
+        assert_eq!(jobs_of(&g), [3, 4, 5, 6, 7], "the first three set aside");
+        let g = s.lease(&a, 3, &[], clock.now()).unwrap();
+        assert_eq!(jobs_of(&g), [0, 1, 2], "no other job left: they go now");
+
+        // Or they go first once a lease lifetime has passed.
+        let (mut s, mut clock) = setup(&[1; 8]);
+        let a = s.register("a", 4, None, clock.now()).unwrap();
+        s.defer_unrecorded(2, clock.now());
+        assert_eq!(jobs_of(&s.lease(&a, 1, &[], clock.now()).unwrap()), [2]);
+        s.expire(clock.advance(31));
+        assert_eq!(
+            jobs_of(&s.lease(&a, 3, &[], clock.now()).unwrap()),
+            [2, 0, 1]
+        );
+    }
+
+    #[test]
+    fn a_recognised_worker_keeps_its_recorded_name_and_identity() {
+        let now = Instant::now();
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let mut before = Scheduler::new(vec![1], 1, TTL, policy(0.0));
+        let a = before.register("a", 8, lo, now).unwrap();
+        let b = before.register("b", 8, lo, now).unwrap();
+        let mut s = Scheduler::new(vec![1], 2, TTL, policy(0.0));
+        let recorded = nq_store::StoredWorker {
+            name: "a".into(),
+            identity: "a@127.0.0.1".into(),
+            address: Some("127.0.0.1".into()),
+            threads: 8,
+        };
+        s.expect_recorded([(a.clone(), recorded)]);
+        let from = caller([127, 0, 0, 1], None);
+        assert!(s.recognize(&a, &from, now).unwrap());
+        assert!(s.recognize(&b, &from, now).unwrap());
+        let w = s.worker(&a).unwrap();
+        assert_eq!((w.name.as_str(), w.threads), ("a", 8));
+        assert_eq!(s.identities().name(w.identity), "a@127.0.0.1", "one voice");
+        // Unrecorded (registered in the second before the crash): its id
+        // names it.
+        let w = s.worker(&b).unwrap();
+        assert_eq!((&w.name, w.threads), (&b.0, RECOGNIZED_THREADS));
+        assert_eq!(s.identities().name(w.identity), format!("{b}@127.0.0.1"));
+    }
+
+    #[test]
+    fn a_banned_identity_stays_banned_when_its_worker_is_recognised() {
+        let now = Instant::now();
+        let ip = Some(IpAddr::from([10, 0, 0, 1]));
+        let mut before = Scheduler::new(vec![1; 4], 1, TTL, policy(0.0));
+        let a = before.register("a", 1, ip, now).unwrap();
+        let g = before.lease(&a, 1, &[], now).unwrap().jobs[0].clone();
+        let mut s = Scheduler::new(vec![1; 4], 2, TTL, policy(0.0));
+        // Its lost conflicts, as restore finds them in the stored copies.
+        let identity = s.intern("10.0.0.1");
+        for _ in 0..2 {
+            s.restore_loss(identity, &crate::core::quorum::Beaten::trusted());
+        }
+        assert!(s.recognize(&a, &caller([10, 0, 0, 1], None), now).unwrap());
+        assert!(matches!(
+            s.lease(&a, 1, &[], now),
+            Err(Error::Refused(Refusal::Banned { .. }))
+        ));
+        s.recognize_lease(g.job, g.lease, &a, now);
+        assert!(matches!(
+            s.check_report(g.job, g.lease, &a),
+            Err(Error::Refused(Refusal::Banned { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_recognised_worker_counts_against_the_registration_limits() {
+        let now = Instant::now();
+        let mut before = Scheduler::new(vec![1], 1, TTL, policy(0.0));
+        let ip = Some(IpAddr::from([10, 0, 0, 2]));
+        let b = before
+            .register_as("b", 1, ip, Some("token:b"), now)
+            .unwrap();
+        let mut s = Scheduler::new(vec![1], 2, TTL, policy(0.0));
+        for i in 0..MAX_REGISTRATIONS_PER_IDENTITY {
+            s.register_as(&format!("b{i}"), 1, ip, Some("token:b"), now)
+                .unwrap();
+        }
+        assert!(matches!(
+            s.recognize(&b, &caller([10, 0, 0, 2], Some("token:b")), now),
+            Err(Error::Refused(Refusal::TooManyRegistrations { .. }))
+        ));
+        assert!(s.worker(&b).is_none());
     }
 
     #[test]

@@ -51,6 +51,7 @@ use crate::core::lease::{Lease, LeaseId, WorkerId};
 use crate::core::ledger::{self, Report, Verified};
 use crate::core::scheduler::{Granted, Issued, Outcome, Reclaimed, Scheduler};
 use crate::core::status::{Progress, Snapshot};
+use crate::core::tag::Caller;
 use crate::error::{Error, Refusal, Result};
 use commit::CommitRequest;
 use solutions::SolutionWriter;
@@ -244,6 +245,44 @@ impl Engine {
             self.persist_lease(g, worker);
         }
         Ok((grant, definitions))
+    }
+
+    /// Recognises, after a restart, ids that an earlier session of this run
+    /// issued and this one has never seen: `worker`, registered again under
+    /// its id when its tag checks out for `caller`
+    /// ([`crate::core::scheduler::Scheduler::recognize`]), and the `leases`
+    /// of a report, each for its job
+    /// ([`crate::core::scheduler::Scheduler::recognize_lease`]). Ids that
+    /// do not check change nothing, and the call that follows refuses them
+    /// as before. No I/O: the ids prove themselves.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] when the registration limits of the worker's
+    /// identity or address are reached.
+    pub(crate) fn recognize(
+        &self,
+        worker: &WorkerId,
+        caller: &Caller,
+        leases: &[(JobId, LeaseId)],
+    ) -> Result<()> {
+        let now = Instant::now();
+        let mut core = self.core();
+        if core.sched.recognize(worker, caller, now)? {
+            tracing::info!(
+                worker = %worker,
+                peer = ?caller.address,
+                "worker of an earlier session recognised by its id; registered again under it"
+            );
+        }
+        let mut kept = 0usize;
+        for &(job, lease) in leases {
+            kept += usize::from(core.sched.recognize_lease(job, lease, worker, now));
+        }
+        if kept > 0 {
+            tracing::debug!(worker = %worker, leases = kept, "leases of an earlier session recognised by their ids");
+        }
+        Ok(())
     }
 
     /// Hands `leases` of `worker` back: their jobs are pending again.

@@ -13,9 +13,11 @@
 //! random; colluders of one group all report the same wrong count for a job
 //! (several identities, one lie). Slow workers report late, often after
 //! their lease expired and the job was reissued; duplicating workers report
-//! a job twice; vanishing workers stop mid-lease; after a crash, and in
-//! forged reports, workers report under leases of another session, another
-//! worker or another job, which admission must refuse. Hoarders lease all
+//! a job twice; vanishing workers stop mid-lease; after a crash, workers
+//! report under their ids and leases of the dead session, which the next one
+//! recognises by their tags and binds as before (issue 17); in forged
+//! reports, workers report under leases of another worker or another job,
+//! or made up, which admission must refuse. Hoarders lease all
 //! they are granted, heartbeat and never report (also while the honest
 //! workers drain the run); stream stallers hold a job, heartbeating, far
 //! past its time (a stalled Report stream) and then report it with count 0
@@ -44,6 +46,7 @@ use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::ledger::{self, Decision, JobCopies, Verified, Write};
 use crate::core::quorum::{Fraction, IdentityId, Policy};
 use crate::core::scheduler::{Fallout, Scheduler};
+use crate::core::tag::Caller;
 use crate::restore::{Checked, restore_from};
 
 /// The lease lifetime of the simulated runs.
@@ -69,7 +72,10 @@ fn the_core_keeps_its_invariants_in_seeded_scenarios() {
             "{stats:?}"
         );
         assert!(
-            stats.crashes > 0 && stats.late > 0 && stats.refused > 0,
+            stats.crashes > 0
+                && stats.late > 0
+                && stats.refused > 0
+                && stats.recognized > 0,
             "{stats:?}"
         );
         assert!(stats.completed > 0 && stats.truth_checked > 0, "{stats:?}");
@@ -401,6 +407,10 @@ struct Sim {
     workers: Vec<SimWorker>,
     /// Leases this session granted: lease → (worker, job).
     granted: HashMap<LeaseId, (WorkerId, JobId)>,
+    /// Leases this run granted that are no longer in `granted` (of earlier
+    /// sessions, or of jobs settled since): their ids prove themselves by
+    /// their tags, so a report under one may be admitted as a late copy.
+    granted_before: HashMap<LeaseId, (WorkerId, JobId)>,
     /// The run completed and the coordinator stopped: nothing more happens.
     finished: bool,
     /// Probation's claim is checked (every liar an `AlwaysLiar`).
@@ -521,6 +531,7 @@ impl Sim {
             model: Model::new(jobs),
             workers,
             granted: HashMap::new(),
+            granted_before: HashMap::new(),
             finished: false,
             claim,
             debug: std::env::var("NQ_SIM_DEBUG").is_ok(),
@@ -565,14 +576,31 @@ impl Sim {
         }
     }
 
-    /// Registers worker `w` in this session if it is not yet.
-    fn registered(&mut self, w: usize) -> WorkerId {
-        if let Some(id) = &self.workers[w].id
-            && self.core.sched.worker(id).is_some()
-        {
-            return id.clone();
+    /// What a call of worker `w` proves (as the gRPC adapter resolves it).
+    fn caller(&self, w: usize) -> Caller {
+        Caller {
+            credential: self.workers[w].credential.clone(),
+            address: Some(self.workers[w].ip),
         }
+    }
+
+    /// Registers worker `w` in this session if it is not yet. A remote
+    /// worker with an id of an earlier session calls under it, and is
+    /// registered again under it when the restarted coordinator recognises
+    /// it, as `Engine::recognize` does; only otherwise does it register.
+    fn registered(&mut self, w: usize) -> WorkerId {
         let now = self.now();
+        if let Some(id) = self.workers[w].id.clone() {
+            if self.core.sched.worker(&id).is_some() {
+                return id;
+            }
+            let caller = self.caller(w);
+            if !self.workers[w].local
+                && matches!(self.core.sched.recognize(&id, &caller, now), Ok(true))
+            {
+                return id;
+            }
+        }
         let worker = &self.workers[w];
         let id = if worker.local {
             self.core.sched.register_local(1, now)
@@ -748,21 +776,43 @@ impl Sim {
         self.commit(verified)
     }
 
-    /// Admission, as `Engine::admit` (the run is this one): refused unless
-    /// this session granted the lease to this worker for this job, and
-    /// always refused to a banned identity.
+    /// Admission, as `Engine::recognize` then `Engine::admit` (the run is
+    /// this one): refused unless a session of this run granted the lease to
+    /// this worker for this job, and always refused to a banned identity.
     fn admit(
         &mut self,
         w: usize,
         task: &Task,
     ) -> Result<Option<(Verified, WorkerId)>, String> {
+        // As `Engine::recognize` before admission: ids of earlier sessions
+        // prove themselves.
+        let (caller, now) = (self.caller(w), self.now());
+        let recognized = self.core.sched.recognize(&task.worker, &caller, now);
+        ensure!(
+            recognized.is_ok(),
+            "the simulation registers within the limits"
+        );
+        if (self.core.sched).recognize_lease(task.job, task.lease, &task.worker, now) {
+            self.stats.recognized += 1;
+        }
+        let genuine = |granted: &HashMap<LeaseId, (WorkerId, JobId)>| {
+            granted.get(&task.lease) == Some(&(task.worker.clone(), task.job))
+        };
+        let granted = genuine(&self.granted) || genuine(&self.granted_before);
+        // A lease this session forgot (its job settled) is recognised again
+        // only for a worker of an earlier session; one of this session's
+        // workers is refused as before (nothing under it can change a count).
+        let of_earlier_session = (task.worker.0.strip_prefix('w'))
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(session, _)| session.parse::<u64>().ok())
+            .is_some_and(|session| session < self.session);
+        let ours =
+            genuine(&self.granted) || genuine(&self.granted_before) && of_earlier_session;
         let s = &self.core.sched;
         let issued = match s.check_report(task.job, task.lease, &task.worker) {
             Ok(issued) => issued,
             Err(e) => {
                 self.stats.refused += 1;
-                let ours = self.granted.get(&task.lease)
-                    == Some(&(task.worker.clone(), task.job));
                 // By identity: the registration may be forgotten meanwhile.
                 let key = self.workers[w].identity();
                 let banned = s
@@ -773,14 +823,14 @@ impl Sim {
                 // can change anything.
                 ensure!(
                     !ours || banned || s.is_done(task.job),
-                    "a report under a lease this session granted was refused: {e}"
+                    "a report under a lease this run granted was refused: {e}"
                 );
                 return Ok(None);
             }
         };
         ensure!(
-            self.granted.get(&task.lease) == Some(&(task.worker.clone(), task.job)),
-            "admitted a report for job {} under a lease this session did not grant to {}",
+            granted,
+            "admitted a report for job {} under a lease this run did not grant to {}",
             task.job,
             task.worker
         );
@@ -1012,7 +1062,14 @@ impl Sim {
     fn pruned(&mut self, prune: bool) {
         if prune {
             let s = &self.core.sched;
-            self.granted.retain(|_, (_, job)| !s.is_done(*job));
+            let done: Vec<LeaseId> = (self.granted.iter())
+                .filter(|(_, (_, job))| s.is_done(*job))
+                .map(|(&lease, _)| lease)
+                .collect();
+            for lease in done {
+                let grant = self.granted.remove(&lease).expect("just listed");
+                self.granted_before.insert(lease, grant);
+            }
         }
     }
 
@@ -1076,7 +1133,10 @@ impl Sim {
                 w = 0;
             }
         }
-        if self.granted.get(&task.lease) == Some(&(task.worker.clone(), task.job)) {
+        let genuine = Some(&(task.worker.clone(), task.job));
+        if self.granted.get(&task.lease) == genuine
+            || self.granted_before.get(&task.lease) == genuine
+        {
             return Ok(()); // forged into a genuine one by chance
         }
         match self.admit(w, &task)? {
@@ -1086,8 +1146,9 @@ impl Sim {
     }
 
     /// The coordinator crashes: a new session is restored from the model and
-    /// must reach the live scheduler's settled state. The workers keep
-    /// their tasks, now under leases of a dead session.
+    /// must reach the live scheduler's settled state. The remote workers
+    /// keep their ids and their tasks, now under leases of a dead session
+    /// that the next one recognises by their tags.
     fn crash(&mut self) -> Result<(), String> {
         self.stats.crashes += 1;
         // The live run first takes in what it has noted but not yet acted
@@ -1106,9 +1167,13 @@ impl Sim {
         self.compared(&fresh)?;
         self.session += 1;
         self.core = Core::new(fresh, self.now());
-        self.granted.clear();
-        for w in &mut self.workers {
+        self.granted_before.extend(self.granted.drain());
+        // Remote workers keep their ids and their tasks: the next session
+        // recognises both by their tags. The coordinator's own threads died
+        // with it.
+        for w in self.workers.iter_mut().filter(|w| w.local) {
             w.id = None;
+            w.tasks.clear();
         }
         self.start_local();
         Ok(())

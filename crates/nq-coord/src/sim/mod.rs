@@ -106,6 +106,8 @@ pub(crate) struct Stats {
     pub(crate) bans: u64,
     pub(crate) crashes: u64,
     pub(crate) late: u64,
+    /// Leases of an earlier session recognised by their ids after a crash.
+    pub(crate) recognized: u64,
     pub(crate) completed: u64,
     pub(crate) truth_checked: u64,
     /// Restores whose standings differed from the live ones (a known
@@ -145,6 +147,7 @@ impl Stats {
         self.bans += o.bans;
         self.crashes += o.crashes;
         self.late += o.late;
+        self.recognized += o.recognized;
         self.completed += o.completed;
         self.truth_checked += o.truth_checked;
         self.standing_divergences += o.standing_divergences;
