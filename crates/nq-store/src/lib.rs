@@ -1310,10 +1310,10 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn records_span_chunks() {
+    /// A temporary store holding a run of `jobs` one-queen jobs of N = 4.
+    fn store_of(jobs: u64) -> Store {
         let store = Store::temporary().unwrap();
-        let many: Vec<NewJob> = (0..40u64)
+        let many: Vec<NewJob> = (0..jobs)
             .map(|_| NewJob {
                 rows: vec![0, 255, 255, 255],
                 work: 1,
@@ -1322,6 +1322,12 @@ mod tests {
         store
             .create_run(new_run(key(4, 1, 0, false)), many)
             .unwrap();
+        store
+    }
+
+    #[test]
+    fn records_span_chunks() {
+        let store = store_of(40);
         let ids = [0u64, 15, 16, 17, 39];
         let mut batch = CommitBatch::new();
         for &i in &ids {
@@ -1354,16 +1360,7 @@ mod tests {
 
     #[test]
     fn the_state_index_follows_every_record_write_and_rebuilds_the_same() {
-        let store = Store::temporary().unwrap();
-        let many: Vec<NewJob> = (0..9000u64)
-            .map(|_| NewJob {
-                rows: vec![0, 255, 255, 255],
-                work: 1,
-            })
-            .collect();
-        store
-            .create_run(new_run(key(4, 1, 0, false)), many)
-            .unwrap();
+        let store = store_of(9000);
         assert!(store.is_indexed().unwrap(), "a new run is indexed");
         let leased = |w: &str| JobRecord {
             state: JobState::Leased {
