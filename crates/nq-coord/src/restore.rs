@@ -266,7 +266,9 @@ pub(crate) fn restore_job(
 /// result but those with duplicates. Returns the records of the jobs the
 /// index names leased, for [`restore_leases`]. The check of every stored
 /// copy, which settles the restoring jobs, follows in the background
-/// (`engine::restoring`).
+/// (`engine::restoring`) once the caller has called
+/// [`Scheduler::begin_store_check`] (every resumed run: the index may have
+/// missed a result).
 ///
 /// # Errors
 ///
@@ -282,8 +284,6 @@ pub(crate) fn restore_indexed(
         nq_store::RecordKind::Leased => leased.push(job),
         nq_store::RecordKind::Pending => {}
     })?;
-    // Even with nothing marked: the index may have missed a result.
-    sched.begin_store_check();
     let mut voters = Voters::default();
     for identity in store.voters()? {
         voters.note(&identity);

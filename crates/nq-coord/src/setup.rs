@@ -63,6 +63,8 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         spec,
         solutions: config.solutions,
     };
+    // A run created by this session has no record yet: nothing to check.
+    let mut created = false;
     let manifest = match store.resume(&key)? {
         Some(m) => {
             info!(dir = %config.data_dir.display(), run = %m.run_id, jobs = m.jobs, "resuming run");
@@ -73,7 +75,10 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
             }
             m
         }
-        None => create(config, &store, key, creating, stop)?,
+        None => {
+            created = true;
+            create(config, &store, key, creating, stop)?
+        }
     };
     if let Some(summary) = store.summary()? {
         return Ok(Setup::Finished(finished_report(
@@ -100,6 +105,11 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     // is built then), else in the background while serving (see
     // `restore_indexed`).
     let leased = if store.is_indexed()? {
+        if !created {
+            // Even with no job marked restoring: the index may have missed
+            // a result (see `nq_store::states`).
+            sched.begin_store_check();
+        }
         restore_indexed(&store, &mut sched, Instant::now())?
     } else {
         restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;

@@ -172,13 +172,15 @@ pub(crate) async fn restore_now(engine: &Engine, jobs: Vec<JobId>) -> Result<()>
 pub(crate) fn finish(engine: &Engine) {
     let mut core = engine.core();
     core.sched.stored_checked();
-    // As a restart that checks before serving logs it.
-    info!(
-        done = core.restored.0,
-        jobs = core.sched.jobs(),
-        in_check = core.restored.1,
-        "restored finished jobs"
-    );
+    // As a restart that checks before serving logs it: when it found any.
+    if core.restored != (0, 0) {
+        info!(
+            done = core.restored.0,
+            jobs = core.sched.jobs(),
+            in_check = core.restored.1,
+            "restored finished jobs"
+        );
+    }
     if core.sched.is_complete() {
         engine.complete.cancel();
     }
