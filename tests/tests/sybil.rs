@@ -403,6 +403,17 @@ fn with_tails(result: Result<()>, started: &[OutputHandle]) -> Result<()> {
 /// the protocol lets it (0: the run is over; 3: refused, banned), not with
 /// an error such as an address it could not bind. Returns how many of its
 /// lies the coordinator acknowledged.
+/// Waits for both liars of an attack ([`liar_ended`]) and fails unless at
+/// least one lie was acknowledged: otherwise the attack did not run.
+async fn liars_lied(a: &mut Proc, b: &mut Proc) -> Result<()> {
+    let lies = liar_ended(a, "liar-a").await? + liar_ended(b, "liar-b").await?;
+    ensure!(
+        lies > 0,
+        "the liars never reported a lie: the attack did not run"
+    );
+    Ok(())
+}
+
 async fn liar_ended(liar: &mut Proc, name: &str) -> Result<usize> {
     let status = liar.wait().await?;
     ensure!(
@@ -484,12 +495,7 @@ async fn local_thread_arbiter(lab: &Lab, started: &mut Vec<OutputHandle>) -> Res
     let report = Report::read(&coord.dir)?;
     let mut findings = Findings::default();
     findings.honest_exit(&mut honest, "honest").await?;
-    let lies = liar_ended(&mut liar_a, "liar-a").await?
-        + liar_ended(&mut liar_b, "liar-b").await?;
-    ensure!(
-        lies > 0,
-        "the liars never reported a lie: the attack did not run"
-    );
+    liars_lied(&mut liar_a, &mut liar_b).await?;
     registered_from(
         &coord,
         &[
@@ -570,12 +576,7 @@ async fn worker_token_majority(lab: &Lab, started: &mut Vec<OutputHandle>) -> Re
     let mut findings = Findings::default();
     findings.honest_exit(&mut h1, "honest-1").await?;
     findings.honest_exit(&mut h2, "honest-2").await?;
-    let lies = liar_ended(&mut liar_a, "liar-a").await?
-        + liar_ended(&mut liar_b, "liar-b").await?;
-    ensure!(
-        lies > 0,
-        "the liars never reported a lie: the attack did not run"
-    );
+    liars_lied(&mut liar_a, &mut liar_b).await?;
     registered_from(
         &coord,
         &[("liar-a", liars.addrs[0]), ("liar-b", liars.addrs[1])],

@@ -229,11 +229,15 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     }
     // 0. Jobs whose stored copies wait for the background check are
     // checked and counted first: the copies below are judged with them.
-    let jobs = group
-        .iter()
-        .flat_map(|req| req.copies.iter().map(|v| v.job))
-        .collect();
-    restoring::restore_now(engine, jobs).await?;
+    // Listed only while some job waits: after a restart's check, this is
+    // one lock per group and no allocation.
+    if engine.core().sched.restoring() > 0 {
+        let jobs = group
+            .iter()
+            .flat_map(|req| req.copies.iter().map(|v| v.job))
+            .collect();
+        restoring::restore_now(engine, jobs).await?;
+    }
     // A late copy never settles a job alone.
     refuse_late_alone(engine, group)?;
     if group.is_empty() {
