@@ -721,6 +721,8 @@ mod tests {
     #[test]
     fn a_selected_job_waits_for_a_confirmation_from_another_identity() {
         let mut s = sched(1.0);
+        // A second machine is at work to give the check.
+        s.restore_two_machines(true, std::time::Instant::now());
         let mut jc = empty(&s);
         let a = copy("a@127.0.0.1", 3);
         let d = decide_and_settle(&mut s, &mut jc, &a, false);

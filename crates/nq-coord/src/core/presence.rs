@@ -113,11 +113,13 @@ impl Presence {
         self.at_work.len() - stale
     }
 
-    /// Distinct identities (machines) of the remote workers at work at
-    /// `now`.
-    pub(crate) fn machines(&mut self, now: Instant) -> usize {
+    /// The distinct identities of the remote workers at work at `now`.
+    pub(crate) fn identities(
+        &mut self,
+        now: Instant,
+    ) -> impl Iterator<Item = IdentityId> + '_ {
         self.advance(now);
-        self.machines.len()
+        self.machines.keys().copied()
     }
 
     /// The workers not heard from since before `horizon`, oldest first.

@@ -592,11 +592,12 @@ pub fn judge(
     let on_probation = leaders
         .iter()
         .all(|&i| identities.on_probation(i, rules.probation));
-    let needed = if selected
-        || conflict
-        || all_suspect
-        || (on_probation && (rules.second_machine || rules.arbiter))
-    {
+    // A check that only a second machine could give (the job was selected,
+    // or its voters are on probation) is waited for only while one can give
+    // it: a second machine delivering, or the arbiter.
+    let check_possible = rules.second_machine || rules.arbiter;
+    let wants_check = selected || on_probation;
+    let needed = if conflict || all_suspect || (wants_check && check_possible) {
         2
     } else {
         1
@@ -605,10 +606,11 @@ pub fn judge(
     // majority of untrusted identities may be one attacker's addresses.
     let needs_trusted = conflict && rules.arbiter;
     let settled = votes >= needed && votes > runner_up && !needs_trusted;
-    // Without a second machine a probationer's copy settles alone (the run
-    // must not wait for a machine that may never come), and says so; the
-    // trusted computation, where there is one, can always check it.
-    let unchecked = settled && votes < 2 && on_probation;
+    // Without a second machine a probationer's copy, or a selected job's,
+    // settles alone (the run must not wait for a machine that may never
+    // come), and says so; the trusted computation, where there is one, can
+    // always check it.
+    let unchecked = settled && votes < 2 && wants_check;
     let confirmed = if settled && votes >= 2 {
         leaders
             .iter()

@@ -472,6 +472,27 @@ pub struct Fallout {
     /// `Fraction::Auto`, and whether probation can be checked), and the jobs
     /// it adds or drops are judged again.
     pub selection_changed: bool,
+    /// Identities that just left probation: their copies that wait for a
+    /// check only because they were on probation are judged again, so that
+    /// a results queue built up while they were new is not checked whole
+    /// (issue 26, item 3).
+    pub left_probation: Vec<IdentityId>,
+}
+
+impl Fallout {
+    /// Adds what `other` changed to what this one changed.
+    pub fn absorb(&mut self, other: Fallout) {
+        self.discredited.extend(other.discredited);
+        self.selection_changed |= other.selection_changed;
+        self.left_probation.extend(other.left_probation);
+    }
+
+    /// True when nothing beyond the settled job changed.
+    pub fn is_empty(&self) -> bool {
+        self.discredited.is_empty()
+            && !self.selection_changed
+            && self.left_probation.is_empty()
+    }
 }
 
 /// A job waiting for another copy.
@@ -838,11 +859,43 @@ impl Scheduler {
         }
     }
 
+    /// True when a second machine began since the last
+    /// [`Scheduler::refresh_machines`]: jobs settled before may now be
+    /// selected for a check, and are judged again once the caller learns of
+    /// it from that refresh.
+    pub fn selection_pending(&self) -> bool {
+        self.machines_unreported
+    }
+
     /// True when two machines are at work at `now` (see
-    /// [`Scheduler::refresh_machines`]). Costs what changed since the last
-    /// call, not the number of workers ([`Presence`]).
+    /// [`Scheduler::refresh_machines`]): two voices that can give a check.
+    ///
+    /// The coordinator's machine is one voice: its own threads, and the
+    /// workers that proved to be the operator's (identity [`LOCAL`]; see
+    /// `crate::adapters::security`), once heard from. Any other identity
+    /// counts only while it delivers: heard from within one lease lifetime,
+    /// and a copy delivered within its progress window
+    /// ([`Allowances::without_progress`]). A machine that leases and never
+    /// reports (a hoarder), or that has not delivered its first copy yet,
+    /// cannot give the check a job would wait for, so no job waits for it
+    /// (issue 26, item 1). Costs what changed since the last call plus the
+    /// identities read until two deliver.
     fn machines_at_work(&mut self, now: Instant) -> bool {
-        self.presence.machines(now) + usize::from(self.locals > 0) >= 2
+        let local = self.identities.get(LOCAL);
+        let allowances = &self.allowances;
+        let mut local_voice = self.locals > 0;
+        let mut delivering = 0;
+        for id in self.presence.identities(now) {
+            if Some(id) == local {
+                local_voice = true;
+            } else if !allowances.without_progress(id, now) {
+                delivering += 1;
+            }
+            if delivering + usize::from(local_voice) >= 2 {
+                return true;
+            }
+        }
+        false
     }
 
     /// Records that `worker` called in at `now`.
@@ -875,6 +928,29 @@ impl Scheduler {
     /// changed).
     pub fn jobs_waiting_for_checks(&self) -> Vec<JobId> {
         self.open.keys().copied().collect()
+    }
+
+    /// The jobs in memory that `fallout` may have changed the verdict of:
+    /// when the selection changed, the settled jobs now selected or left
+    /// unchecked and every job waiting for a check; for identities that left
+    /// probation, the jobs waiting for a check that they reported. The jobs
+    /// of discredited identities are in the store, not here: the caller
+    /// finds them there.
+    pub fn jobs_to_judge_again(&self, fallout: &Fallout) -> Vec<JobId> {
+        let mut jobs = Vec::new();
+        if fallout.selection_changed {
+            jobs.extend(self.unchecked_selected());
+            jobs.extend(self.jobs_waiting_for_checks());
+        } else if !fallout.left_probation.is_empty() {
+            let left = &fallout.left_probation;
+            jobs.extend(
+                self.open
+                    .iter()
+                    .filter(|(_, o)| o.reporters.iter().any(|r| left.contains(r)))
+                    .map(|(&job, _)| job),
+            );
+        }
+        jobs
     }
 
     /// Sets the attempt count of a job that is not done (on startup).
@@ -1835,6 +1911,12 @@ impl Scheduler {
             .collect()
     }
 
+    /// True when `job` settled on one vote where a check was needed that no
+    /// second machine was at work to give.
+    pub fn is_unchecked(&self, job: JobId) -> bool {
+        self.unchecked.get(job)
+    }
+
     /// Settled jobs that counted one vote where a check was needed that no
     /// second machine was at work to give (see [`crate::quorum`], "One
     /// machine left"). A run that completes with any is `unchecked`.
@@ -1940,15 +2022,21 @@ impl Scheduler {
         }
         self.unchecked
             .set(s.job, self.table.len, s.settled && s.unchecked);
+        let mut left = Vec::new();
         if s.settled && !was_done {
             // Once per settlement of the job: a job settled again after it
             // was reopened (a voter discredited) counts again, which only
             // shortens a probation that its voters' losses already weighed.
+            let probation = self.policy.probation();
             for &c in &s.confirmed {
-                self.identities.add_confirmation(c);
+                if self.identities.add_confirmation(c) == probation && probation > 0 {
+                    left.push(c);
+                }
             }
         }
-        Ok(self.charge_losses(&s.losers, &s.beaten))
+        let mut fallout = self.charge_losses(&s.losers, &s.beaten);
+        fallout.left_probation = left;
+        Ok(fallout)
     }
 
     /// Charges a settled dispute's `losers` with a conflict lost against
@@ -2008,6 +2096,8 @@ impl Scheduler {
             );
             self.allowances.note_copy(identity, held, now);
             self.review_sooner(identity, before);
+            // A first delivery may make a second machine at work.
+            self.note_machine(now);
         }
     }
 
@@ -2342,10 +2432,19 @@ mod tick_scans {
     fn scanned_workers(s: &Scheduler, now: Instant) -> (usize, bool, Vec<WorkerId>) {
         let at_work = |w: &Worker| now.saturating_duration_since(w.last_seen) <= s.ttl;
         let active = s.workers().filter(|(_, w)| !w.local && at_work(w)).count();
+        // A remote identity counts as a machine only while it delivers;
+        // the local threads (and workers of the local identity) are one.
         let mut machines: Vec<Option<IdentityId>> = s
             .workers()
-            .filter(|(_, w)| w.local || at_work(w))
-            .map(|(_, w)| (!w.local).then_some(w.identity))
+            .filter(|(_, w)| {
+                w.local
+                    || at_work(w)
+                        && (s.is_local_identity(w.identity)
+                            || !s.allowances().without_progress(w.identity, now))
+            })
+            .map(|(_, w)| {
+                (!w.local && !s.is_local_identity(w.identity)).then_some(w.identity)
+            })
             .collect();
         machines.sort_unstable();
         machines.dedup();
@@ -2579,6 +2678,14 @@ mod tests {
             self.0 += Duration::from_secs(secs);
             self.0
         }
+    }
+
+    /// `worker` leases one job and delivers a copy of it at `now`: it is at
+    /// work (its lease stays live, as a report's settlement is not
+    /// modelled here).
+    fn deliver(s: &mut Scheduler, worker: &WorkerId, now: Instant) {
+        let lease = s.lease(worker, 1, &[], now).unwrap().jobs[0].lease;
+        s.note_copy(worker, lease, 1, now);
     }
 
     fn tally(total: u128) -> Tally {
@@ -2919,6 +3026,11 @@ mod tests {
         assert!(!s.second_source());
         let lo = Some(IpAddr::from([127, 0, 0, 1]));
         let w = s.register("w", 1, lo, clock.now()).unwrap();
+        assert!(
+            !s.refresh_machines(clock.now()),
+            "registered, nothing delivered"
+        );
+        deliver(&mut s, &w, clock.now());
         assert!(s.refresh_machines(clock.now()), "a second machine began");
         assert!(s.second_source());
         assert!(!s.refresh_machines(clock.now()), "nothing changed");
@@ -2935,11 +3047,13 @@ mod tests {
         // turns probation off, leaves the jobs to check unchanged now).
         let mut fixed = Scheduler::new(vec![1], 1, TTL, policy(0.5));
         fixed.register_local(1, clock.now());
-        fixed.register("w", 1, lo, clock.now()).unwrap();
+        let w = fixed.register("w", 1, lo, clock.now()).unwrap();
+        deliver(&mut fixed, &w, clock.now());
         assert!(fixed.refresh_machines(clock.now()));
         let mut none = Scheduler::new(vec![1], 1, TTL, policy(0.0));
         none.register_local(1, clock.now());
-        none.register("w", 1, lo, clock.now()).unwrap();
+        let w = none.register("w", 1, lo, clock.now()).unwrap();
+        deliver(&mut none, &w, clock.now());
         assert!(!none.refresh_machines(clock.now()));
     }
 
@@ -2978,8 +3092,11 @@ mod tests {
         s.settle(&lone, true).unwrap();
         assert_eq!(s.jobs_unchecked(), 1);
         assert!(s.is_done(JobId(0)));
-        // A second machine begins: the unchecked job is judged again.
+        // A second machine begins (it delivers a copy of another job): the
+        // unchecked job is judged again.
         let b = s.register("b", 1, lo, clock.now()).unwrap();
+        deliver(&mut s, &a, clock.now());
+        deliver(&mut s, &b, clock.now());
         assert!(s.refresh_machines(clock.now()));
         assert_eq!(s.unchecked_selected(), vec![JobId(0)]);
         // Judged again it waits for a check, and is no longer unchecked.

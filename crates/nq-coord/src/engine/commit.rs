@@ -294,12 +294,11 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
         let mut core = engine.core();
         for d in &decisions {
             let f = core.sched.settle(&d.settlement, true);
-            if let Ok(f) = &f {
+            outcomes.push(f.map(|f| {
                 core.sched.note_outcome(d.outcome);
-                fallout.discredited.extend(&f.discredited);
-                fallout.selection_changed |= f.selection_changed;
-            }
-            outcomes.push(f.map(|_| d.outcome));
+                fallout.absorb(f);
+                d.outcome
+            }));
         }
     }
     // 4. Answer.
@@ -442,7 +441,6 @@ fn announce(engine: &Engine, fallout: &Fallout) -> Vec<JobId> {
             );
         }
     }
-    let mut jobs = Vec::new();
     if fallout.selection_changed {
         if s.second_source() {
             info!(
@@ -454,10 +452,14 @@ fn announce(engine: &Engine, fallout: &Fallout) -> Vec<JobId> {
                 "one machine is left at work: jobs stop waiting for checks it cannot give"
             );
         }
-        jobs.extend(s.unchecked_selected());
-        jobs.extend(s.jobs_waiting_for_checks());
     }
-    jobs
+    for &id in &fallout.left_probation {
+        info!(
+            worker = s.identities().label(id),
+            "worker left probation: its results count on one vote, spot-checked"
+        );
+    }
+    s.jobs_to_judge_again(fallout)
 }
 
 /// The jobs that the identities `names` voted for: the counted copies in
@@ -490,7 +492,7 @@ async fn jobs_voted_by(engine: &Engine, names: Vec<String>) -> Result<Vec<JobId>
 /// discredits more identities.
 pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()> {
     for _round in 0..REJUDGE_ROUNDS {
-        if fallout.discredited.is_empty() && !fallout.selection_changed {
+        if fallout.is_empty() {
             return Ok(());
         }
         let mut jobs = announce(engine, &fallout);
@@ -534,9 +536,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
             if !st.settled {
                 reopened += 1;
             }
-            let f = core.sched.settle(st, false)?;
-            fallout.discredited.extend(f.discredited);
-            fallout.selection_changed |= f.selection_changed;
+            fallout.absorb(core.sched.settle(st, false)?);
         }
         if reopened > 0 {
             info!(jobs = reopened, "jobs wait for another copy");

@@ -423,7 +423,7 @@ impl Engine {
         let outcomes = rx.await.map_err(|_| Error::ShuttingDown)?;
         let now = Instant::now();
         let mut core = self.core();
-        Ok(outcomes
+        let accepted = outcomes
             .into_iter()
             .zip(acks)
             .map(|(outcome, (lease, work))| {
@@ -433,7 +433,13 @@ impl Engine {
                     run_complete: core.acknowledge(worker, lease, work, now),
                 })
             })
-            .collect())
+            .collect();
+        // A first delivery may have made a second machine at work: judge
+        // again now what that selects, not at the next tick.
+        if core.sched.selection_pending() {
+            self.machines_changed.notify_one();
+        }
+        Ok(accepted)
     }
 
     /// Advances the clock to `now` (see [`Core::tick`]) and notes the

@@ -956,8 +956,7 @@ impl Sim {
             if d.outcome == crate::core::scheduler::Outcome::Conflict {
                 self.stats.conflicts += 1;
             }
-            fallout.discredited.extend(f.discredited);
-            fallout.selection_changed |= f.selection_changed;
+            fallout.absorb(f);
             let now = self.now();
             self.core.acknowledge(worker, v.lease, v.work, now);
         }
@@ -967,7 +966,7 @@ impl Sim {
     /// `engine::commit::rejudge`, over the model.
     fn rejudge(&mut self, mut fallout: Fallout) -> Result<(), String> {
         for _ in 0..REJUDGE_ROUNDS {
-            if fallout.discredited.is_empty() && !fallout.selection_changed {
+            if fallout.is_empty() {
                 return Ok(());
             }
             let s = &self.core.sched;
@@ -976,11 +975,7 @@ impl Sim {
                     self.stats.bans += 1;
                 }
             }
-            let mut jobs = Vec::new();
-            if fallout.selection_changed {
-                jobs.extend(s.unchecked_selected());
-                jobs.extend(s.jobs_waiting_for_checks());
-            }
+            let mut jobs = s.jobs_to_judge_again(&fallout);
             let names: Vec<&str> = fallout
                 .discredited
                 .iter()
@@ -1038,8 +1033,7 @@ impl Sim {
                     .sched
                     .settle(st, false)
                     .map_err(|e| format!("settle (judged again) failed: {e}"))?;
-                fallout.discredited.extend(f.discredited);
-                fallout.selection_changed |= f.selection_changed;
+                fallout.absorb(f);
             }
         }
         Ok(())
@@ -1301,6 +1295,31 @@ impl Sim {
         Ok(())
     }
 
+    /// The rule of issue 26, item 1: no run waits for a voice that cannot
+    /// come. When no worker ever lied (every one honest, or a hoarder that
+    /// reports nothing) and an honest worker is still at work, the drain
+    /// ends the run: a job that waits for a check from a machine that
+    /// delivers nothing (a hoarder, a worker gone) is settled by the rules
+    /// instead (unchecked, where no second machine delivers).
+    fn no_wait_for_a_voice_that_cannot_come(&self) -> Result<(), String> {
+        let liars = self
+            .workers
+            .iter()
+            .any(|w| w.honesty != Honesty::Honest || w.adversary == Adversary::Staller);
+        let working = self
+            .workers
+            .iter()
+            .any(|w| !w.gone && w.adversary == Adversary::None);
+        if liars || !working {
+            return Ok(());
+        }
+        Err(self.dump(format!(
+            "the run waits for a voice that cannot come: every copy is honest and an honest worker is at work, but after the drain {} jobs are not settled ({} wait for a check)",
+            self.core.sched.jobs() - self.core.sched.jobs_done(),
+            self.core.sched.jobs_waiting_for_checks().len()
+        )))
+    }
+
     fn hoarders_heartbeat(&mut self) -> Result<(), String> {
         for w in 0..self.workers.len() {
             if !self.workers[w].gone && self.workers[w].adversary == Adversary::Hoarder {
@@ -1394,6 +1413,7 @@ impl Sim {
         self.tick_now()?;
         let fresh = self.restored()?;
         if !self.core.sched.is_complete() {
+            self.no_wait_for_a_voice_that_cannot_come()?;
             return self.compared(&fresh);
         }
         let r = finished(&self.core.sched, &fresh);
@@ -1464,7 +1484,10 @@ impl Sim {
                 )));
             }
         }
-        if outnumbered {
+        // Only a run that ended complete claims its total: one that ended
+        // unchecked had jobs that no second delivering machine could check
+        // (a lone liar's copy may be among them; the run says so).
+        if outnumbered && self.core.sched.jobs_unchecked() == 0 {
             self.stats.truth_checked += 1;
             if self.core.sched.tally().total != truth {
                 return Err(self.dump(format!(
@@ -1487,9 +1510,6 @@ pub(super) fn check_ledger<'a>(
 ) -> Result<(), String> {
     let mut sum = Tally::default();
     let mut done = 0;
-    // Jobs settled on a lone probationer's vote while no second machine
-    // could check them: flagged, and judged again once one can.
-    let unchecked = s.unchecked_selected();
     for j in 0..s.jobs() {
         let job = JobId(j);
         let copies = copies_of(job);
@@ -1512,7 +1532,9 @@ pub(super) fn check_ledger<'a>(
         }
         if s.is_done(job) {
             done += 1;
-            check_quorum(s, job, &copies, unchecked.contains(&job))?;
+            // Jobs settled on one vote while no second machine could check them
+            // are flagged, and judged again once one can.
+            check_quorum(s, job, &copies, s.is_unchecked(job))?;
         }
     }
     ensure!(
@@ -1562,12 +1584,13 @@ fn check_quorum(
     let runner_up = others.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
     let disputed = !others.is_empty();
     let second = voters.iter().all(|&id| needs_second_vote(s, id));
-    // Probation alone asks for the second vote, and the job is flagged as
-    // unchecked (it settled before a second machine was noted).
-    let flagged = unchecked
-        && !s.selected(job)
-        && !voters.iter().any(|&id| s.identities().is_suspect(id));
-    let needed = if s.selected(job) || disputed || (second && !flagged) {
+    // Probation or the selection alone asks for the second vote, and the job
+    // is flagged as unchecked (no second machine delivered to give it).
+    let flagged = unchecked && !voters.iter().any(|&id| s.identities().is_suspect(id));
+    // A job settled before a second machine began may be selected now; it is
+    // judged again when the scheduler reports the change.
+    let selected = s.selected(job) && !s.selection_pending();
+    let needed = if disputed || ((selected || second) && !flagged) {
         2
     } else {
         1
@@ -1578,9 +1601,13 @@ fn check_quorum(
     );
     ensure!(
         voters.len() >= needed && voters.len() > runner_up,
-        "job {job} settled on {} vote(s) against {runner_up} (needs {needed}: selected {}, disputed {disputed}, suspect voters {second})",
+        "job {job} settled on {} vote(s) against {runner_up} (needs {needed}: selected {}, disputed {disputed}, suspect voters {second}; copies from {:?})",
         voters.len(),
-        s.selected(job)
+        s.selected(job),
+        copies
+            .iter()
+            .map(|c| c.identity.as_str())
+            .collect::<Vec<_>>()
     );
     Ok(())
 }
