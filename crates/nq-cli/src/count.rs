@@ -58,7 +58,7 @@ pub(crate) fn run(
     let interrupt = Interrupt::listen(Arc::clone(&stop))?;
     nq_core::split::check_kernel(kernel)
         .context("the count kernel failed its startup check")?;
-    let forecast = forecast::forecast(board, threads, kernel);
+    let forecast = forecast::forecast(board, threads, kernel, ANNOUNCE_FROM);
     if let Some(f) = forecast
         && f.seconds >= ANNOUNCE_FROM.as_secs_f64()
     {

@@ -6,14 +6,16 @@
 //!
 //! 1. **A calibration count** of [`REFERENCE`] on one thread, with the
 //!    kernel the count will use, the faster of [`CALIBRATIONS`] runs: this
-//!    machine's speed on a real count (about 25 ms each with a vector
-//!    kernel).
+//!    machine's speed on a real count (about 12 ms each with a vector
+//!    kernel). Only for a count that could take long: one whose tree would
+//!    take under a minute even at [`SLOWEST_NODE_SECONDS`] is not measured.
 //! 2. **The ratio of the two search trees**, N's to the reference's, by
 //!    Knuth's estimator ("Estimating the efficiency of backtrack programs",
 //!    1975): a random path from the root multiplies the number of choices at
 //!    each column, and the sum of those products over the path is an
 //!    unbiased estimate of the number of nodes. The mean of [`PROBES`] paths
-//!    is cheap (a few milliseconds) and good to about 1 % from N = 15 to 32.
+//!    is cheap (a few milliseconds) and good to a few per cent from N = 15
+//!    to 32.
 //!
 //! The forecast is then the calibration's time, times the ratio, divided by
 //! the threads. It assumes that the work of a count is in proportion to the
@@ -27,23 +29,29 @@ use nq_core::Board;
 use nq_core::search::Kernel;
 use nq_core::split::{SplitSpec, count_split_with};
 
-/// The board of the calibration count: long enough to time (about 25 ms
-/// with a vector kernel; N = 14 takes 5 ms, which a busy machine's
-/// scheduling blurs), short enough to cost little next to a count worth a
-/// forecast (3 % of N = 17, 0.3 % of N = 18).
+/// The board of the calibration count: long enough to time (about 12 ms
+/// with a vector kernel; N = 14 takes 2 ms, which a busy machine's
+/// scheduling blurs).
 pub(crate) const REFERENCE: u8 = 15;
 
 /// Calibration counts; the fastest is kept, the one least slowed by the
-/// machine's other work.
-const CALIBRATIONS: u32 = 2;
+/// machine's other work (with two, a forecast on a loaded 2-core machine was
+/// twice the time the count took). About 60 ms in all, spent only on counts
+/// that may take minutes.
+const CALIBRATIONS: u32 = 5;
 
-/// Below this N a count takes seconds at most on any machine, and is not
-/// delayed by a forecast.
-pub(crate) const FORECAST_FROM: u8 = 17;
+/// Seconds per node of the search tree on the slowest machine a count is
+/// expected on: 17 times the AVX-512 kernel's 1.2·10⁻¹⁰ on the 2-core Xeon
+/// VM this was measured on (N = 18 on one thread: a tree of 5.9·10¹⁰ nodes,
+/// 6.9 s), and 3 times its scalar kernel's, which is 6 times slower. A count
+/// that would not take long even at this speed skips the calibration, so
+/// that short counts are not slowed by their forecast.
+const SLOWEST_NODE_SECONDS: f64 = 2e-9;
 
-/// Random paths per tree estimate: eight seeds agree to about 1 % at N = 15,
-/// 18, 20 and 32, and the two estimates take a few milliseconds.
-const PROBES: u32 = 50_000;
+/// Random paths per tree estimate: eight seeds agree to about 1 % with
+/// 50,000 paths at N = 15, 18, 20 and 32, so to about 2 % with these; one
+/// estimate takes a few milliseconds.
+const PROBES: u32 = 10_000;
 
 /// The fixed seed of the paths: the same forecast for the same measurement.
 const SEED: u64 = 0x6e71_2d66_6f72_6563;
@@ -59,9 +67,16 @@ pub(crate) struct Forecast {
 
 /// Forecasts a count of `board` on `threads` threads with `kernel`, by a
 /// calibration count of [`REFERENCE`] and the ratio of the search trees.
-/// `None` below [`FORECAST_FROM`], where there is nothing to warn about.
-pub(crate) fn forecast(board: Board, threads: usize, kernel: Kernel) -> Option<Forecast> {
-    if board.n() < FORECAST_FROM {
+/// `None`, without a calibration, when the count would take less than
+/// `worth` even at [`SLOWEST_NODE_SECONDS`]: there is nothing to warn about.
+pub(crate) fn forecast(
+    board: Board,
+    threads: usize,
+    kernel: Kernel,
+    worth: Duration,
+) -> Option<Forecast> {
+    let tree = tree_size(board, PROBES, SEED);
+    if tree * SLOWEST_NODE_SECONDS / (threads.max(1) as f64) < worth.as_secs_f64() {
         return None;
     }
     let reference = Board::new(REFERENCE.into()).expect("the reference board is valid");
@@ -84,7 +99,7 @@ pub(crate) fn forecast(board: Board, threads: usize, kernel: Kernel) -> Option<F
         .max(Duration::from_micros(1));
     Some(scale(
         calibration,
-        tree_size(board, PROBES, SEED) / tree_size(reference, PROBES, SEED),
+        tree / tree_size(reference, PROBES, SEED),
         threads,
     ))
 }
@@ -217,9 +232,9 @@ mod tests {
             let exact = exact_tree_size(board) as f64;
             let estimate = tree_size(board, PROBES, SEED);
             let error = (estimate / exact - 1.0).abs();
-            // Knuth's estimator is unbiased; with 50,000 paths its error is
-            // well under a per cent at these sizes.
-            assert!(error < 0.02, "n={n}: estimate {estimate}, walked {exact}");
+            // Knuth's estimator is unbiased; with 10,000 paths its error is
+            // about a per cent at these sizes.
+            assert!(error < 0.05, "n={n}: estimate {estimate}, walked {exact}");
         }
     }
 
@@ -254,9 +269,16 @@ mod tests {
     }
 
     #[test]
-    fn no_forecast_for_small_boards() {
-        let board = Board::new(u64::from(FORECAST_FROM) - 1).unwrap();
-        assert_eq!(forecast(board, 1, Kernel::Auto), None);
+    fn no_forecast_for_counts_that_cannot_take_long() {
+        let minute = Duration::from_secs(60);
+        // A tree of 8·10⁹ nodes: 16 s on one thread at the slowest speed.
+        let board = Board::new(17).unwrap();
+        assert_eq!(forecast(board, 1, Kernel::Auto, minute), None);
+        // 5.9·10¹⁰ nodes: 2 minutes on one thread at the slowest speed, so
+        // it is measured; 15 s on 8 threads, so it is not.
+        let board = Board::new(18).unwrap();
+        assert!(forecast(board, 1, Kernel::Auto, minute).is_some());
+        assert_eq!(forecast(board, 8, Kernel::Auto, minute), None);
     }
 
     #[test]
