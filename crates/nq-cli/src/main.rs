@@ -94,7 +94,7 @@ enum Command {
         file: Option<PathBuf>,
         /// Read a SAT solver's model of `nq cnf N` (DIMACS `s`/`v` lines, or a
         /// bare list of literals) instead of solutions.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = parse_cnf_size, allow_negative_numbers = true)]
         n: Option<u64>,
     },
     /// Write the problem as DIMACS CNF for a SAT solver.
@@ -103,6 +103,7 @@ enum Command {
     /// back with `nq verify --n N`.
     Cnf {
         /// Board size N, from 1 to 46340.
+        #[arg(value_parser = parse_cnf_size, allow_negative_numbers = true)]
         n: u64,
     },
     /// Re-check a published run from its audit alone (`nq-coord audit`).
@@ -172,8 +173,9 @@ struct CountArgs {
 
 /// Reads the N of every subcommand: a decimal integer, or a message that
 /// names the accepted form (`accepted`, e.g. "an integer from 1 to 32").
-/// `nq count`, `nq solutions` and `nq one` all read N here, so that they
-/// refuse the same input alike, as usage errors (exit status 2).
+/// `nq count`, `nq solutions`, `nq one`, `nq cnf` and `nq verify --n` all
+/// read N here, so that they refuse the same input alike, as usage errors
+/// (exit status 2).
 fn parse_size(s: &str, accepted: &str) -> Result<u64, String> {
     s.trim()
         .parse()
@@ -207,6 +209,14 @@ fn parse_constructible(s: &str) -> Result<u64, String> {
         n if n > construct::MAX_N => Err(ConstructError::BoardSize { n }.to_string()),
         n => Ok(n),
     }
+}
+
+/// A board size that has a CNF (`nq cnf`, `nq verify --n`), with the core's
+/// message naming the range.
+fn parse_cnf_size(s: &str) -> Result<u64, String> {
+    use nq_core::cnf::{self, Cnf};
+    let n = parse_size(s, &format!("an integer from 1 to {}", cnf::MAX_N))?;
+    Cnf::new(n).map(|c| c.n()).map_err(|e| e.to_string())
 }
 
 /// `RING:EXTRA`, validated by the core.

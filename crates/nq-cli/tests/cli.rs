@@ -513,8 +513,9 @@ fn a_closed_pipe_ends_the_listing_quietly() {
     assert_eq!(stderr(&out), "");
 }
 
-/// `nq one` reads N as `nq count` does: the same messages for what is not a
-/// number, and usage errors (exit status 2) for every N it refuses.
+/// `nq one` (and `nq cnf`, `nq verify --n`) read N as `nq count` does: the
+/// same messages for what is not a number, and usage errors (exit status 2)
+/// for every N they refuse.
 #[test]
 fn one_and_count_read_n_alike() {
     let cases: &[(&[&str], &str)] = &[
@@ -531,6 +532,12 @@ fn one_and_count_read_n_alike() {
         (&["count", "0"], "board size 0 is not supported"),
         (&["one", "0"], "board size 0 is not supported"),
         (&["one", "2"], "the 2×2 board has no solution"),
+        (
+            &["cnf", "abc"],
+            "`abc` is not a board size: N must be an integer from 1 to 46340",
+        ),
+        (&["cnf", "0"], "board size 0 has no CNF"),
+        (&["verify", "--n", "x1"], "`x1` is not a board size"),
         (
             &["one", "4294967297"],
             "board size 4294967297 is not supported: N must be an integer from 1 to \
