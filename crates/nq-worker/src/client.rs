@@ -224,8 +224,8 @@ const REMIND_EVERY: Duration = Duration::from_secs(60);
 /// What the worker tells its user while no coordinator answers: one clear
 /// warning when the silence starts (what failed, what to check, how long it
 /// waits), a reminder every [`REMIND_EVERY`] with the time left, and a line
-/// when the coordinator answers again. The retries in between, every few
-/// seconds, log at `debug` only.
+/// when the coordinator answers again. Each failed call, every few seconds,
+/// is logged by its caller at `debug` only.
 ///
 /// Shared ([`SharedOutage`]) by the lease loop and the report tasks: the
 /// first call to find the coordinator gone, often a report (the heartbeat
@@ -274,12 +274,6 @@ impl Outage {
     /// A call failed without reaching a coordinator, and will be retried.
     pub(crate) fn failed(&mut self, status: &Status) {
         let now = tokio::time::Instant::now();
-        debug!(
-            coordinator = %self.coordinator,
-            code = ?status.code(),
-            message = status.message(),
-            "call failed; retrying"
-        );
         let Some(since) = self.since else {
             self.since = Some(now);
             self.told = now;
@@ -1071,7 +1065,15 @@ pub(crate) async fn report_job(
             Failure::Retry => {
                 let delay = ctx.backoff.next_delay();
                 if lost(&failure) {
-                    // The coordinator is gone: said once for the worker.
+                    // The coordinator is gone: said once for the worker, and
+                    // for each report at debug.
+                    debug!(
+                        job = job.job.0,
+                        code = ?failure.code(),
+                        message = failure.message(),
+                        ?delay,
+                        "report failed; retrying once the coordinator answers again"
+                    );
                     lock(&ctx.outage).failed(&failure);
                 } else {
                     warn!(

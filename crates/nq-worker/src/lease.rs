@@ -328,6 +328,13 @@ impl<'a> LeaseLoop<'a> {
                 }
                 let delay = self.backoff.next_delay();
                 if lost(&status) {
+                    debug!(
+                        coordinator = %self.config.coordinator,
+                        code = ?status.code(),
+                        message = status.message(),
+                        ?delay,
+                        "coordinator unreachable; retrying"
+                    );
                     lock(&self.outage).failed(&status);
                 } else {
                     warn!(
@@ -419,6 +426,12 @@ impl<'a> LeaseLoop<'a> {
                     Failure::Retry => {
                         let delay = self.backoff.next_delay();
                         if lost(&status) {
+                            debug!(
+                                code = ?status.code(),
+                                message = status.message(),
+                                ?delay,
+                                "lease failed; retrying"
+                            );
                             lock(&self.outage).failed(&status);
                         } else {
                             // The coordinator answered, with an error a
