@@ -27,7 +27,7 @@ const SUBPROBLEMS_PER_THREAD: u64 = 64;
 const BAR_DELAY: Duration = Duration::from_secs(1);
 
 /// A count forecast to take at least this long says so before it starts.
-pub(crate) const ANNOUNCE_FROM: Duration = Duration::from_secs(60);
+const ANNOUNCE_FROM: Duration = Duration::from_secs(60);
 
 /// Counts the solutions of `board` on `threads` threads (all cores when
 /// `None`) and prints them, as text or as one JSON object.
