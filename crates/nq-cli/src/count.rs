@@ -16,6 +16,9 @@ use nq_core::split::{SplitSpec, SubCounts, SubProblem, Tally, split};
 
 use nq_core::published;
 
+use crate::forecast::{self, Forecast};
+use crate::interrupt::{Interrupt, Interrupted};
+
 /// The default split aims at this many sub-problems per thread, so that the
 /// dynamic queue can even out their very different sizes.
 const SUBPROBLEMS_PER_THREAD: u64 = 64;
@@ -23,13 +26,22 @@ const SUBPROBLEMS_PER_THREAD: u64 = 64;
 /// A bar appears only for counts that last longer than this.
 const BAR_DELAY: Duration = Duration::from_secs(1);
 
+/// A count forecast to take at least this long says so before it starts.
+const ANNOUNCE_FROM: Duration = Duration::from_secs(60);
+
 /// Counts the solutions of `board` on `threads` threads (all cores when
 /// `None`) and prints them, as text or as one JSON object.
+///
+/// A count forecast to take over [`ANNOUNCE_FROM`] says so on stderr before
+/// it starts. Ctrl-C stops it: it then prints on stderr what it counted and
+/// how much of the estimated work that was, and ends with
+/// [`Interrupted`].
 ///
 /// # Errors
 ///
 /// When the threads cannot start, a thread dies, a count breaks an invariant,
-/// or the result differs from the published value (after printing it).
+/// the result differs from the published value (after printing it), or a
+/// signal stopped the count ([`Interrupted`]).
 pub(crate) fn run(
     board: Board,
     threads: Option<u32>,
@@ -42,10 +54,27 @@ pub(crate) fn run(
         Some(t) => t as usize,
         None => std::thread::available_parallelism().map_or(1, NonZero::get),
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupt = Interrupt::listen(Arc::clone(&stop))?;
+    nq_core::split::check_kernel(kernel)
+        .context("the count kernel failed its startup check")?;
+    let forecast = forecast::forecast(board, threads, kernel, ANNOUNCE_FROM);
+    if let Some(f) = forecast
+        && f.seconds >= ANNOUNCE_FROM.as_secs_f64()
+    {
+        eprintln!("{}", announce(board.n(), threads, f));
+    }
     let spec = spec.unwrap_or_else(|| {
         SplitSpec::for_count(board, SUBPROBLEMS_PER_THREAD * threads as u64)
     });
-    let counted = count(board, threads, spec, kernel, start)?;
+    let counted = match count(board, threads, spec, kernel, start, &stop, forecast)? {
+        Finished::Counted(counted) => counted,
+        Finished::Stopped(partial) if interrupt.signalled() => {
+            eprintln!("{}", partial.describe(board.n(), start.elapsed()));
+            return Err(Interrupted.into());
+        }
+        Finished::Stopped(_) => bail!("the count was cancelled before it finished"),
+    };
     let report = Report {
         n: board.n(),
         counted,
@@ -64,6 +93,71 @@ pub(crate) fn run(
         );
     }
     Ok(())
+}
+
+/// The line that announces a long count, before it starts.
+fn announce(n: u8, threads: usize, f: Forecast) -> String {
+    let plural = if threads == 1 { "" } else { "s" };
+    format!(
+        "nq: N = {n} will take about {} on {threads} thread{plural} ({} of one core, \
+         forecast from a count of N = {} on this machine); Ctrl-C stops it and prints \
+         what it counted",
+        forecast::human(f.seconds),
+        forecast::human(f.core_seconds),
+        forecast::REFERENCE,
+    )
+}
+
+/// How a count ended, short of an error.
+enum Finished {
+    /// Every sub-problem is counted.
+    Counted(Counted),
+    /// The stop flag ended it first.
+    Stopped(Partial),
+}
+
+/// What a stopped count had counted.
+#[derive(Debug, PartialEq)]
+struct Partial {
+    /// Solutions of the sub-problems counted (each weighted by its symmetry
+    /// class, as in the total).
+    total: u128,
+    /// Sub-problems counted, of `subproblems`.
+    solved: usize,
+    subproblems: usize,
+    /// Estimated work of the counted sub-problems, of `work`.
+    done: u128,
+    work: u128,
+}
+
+impl Partial {
+    /// What the user reads after Ctrl-C.
+    fn describe(&self, n: u8, elapsed: Duration) -> String {
+        format!(
+            "nq: interrupted after {:.1} s, with {} of the estimated work done: {} of {} \
+             sub-problems counted, holding {} of the solutions of N = {n} (not the total: \
+             the rest were not counted)",
+            elapsed.as_secs_f64(),
+            percent(self.done, self.work),
+            self.solved,
+            self.subproblems,
+            self.total,
+        )
+    }
+}
+
+/// `part / whole` as a percentage for a person: `12.34 %`, and for the tiny
+/// shares of a huge count `3.1e-9 %` rather than `0.00 %`.
+fn percent(part: u128, whole: u128) -> String {
+    if whole == 0 || part == 0 {
+        return "0 %".to_owned();
+    }
+    let p = part as f64 / whole as f64 * 100.0;
+    if p >= 0.01 {
+        format!("{p:.2} %")
+    } else {
+        format!("{p:.1e} %")
+    }
 }
 
 /// What a count found.
@@ -189,7 +283,9 @@ fn count(
     spec: SplitSpec,
     kernel: Kernel,
     start: Instant,
-) -> anyhow::Result<Counted> {
+    stop: &Arc<AtomicBool>,
+    forecast: Option<Forecast>,
+) -> anyhow::Result<Finished> {
     let mut subs: Vec<(u64, SubProblem)> = split(board, spec)
         .into_iter()
         .map(|s| (s.estimate(), s))
@@ -198,10 +294,9 @@ fn count(
     // fill the gaps at the end, which shortens the tail.
     subs.sort_by_key(|&(estimate, _)| Reverse(estimate));
     let (estimates, subs): (Vec<u64>, Vec<SubProblem>) = subs.into_iter().unzip();
-    let work = estimates.iter().fold(0u64, |a, &e| a.saturating_add(e));
+    // u128: at N = 32 the estimates add up to more than 2^64.
+    let work: u128 = estimates.iter().map(|&e| u128::from(e)).sum();
 
-    nq_core::split::check_kernel(kernel)
-        .context("the count kernel failed its startup check")?;
     let pool = Pool::new(threads, "nq-count").context("cannot start the threads")?;
     let (tx, rx) = mpsc::channel();
     // One job: the pool hands its sub-problems to the threads one at a time, in
@@ -210,15 +305,16 @@ fn count(
         subproblems: subs.clone(),
         list_solutions: false,
         kernel,
-        stop: Arc::new(AtomicBool::new(false)),
+        stop: Arc::clone(stop),
         sink: Arc::new(ToChannel(tx)),
     });
     // The job holds the only sender: if every thread died, the channel
     // disconnects instead of hanging.
 
-    let mut progress = Progress::new(work, start);
+    let mut progress = Progress::new(work, start, forecast);
     let mut tally = Tally::default();
     let mut solved = 0usize;
+    let mut done = 0u128;
     // u128: a whole count at N = 28 visits more than 2^64 nodes.
     let mut total_nodes = 0u128;
     loop {
@@ -231,11 +327,19 @@ fn count(
                 sub_problem.check(spec, &counts)?;
                 tally.add(sub_problem, &counts)?;
                 solved += 1;
-                progress.advance(estimates[sub], tally.total);
+                done += u128::from(estimates[sub]);
+                progress.advance(done, tally.total);
             }
             Ok(Event::Done(JobOutcome::Done { .. })) => break,
             Ok(Event::Done(JobOutcome::Cancelled)) => {
-                bail!("the count was cancelled before it finished")
+                progress.finish();
+                return Ok(Finished::Stopped(Partial {
+                    total: tally.total,
+                    solved,
+                    subproblems: subs.len(),
+                    done,
+                    work,
+                }));
             }
             // Long sub-problems send nothing for a while; the bar still
             // appears on time and its clock keeps running.
@@ -255,13 +359,17 @@ fn count(
             subs.len()
         );
     }
-    Ok(Counted {
+    Ok(Finished::Counted(Counted {
         total: tally.total,
         unique: tally.unique()?,
         subproblems: subs.len(),
         nodes: total_nodes,
-    })
+    }))
 }
+
+/// The bar's length: progress is shown in millionths of the estimated work,
+/// which is a `u128` while indicatif counts in `u64`.
+const BAR_UNITS: u64 = 1_000_000;
 
 /// The progress bar on stderr: only on a terminal, and only once the count has
 /// run for [`BAR_DELAY`]. Progress is estimated work, not sub-problems, since
@@ -269,6 +377,8 @@ fn count(
 struct Progress {
     bar: ProgressBar,
     start: Instant,
+    /// The estimated work of the whole count.
+    work: u128,
     /// True once the bar draws (or once it is known that it never will).
     decided: bool,
     /// Solutions so far, for the message.
@@ -276,16 +386,23 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(work: u64, start: Instant) -> Progress {
-        let bar = ProgressBar::with_draw_target(Some(work), ProgressDrawTarget::hidden());
+    fn new(work: u128, start: Instant, forecast: Option<Forecast>) -> Progress {
+        let bar =
+            ProgressBar::with_draw_target(Some(BAR_UNITS), ProgressDrawTarget::hidden());
+        // Until a sub-problem is done there is no rate to measure, and at a
+        // large N that lasts: the forecast stands in.
+        let forecast_end = forecast.map(|f| start + Duration::from_secs_f64(f.seconds));
         let style = ProgressStyle::with_template(
             "{elapsed_precise} [{wide_bar}] {percent:>3}%  {eta_if_known}  {msg}",
         )
         .expect("the template is valid")
         .with_key(
             "eta_if_known",
-            |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                let text = eta_text(state.pos(), state.per_sec(), state.eta());
+            move |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let forecast_left =
+                    forecast_end.map(|end| end.saturating_duration_since(Instant::now()));
+                let text =
+                    eta_text(state.pos(), state.per_sec(), state.eta(), forecast_left);
                 let _ = w.write_str(&text);
             },
         )
@@ -294,15 +411,18 @@ impl Progress {
         Progress {
             bar,
             start,
+            work,
             decided: false,
             total: 0,
         }
     }
 
-    /// Records `work` units done and the running total.
-    fn advance(&mut self, work: u64, total: u128) {
+    /// Records the estimated work `done` so far and the running total.
+    fn advance(&mut self, done: u128, total: u128) {
         self.total = total;
-        self.bar.inc(work);
+        let units = done * u128::from(BAR_UNITS) / self.work.max(1);
+        self.bar
+            .set_position(u64::try_from(units).unwrap_or(BAR_UNITS).min(BAR_UNITS));
         self.tick();
     }
 
@@ -330,12 +450,23 @@ impl Progress {
     }
 }
 
-/// The bar's ETA: empty until some work is done at a measured rate.
-/// indicatif's own `{eta}` says "0s" while it has no rate, which reads as
-/// "almost done" at 0 %.
-fn eta_text(pos: u64, per_sec: f64, eta: Duration) -> String {
+/// The bar's ETA: from the measured rate once some work is done, else what
+/// is left of the forecast (`forecast_left`), else nothing. indicatif's own
+/// `{eta}` says "0s" while it has no rate, which reads as "almost done" at
+/// 0 %.
+fn eta_text(
+    pos: u64,
+    per_sec: f64,
+    eta: Duration,
+    forecast_left: Option<Duration>,
+) -> String {
     if pos == 0 || !per_sec.is_finite() || per_sec <= 0.0 {
-        return String::new();
+        return match forecast_left {
+            Some(left) => {
+                format!("ETA ~{} (forecast)", forecast::human(left.as_secs_f64()))
+            }
+            None => String::new(),
+        };
     }
     format!("ETA {:#}", indicatif::HumanDuration(eta))
 }
@@ -363,12 +494,76 @@ mod tests {
 
     #[test]
     fn no_eta_is_shown_until_there_is_a_rate() {
-        assert_eq!(eta_text(0, 0.0, Duration::ZERO), "");
-        assert_eq!(eta_text(0, 5.0, Duration::ZERO), "");
-        assert_eq!(eta_text(10, 0.0, Duration::ZERO), "");
-        assert_eq!(eta_text(10, f64::NAN, Duration::ZERO), "");
+        assert_eq!(eta_text(0, 0.0, Duration::ZERO, None), "");
+        assert_eq!(eta_text(0, 5.0, Duration::ZERO, None), "");
+        assert_eq!(eta_text(10, 0.0, Duration::ZERO, None), "");
+        assert_eq!(eta_text(10, f64::NAN, Duration::ZERO, None), "");
         // The same compact form as indicatif's own `{eta}`.
-        assert_eq!(eta_text(10, 2.0, Duration::from_secs(120)), "ETA 2m");
+        assert_eq!(eta_text(10, 2.0, Duration::from_secs(120), None), "ETA 2m");
+        // Before the first rate, the forecast; after it, the rate.
+        let left = Some(Duration::from_secs(3 * 3600));
+        assert_eq!(
+            eta_text(0, 0.0, Duration::ZERO, left),
+            "ETA ~3.0 h (forecast)"
+        );
+        assert_eq!(eta_text(10, 2.0, Duration::from_secs(120), left), "ETA 2m");
+    }
+
+    #[test]
+    fn a_stopped_count_says_how_far_it_got() {
+        let board = Board::new(12).unwrap();
+        let spec = SplitSpec::for_count(board, 64);
+        // Stopped before it starts: nothing, or next to nothing, is counted,
+        // and what is reported adds up.
+        let stop = Arc::new(AtomicBool::new(true));
+        let finished =
+            count(board, 2, spec, Kernel::Auto, Instant::now(), &stop, None).unwrap();
+        let Finished::Stopped(partial) = finished else {
+            panic!("a stopped count reports as stopped");
+        };
+        assert!(partial.solved < partial.subproblems, "{partial:?}");
+        assert!(partial.done < partial.work, "{partial:?}");
+        assert!(partial.total < 14_200, "{partial:?}");
+
+        let partial = Partial {
+            total: 1234,
+            solved: 3,
+            subproblems: 70,
+            done: 25,
+            work: 1000,
+        };
+        let text = partial.describe(20, Duration::from_millis(12_340));
+        assert_eq!(
+            text,
+            "nq: interrupted after 12.3 s, with 2.50 % of the estimated work done: 3 of 70 \
+             sub-problems counted, holding 1234 of the solutions of N = 20 (not the total: \
+             the rest were not counted)"
+        );
+    }
+
+    #[test]
+    fn percentages_of_huge_counts_stay_readable() {
+        assert_eq!(percent(0, 10), "0 %");
+        assert_eq!(percent(1, 0), "0 %");
+        assert_eq!(percent(1, 4), "25.00 %");
+        assert_eq!(percent(1, 1), "100.00 %");
+        assert_eq!(percent(3, 100_000_000_000), "3.0e-9 %");
+        assert_eq!(percent(u128::MAX / 2, u128::MAX), "50.00 %");
+    }
+
+    #[test]
+    fn a_long_count_is_announced_with_its_forecast() {
+        let year = 365.25 * 86400.0;
+        let f = Forecast {
+            seconds: 2.4e6 * year,
+            core_seconds: 4.8e6 * year,
+        };
+        assert_eq!(
+            announce(32, 2, f),
+            "nq: N = 32 will take about 2.4 million years on 2 threads (4.8 million years \
+             of one core, forecast from a count of N = 15 on this machine); Ctrl-C stops it \
+             and prints what it counted"
+        );
     }
 
     #[test]
@@ -450,7 +645,13 @@ mod tests {
                 [(1, Kernel::Auto), (3, Kernel::Auto), (2, Kernel::Scalar)]
             {
                 let spec = SplitSpec::for_count(board, 64 * threads as u64);
-                let c = count(board, threads, spec, kernel, Instant::now()).unwrap();
+                let stop = Arc::new(AtomicBool::new(false));
+                let finished =
+                    count(board, threads, spec, kernel, Instant::now(), &stop, None)
+                        .unwrap();
+                let Finished::Counted(c) = finished else {
+                    panic!("nothing stopped the count of n={n}");
+                };
                 let want = published::published(board.n()).unwrap();
                 assert_eq!(
                     (c.total, c.unique),

@@ -18,13 +18,15 @@
 //!    (`nq_core::split::split_each`), has as many sub-problems as the rows
 //!    say, and the SHA-256 of their prefixes is the audit's `plan`: each
 //!    job's sub-problems are exactly what the run computed.
-//! 4. **The sample.** `--sample K` jobs, chosen by `--seed` (see [`sample_key`]),
-//!    are solved again on this machine's cores; each sub-problem's counts pass
-//!    `SubProblem::check`, and the job's tally must equal its row's
-//!    `count_total` and `count_burnside`.
+//! 4. **The sample**, only when asked for. `--sample K` jobs, chosen by
+//!    `--seed` (see [`sample_key`]), are solved again on this machine's
+//!    cores; each sub-problem's counts pass `SubProblem::check`, and the
+//!    job's tally must equal its row's `count_total` and `count_burnside`.
 //!
-//! Any failure is named (the job, the line, the two values) and makes the
-//! command exit non-zero after every check has run.
+//! It prints one summary line (`recheck … status=match`); `--verbose` adds the
+//! audit's run, the sample and a line per job solved again. Any failure is
+//! named on stderr (the job, the line, the two values) and makes the command
+//! exit non-zero after every check has run.
 
 use std::collections::BinaryHeap;
 use std::fs::File;
@@ -66,6 +68,9 @@ pub(crate) struct Request<'a> {
     pub(crate) threads: usize,
     /// The count kernel.
     pub(crate) kernel: Kernel,
+    /// Print the audit's run, the sample and each job's verdict before the
+    /// summary line.
+    pub(crate) verbose: bool,
 }
 
 /// The key that orders jobs for the sample: the first 8 bytes, big-endian,
@@ -173,8 +178,9 @@ struct Read {
     problems: Vec<String>,
 }
 
-/// Runs `nq recheck`: prints a line per re-computed job and a final
-/// `key=value` line on stdout.
+/// Runs `nq recheck`: prints a final `key=value` summary line on stdout
+/// (after, when `verbose`, the audit's run, the sample and a line per
+/// re-computed job).
 ///
 /// # Errors
 ///
@@ -219,17 +225,19 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         );
     }
     let mut out = io::stdout().lock();
-    writeln!(
-        out,
-        "audit of N = {}, split {}:{}, {} jobs, {} sub-problems; total {}, unique {}",
-        board.n(),
-        spec.ring,
-        spec.extra,
-        read.end.jobs,
-        read.end.subproblems,
-        read.end.total,
-        read.end.unique.map_or("-".to_owned(), |u| u.to_string()),
-    )?;
+    if request.verbose {
+        writeln!(
+            out,
+            "audit of N = {}, split {}:{}, {} jobs, {} sub-problems; total {}, unique {}",
+            board.n(),
+            spec.ring,
+            spec.extra,
+            read.end.jobs,
+            read.end.subproblems,
+            read.end.total,
+            read.end.unique.map_or("-".to_owned(), |u| u.to_string()),
+        )?;
+    }
 
     // The plan, and the sampled jobs' sub-problems, in one pass of the split.
     let (plan, subproblems, subs) = rebuild(board, spec, &read.sample);
@@ -256,7 +264,8 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     let mut jobs: Vec<(Row, Vec<SubProblem>)> =
         read.sample.iter().copied().zip(subs).collect();
     jobs.sort_by_key(|(row, _)| row.job);
-    // The first few ids; each job also gets its own line below.
+    // The first few ids; with `verbose`, each job also gets its own line
+    // below.
     let mut ids: Vec<String> = jobs
         .iter()
         .take(LISTED)
@@ -265,15 +274,17 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     if jobs.len() > LISTED {
         ids.push(format!("… ({} more)", jobs.len() - LISTED));
     }
-    writeln!(
-        out,
-        "sample: {} of {} jobs by seed {:?}: {}",
-        jobs.len(),
-        read.end.jobs,
-        request.seed,
-        ids.join(" ")
-    )?;
-    out.flush()?;
+    if request.verbose && request.sample > 0 {
+        writeln!(
+            out,
+            "sample: {} of {} jobs by seed {:?}: {}",
+            jobs.len(),
+            read.end.jobs,
+            request.seed,
+            ids.join(" ")
+        )?;
+        out.flush()?;
+    }
     let matched = solve(&jobs, spec, request, &mut out, &mut problems)?;
 
     let status = if problems.is_empty() {
@@ -776,16 +787,18 @@ fn solve(
             matched += 1;
             "match"
         };
-        writeln!(
-            out,
-            "job {} (sub-problems {}..{}): count_total {} count_burnside {}: {verdict}",
-            row.job,
-            row.first,
-            row.first + row.subproblems,
-            tally.total,
-            tally.burnside
-        )?;
-        out.flush()?;
+        if request.verbose {
+            writeln!(
+                out,
+                "job {} (sub-problems {}..{}): count_total {} count_burnside {}: {verdict}",
+                row.job,
+                row.first,
+                row.first + row.subproblems,
+                tally.total,
+                tally.burnside
+            )?;
+            out.flush()?;
+        }
     }
     Ok(matched)
 }

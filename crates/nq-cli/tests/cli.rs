@@ -1,9 +1,10 @@
 //! Runs the built `nq` binary as a user would: arguments in, text and exit
 //! status out.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Output, Stdio};
-use std::time::Instant;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Q(N) and U(N) for N = 1..=12 from OEIS A000170 / A002562, written out here
 /// rather than taken from the binary's own table, so that a typo there shows.
@@ -439,7 +440,11 @@ fn bad_input_gets_a_clear_message() {
             &["count", "0"],
             "board size 0 is not supported: N must be an integer from 1 to 32",
         ),
-        (&["count", "33"], "board size 33 is not supported"),
+        (
+            &["count", "33"],
+            "board size 33 is not supported: N must be an integer from 1 to 32; 32 is \
+             the search's limit: it keeps the rows of a column in a 32-bit mask",
+        ),
         (
             &["count", "abc"],
             "`abc` is not a board size: N must be an integer from 1 to 32",
@@ -506,4 +511,99 @@ fn a_closed_pipe_ends_the_listing_quietly() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out), "");
+}
+
+/// `nq one` (and `nq cnf`, `nq verify --n`) read N as `nq count` does: the
+/// same messages for what is not a number, and usage errors (exit status 2)
+/// for every N they refuse.
+#[test]
+fn one_and_count_read_n_alike() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["count", "abc"],
+            "`abc` is not a board size: N must be an integer from 1 to 32",
+        ),
+        (
+            &["one", "abc"],
+            "`abc` is not a board size: N must be 1 or an integer from 4 to 4294967296",
+        ),
+        (&["count", "-5"], "`-5` is not a board size"),
+        (&["one", "-5"], "`-5` is not a board size"),
+        (&["count", "0"], "board size 0 is not supported"),
+        (&["one", "0"], "board size 0 is not supported"),
+        (&["one", "2"], "the 2×2 board has no solution"),
+        (
+            &["cnf", "abc"],
+            "`abc` is not a board size: N must be an integer from 1 to 46340",
+        ),
+        (&["cnf", "0"], "board size 0 has no CNF"),
+        (&["verify", "--n", "x1"], "`x1` is not a board size"),
+        (
+            &["one", "4294967297"],
+            "board size 4294967297 is not supported: N must be an integer from 1 to \
+             4294967296",
+        ),
+    ];
+    for (args, want) in cases {
+        let o = nq(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "nq {args:?}: {err}");
+        assert!(err.contains(want), "nq {args:?}: {err}");
+        assert!(!err.contains("invalid digit"), "nq {args:?}: {err}");
+    }
+    assert_eq!(ok(&["one", " 8 "]), ok(&["one", "8"]));
+}
+
+/// `nq count 32` says how long it would take before it starts, and Ctrl-C
+/// stops it with what it counted and status 130.
+#[test]
+fn a_huge_count_is_forecast_and_stops_on_ctrl_c() {
+    let mut child = nq_command(&["count", "32", "--threads", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // Only a guard against a hung test: the count is killed if it has not
+    // ended long after the few seconds this takes. Nothing below depends on
+    // time.
+    let pid = child.id().to_string();
+    let (finished, guard) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if guard.recv_timeout(Duration::from_secs(600)).is_err() {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+    });
+    let mut err = BufReader::new(child.stderr.take().expect("stderr is piped"));
+    let mut forecast = String::new();
+    err.read_line(&mut forecast).unwrap();
+    assert!(
+        forecast.starts_with("nq: N = 32 will take about "),
+        "{forecast}"
+    );
+    assert!(forecast.contains(" years on 1 thread "), "{forecast}");
+    assert!(forecast.contains("Ctrl-C stops it"), "{forecast}");
+
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let _ = finished.send(());
+    watchdog.join().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{rest}");
+    assert!(rest.starts_with("nq: interrupted after "), "{rest}");
+    assert!(rest.contains("of the estimated work done"), "{rest}");
+    assert!(rest.contains("sub-problems counted"), "{rest}");
+    assert_eq!(stdout(&out), "", "no result is printed for a stopped count");
+}
+
+/// A count under a minute starts without a forecast line.
+#[test]
+fn a_short_count_prints_no_forecast() {
+    let o = nq(&["count", "17", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
 }

@@ -134,6 +134,8 @@ fn a_sample_of_a_finished_run_matches_and_so_does_every_job() {
     );
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    // One summary line and nothing else.
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
     let last = stdout.lines().last().unwrap();
     assert!(last.contains(&format!("digest={}", run.digest)), "{last}");
     assert!(last.contains("total=2680 unique=341"), "{last}");
@@ -147,10 +149,29 @@ fn a_sample_of_a_finished_run_matches_and_so_does_every_job() {
             .map(|l| l.split(": ").nth(1).unwrap().to_owned())
             .unwrap()
     };
-    let again = recheck(&run.audit, &["--sample", "8", "--seed", "2026-11-25"]);
-    assert_eq!(sample(&again), sample(&out));
-    let other = recheck(&run.audit, &["--sample", "8", "--seed", "another"]);
-    assert_ne!(sample(&other), sample(&out));
+    let sampled = recheck(
+        &run.audit,
+        &["--sample", "8", "--seed", "2026-11-25", "--verbose"],
+    );
+    let again = recheck(
+        &run.audit,
+        &["--sample", "8", "--seed", "2026-11-25", "--verbose"],
+    );
+    assert_eq!(sample(&again), sample(&sampled));
+    let other = recheck(
+        &run.audit,
+        &["--sample", "8", "--seed", "another", "--verbose"],
+    );
+    assert_ne!(sample(&other), sample(&sampled));
+    // A line per job solved again, with --verbose only.
+    let jobs = |o: &Output| {
+        text(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with("job "))
+            .count()
+    };
+    assert_eq!(jobs(&sampled), 8, "{}", text(&sampled.stdout));
+    assert_eq!(jobs(&out), 0, "{stdout}");
     // Every job, on the portable kernel.
     let all = recheck(
         &run.audit,
@@ -159,6 +180,36 @@ fn a_sample_of_a_finished_run_matches_and_so_does_every_job() {
     let stdout = text(&all.stdout);
     assert!(all.status.success(), "{stdout}{}", text(&all.stderr));
     assert!(!stdout.contains("MISMATCH"), "{stdout}");
+}
+
+#[test]
+fn by_default_the_digest_and_sums_are_checked_in_one_line() {
+    let run = publish(10);
+    let out = recheck(&run.audit, &["--digest", &run.digest]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with("recheck n=10 "), "{stdout}");
+    assert!(stdout.contains("total=724 unique=92"), "{stdout}");
+    assert!(stdout.contains("sampled=0 matched=0"), "{stdout}");
+    assert!(stdout.ends_with("status=match\n"), "{stdout}");
+    // Another digest fails, with no sample either.
+    let other = format!("sha256:{}", "ab".repeat(32));
+    let out = recheck(&run.audit, &["--digest", &other]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not the published one"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A sample needs its seed: a usage error that names it.
+    let out = recheck(&run.audit, &["--sample", "3"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("--seed"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -234,7 +285,7 @@ fn an_edited_row_without_a_digest_change_fails() {
     });
     let path = run.audit.with_file_name("edited.csv");
     std::fs::write(&path, &forged).unwrap();
-    let out = recheck(&path, &["--sample", "0", "--seed", "s"]);
+    let out = recheck(&path, &[]);
     let stderr = text(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -179,6 +179,208 @@ fn is_tls_record(head: [u8; 3]) -> bool {
     matches!(head, [0x15 | 0x16, 0x03, 0x00..=0x04])
 }
 
+/// Why a call found no coordinator, for a person: the operating system's
+/// words when the connection failed (`connection refused`, a name that does
+/// not resolve, a timeout), else the status message.
+pub(crate) fn unreachable_reason(status: &Status) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> =
+        std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+                std::io::ErrorKind::TimedOut => "the connection timed out".to_owned(),
+                _ => io.to_string(),
+            };
+        }
+        cause = e.source();
+    }
+    match status.message() {
+        "" => format!("{:?}", status.code()),
+        message => message.to_owned(),
+    }
+}
+
+/// True when the call failed because nothing listens at the address: the
+/// connection was refused.
+fn refused(status: &Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> =
+        std::error::Error::source(status);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// How often a worker that keeps failing to reach its coordinator says it
+/// is still trying.
+const REMIND_EVERY: Duration = Duration::from_secs(60);
+
+/// What the worker tells its user while no coordinator answers: one clear
+/// warning when the silence starts (what failed, what to check, how long it
+/// waits), a reminder every [`REMIND_EVERY`] with the time left, and a line
+/// when the coordinator answers again. Each failed call, every few seconds,
+/// is logged by its caller at `debug` only.
+///
+/// Shared ([`SharedOutage`]) by the lease loop and the report tasks: the
+/// first call to find the coordinator gone, often a report (the heartbeat
+/// comes only every quarter lease), opens the silence, and only once.
+#[derive(Debug)]
+pub(crate) struct Outage {
+    coordinator: crate::CoordinatorAddress,
+    /// `Config::give_up`.
+    give_up: Option<Duration>,
+    /// When the coordinator last answered (or when the worker started): the
+    /// `--give-up` clock, kept by the lease loop, which gives up.
+    last_answer: tokio::time::Instant,
+    /// Whether a coordinator ever answered: then it went away, rather than
+    /// never came.
+    answered: bool,
+    /// When the first failed call of the current silence failed.
+    since: Option<tokio::time::Instant>,
+    /// When the user was last told about it.
+    told: tokio::time::Instant,
+}
+
+/// The [`Outage`] of one worker, for its lease loop and report tasks.
+pub(crate) type SharedOutage = Arc<std::sync::Mutex<Outage>>;
+
+/// The outage, locked. Its methods only log and set fields, so a panic
+/// elsewhere while it was held leaves it usable.
+pub(crate) fn lock(outage: &SharedOutage) -> std::sync::MutexGuard<'_, Outage> {
+    outage
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Outage {
+    pub(crate) fn new(config: &Config) -> Outage {
+        let now = tokio::time::Instant::now();
+        Outage {
+            coordinator: config.coordinator.clone(),
+            give_up: config.give_up,
+            last_answer: now,
+            answered: false,
+            since: None,
+            told: now,
+        }
+    }
+
+    /// A call failed without reaching a coordinator, and will be retried.
+    pub(crate) fn failed(&mut self, status: &Status) {
+        let now = tokio::time::Instant::now();
+        let Some(since) = self.since else {
+            self.since = Some(now);
+            self.told = now;
+            warn!("{}", self.first_words(status, now));
+            return;
+        };
+        if now.duration_since(self.told) >= REMIND_EVERY {
+            self.told = now;
+            let waited = short(now.duration_since(since));
+            let reason = unreachable_reason(status);
+            match self.left(now) {
+                Some(left) => info!(
+                    coordinator = %self.coordinator,
+                    "still no answer from the coordinator after {waited} ({reason}); giving \
+                     up in {} (--give-up)",
+                    short(left)
+                ),
+                None => info!(
+                    coordinator = %self.coordinator,
+                    "still no answer from the coordinator after {waited} ({reason}); waiting \
+                     with no time limit (--give-up never)"
+                ),
+            }
+        }
+    }
+
+    /// The coordinator answered: the `--give-up` clock starts again, and a
+    /// silence that was announced ends, saying so.
+    pub(crate) fn answered(&mut self) {
+        let now = tokio::time::Instant::now();
+        self.last_answer = now;
+        self.answered = true;
+        if let Some(since) = self.since.take() {
+            info!(
+                coordinator = %self.coordinator,
+                "the coordinator answers again after {}",
+                short(now.duration_since(since))
+            );
+        }
+    }
+
+    /// The time left before the worker gives up; `None` when it never does.
+    fn left(&self, now: tokio::time::Instant) -> Option<Duration> {
+        self.give_up
+            .map(|limit| (self.last_answer + limit).saturating_duration_since(now))
+    }
+
+    /// The warning that opens a silence.
+    fn first_words(&self, status: &Status, now: tokio::time::Instant) -> String {
+        let address = &self.coordinator;
+        let reason = unreachable_reason(status);
+        let wait = match (self.give_up, self.left(now)) {
+            (Some(limit), Some(left)) if self.answered => format!(
+                "for up to {} more (--give-up {}), then the worker stops",
+                short(left),
+                crate::config::human(limit)
+            ),
+            (Some(limit), _) => format!(
+                "retrying for up to {} (--give-up), then the worker stops",
+                crate::config::human(limit)
+            ),
+            _ if self.answered => "with no time limit (--give-up never)".to_owned(),
+            _ => "retrying with no time limit (--give-up never)".to_owned(),
+        };
+        if self.answered {
+            format!(
+                "lost the coordinator at {address} ({reason}); waiting for it to come back, \
+                 {wait}; jobs already leased keep computing and are reported when it is back"
+            )
+        } else if refused(status) {
+            format!(
+                "cannot reach the coordinator at {address}: connection refused. Is the \
+                 coordinator running on {}:{}? Check --connect (host and port); {wait}",
+                address.host(),
+                address.port()
+            )
+        } else {
+            format!(
+                "cannot reach the coordinator at {address}: {reason}. Check --connect (host \
+                 and port) and that the coordinator is running; {wait}"
+            )
+        }
+    }
+}
+
+/// True when a failed call reached no coordinator (the network, a closed
+/// port, a connection cut mid-call), rather than one that answered with an
+/// error.
+pub(crate) fn lost(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+    )
+}
+
+/// A duration rounded for a log line: `45s`, `12m`, `3h20m`.
+fn short(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs < 120 {
+        format!("{secs}s")
+    } else if secs < 2 * 3600 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
+    }
+}
+
 /// Exponential backoff with jitter: each delay is drawn from `[d/2, d]`, where
 /// `d` doubles from `initial` up to `max`. The jitter keeps a fleet of workers
 /// from reconnecting in lockstep after a coordinator restart.
@@ -724,6 +926,8 @@ pub(crate) struct ReportCtx {
     /// Sends count-only results in `ReportBatch` calls while the coordinator
     /// has that rpc; `Report` is used otherwise, and always for solutions.
     pub(crate) batcher: Batcher,
+    /// What the user is told while the coordinator is gone.
+    pub(crate) outage: SharedOutage,
 }
 
 /// After a report failed on the network, waits until the lease loop has
@@ -860,13 +1064,26 @@ pub(crate) async fn report_job(
         match Failure::of(&failure) {
             Failure::Retry => {
                 let delay = ctx.backoff.next_delay();
-                warn!(
-                    job = job.job.0,
-                    code = ?failure.code(),
-                    message = failure.message(),
-                    ?delay,
-                    "report failed; retrying once the coordinator answers again"
-                );
+                if lost(&failure) {
+                    // The coordinator is gone: said once for the worker, and
+                    // for each report at debug.
+                    debug!(
+                        job = job.job.0,
+                        code = ?failure.code(),
+                        message = failure.message(),
+                        ?delay,
+                        "report failed; retrying once the coordinator answers again"
+                    );
+                    lock(&ctx.outage).failed(&failure);
+                } else {
+                    warn!(
+                        job = job.job.0,
+                        code = ?failure.code(),
+                        message = failure.message(),
+                        ?delay,
+                        "report failed; retrying once the coordinator answers again"
+                    );
+                }
                 tokio::time::sleep(delay).await;
                 if !wait_for_an_answer(&mut ctx, heard).await {
                     return JobEnd::Cancelled;
@@ -960,6 +1177,9 @@ async fn stream_job(
                 }
                 Failure::Retry | Failure::Tls(_) => {
                     let delay = ctx.backoff.next_delay();
+                    if lost(&status) {
+                        lock(&ctx.outage).failed(&status);
+                    }
                     warn!(
                         job = job.job.0,
                         code = ?status.code(),
@@ -1086,6 +1306,83 @@ pub(crate) fn outcome_name(ack: &pb::ReportAck) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What tonic gives for a call whose connection failed with `kind`.
+    fn connect_failed(kind: std::io::ErrorKind) -> Status {
+        Status::from_error(Box::new(std::io::Error::from(kind)))
+    }
+
+    /// The outage of a worker of `coordinator` with `--give-up give_up`.
+    fn outage(coordinator: &str, give_up: Option<Duration>) -> Outage {
+        let mut config = Config::new(coordinator.parse().unwrap());
+        config.give_up = give_up;
+        Outage::new(&config)
+    }
+
+    #[test]
+    fn a_refused_connection_says_what_to_check() {
+        let ten_minutes = outage("127.0.0.1:50999", Some(Duration::from_secs(600)));
+        let refused = connect_failed(std::io::ErrorKind::ConnectionRefused);
+        let now = ten_minutes.last_answer;
+        assert_eq!(
+            ten_minutes.first_words(&refused, now),
+            "cannot reach the coordinator at http://127.0.0.1:50999: connection refused. \
+             Is the coordinator running on 127.0.0.1:50999? Check --connect (host and \
+             port); retrying for up to 10m (--give-up), then the worker stops"
+        );
+        let forever = outage("127.0.0.1:50999", None);
+        let timed_out = connect_failed(std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            forever.first_words(&timed_out, now),
+            "cannot reach the coordinator at http://127.0.0.1:50999: the connection timed \
+             out. Check --connect (host and port) and that the coordinator is running; \
+             retrying with no time limit (--give-up never)"
+        );
+        // No I/O error behind it: the status message.
+        assert_eq!(
+            unreachable_reason(&Status::unavailable("tcp connect error")),
+            "tcp connect error"
+        );
+    }
+
+    #[test]
+    fn a_lost_coordinator_is_waited_for_with_the_time_left() {
+        let mut lost = outage("coord.example:7000", Some(Duration::from_secs(600)));
+        lost.answered();
+        let refused = connect_failed(std::io::ErrorKind::ConnectionRefused);
+        // 70 s after its last answer.
+        let now = lost.last_answer + Duration::from_secs(70);
+        assert_eq!(
+            lost.first_words(&refused, now),
+            "lost the coordinator at http://coord.example:7000 (connection refused); \
+             waiting for it to come back, for up to 8m more (--give-up 10m), then the \
+             worker stops; jobs already leased keep computing and are reported when it is \
+             back"
+        );
+        let mut forever = outage("coord.example:7000", None);
+        forever.answered();
+        assert!(forever.first_words(&refused, now).contains(
+            "waiting for it to come back, with no time limit (--give-up never)"
+        ));
+    }
+
+    #[test]
+    fn only_calls_that_reached_no_coordinator_are_an_outage() {
+        assert!(lost(&connect_failed(std::io::ErrorKind::ConnectionRefused)));
+        assert!(lost(&Status::unavailable("tcp connect error")));
+        assert!(lost(&Status::deadline_exceeded("slow")));
+        // The coordinator answered, with an error a pause fixes.
+        assert!(!lost(&Status::resource_exhausted("busy")));
+        assert!(!lost(&Status::internal("store")));
+    }
+
+    #[test]
+    fn short_durations_for_log_lines() {
+        assert_eq!(short(Duration::from_millis(45_900)), "45s");
+        assert_eq!(short(Duration::from_secs(119)), "119s");
+        assert_eq!(short(Duration::from_secs(12 * 60 + 5)), "12m");
+        assert_eq!(short(Duration::from_secs(3 * 3600 + 20 * 60)), "3h20m");
+    }
 
     #[test]
     fn backoff_doubles_up_to_the_cap_with_jitter() {

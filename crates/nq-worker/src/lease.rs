@@ -38,8 +38,8 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::client::{
-    Backoff, Batcher, Client, Failure, JobEnd, JobId, JobRef, LeaseId, ReportCtx,
-    ReportGate, Session, WorkerId, outcome_name, report_job,
+    Backoff, Batcher, Client, Failure, JobEnd, JobId, JobRef, LeaseId, Outage, ReportCtx,
+    ReportGate, Session, SharedOutage, WorkerId, lock, lost, outcome_name, report_job,
 };
 use crate::pool::WorkerPool;
 use crate::{Config, Error, Exit, Result, Summary};
@@ -125,6 +125,9 @@ pub(crate) struct LeaseLoop<'a> {
     last_answer: Instant,
     /// Whether any coordinator ever answered.
     answered: bool,
+    /// What the user is told while the coordinator does not answer; shared
+    /// with the report tasks.
+    outage: SharedOutage,
     /// The end of the grace period, once draining.
     draining: Option<Instant>,
     exit: Option<Exit>,
@@ -184,6 +187,7 @@ impl<'a> LeaseLoop<'a> {
             backoff: Backoff::new(config.backoff_initial, config.backoff_max),
             last_answer: now,
             answered: false,
+            outage: Arc::new(std::sync::Mutex::new(Outage::new(config))),
             draining: None,
             exit: None,
             fatal: None,
@@ -323,13 +327,24 @@ impl<'a> LeaseLoop<'a> {
                     });
                 }
                 let delay = self.backoff.next_delay();
-                warn!(
-                    coordinator = %self.config.coordinator,
-                    code = ?status.code(),
-                    message = status.message(),
-                    ?delay,
-                    "coordinator unreachable; retrying"
-                );
+                if lost(&status) {
+                    debug!(
+                        coordinator = %self.config.coordinator,
+                        code = ?status.code(),
+                        message = status.message(),
+                        ?delay,
+                        "coordinator unreachable; retrying"
+                    );
+                    lock(&self.outage).failed(&status);
+                } else {
+                    warn!(
+                        coordinator = %self.config.coordinator,
+                        code = ?status.code(),
+                        message = status.message(),
+                        ?delay,
+                        "registration failed; retrying"
+                    );
+                }
                 return self.retry_after(delay);
             }
             Err(status) => return Err(fatal("Register", &status)),
@@ -410,12 +425,24 @@ impl<'a> LeaseLoop<'a> {
                 match Failure::of(&status) {
                     Failure::Retry => {
                         let delay = self.backoff.next_delay();
-                        warn!(
-                            code = ?status.code(),
-                            message = status.message(),
-                            ?delay,
-                            "lease failed; retrying"
-                        );
+                        if lost(&status) {
+                            debug!(
+                                code = ?status.code(),
+                                message = status.message(),
+                                ?delay,
+                                "lease failed; retrying"
+                            );
+                            lock(&self.outage).failed(&status);
+                        } else {
+                            // The coordinator answered, with an error a
+                            // pause fixes (its store, its load).
+                            warn!(
+                                code = ?status.code(),
+                                message = status.message(),
+                                ?delay,
+                                "lease failed; retrying"
+                            );
+                        }
                         self.retry_after(delay)?;
                     }
                     Failure::Register => {
@@ -591,6 +618,7 @@ impl<'a> LeaseLoop<'a> {
             backoff: Backoff::new(self.config.backoff_initial, self.config.backoff_max)
                 .after_failures(failures),
             batcher: self.batcher.clone(),
+            outage: Arc::clone(&self.outage),
         };
         let job_ref = JobRef { job, lease };
         let task = report_job(ctx, job_ref, attempt, Arc::clone(&computed));
@@ -759,6 +787,7 @@ impl<'a> LeaseLoop<'a> {
     fn on_answer(&mut self) {
         self.last_answer = Instant::now();
         self.answered = true;
+        lock(&self.outage).answered();
     }
 
     /// Schedules the next call `delay` after a failed one, or gives up when
@@ -895,5 +924,112 @@ fn fatal(rpc: &'static str, status: &tonic::Status) -> Error {
             code: status.code(),
             message: status.message().to_owned(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use nq_core::split::SplitSpec;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::testutil::{Fake, listener};
+    use crate::{Config, Error, Silence, run};
+
+    /// The log lines written while it is the thread's subscriber, as a user
+    /// reads them.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logs {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+        type Writer = Logs;
+
+        fn make_writer(&'a self) -> Logs {
+            self.clone()
+        }
+    }
+
+    impl Logs {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    /// A current-thread runtime: every task of the worker logs on this
+    /// thread, to the subscriber the test sets.
+    #[tokio::test]
+    async fn a_worker_says_it_waits_for_a_coordinator_that_went_away() {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(logs.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+
+        let fake = Fake::new(10, SplitSpec::new(1, 0).unwrap(), 4, false);
+        // No jobs: the worker only registers and heartbeats.
+        fake.state().hold_back = true;
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let mut config = Config::new(addr.into());
+        config.name = "test".into();
+        config.backoff_initial = Duration::from_millis(10);
+        config.backoff_max = Duration::from_millis(100);
+        config.give_up = Some(Duration::from_secs(2));
+        let worker = tokio::spawn(run(config, std::future::pending()));
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while fake.state().workers.is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the worker registers");
+        // The coordinator leaves without telling the worker.
+        token.cancel();
+        server.await.unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(60), worker)
+            .await
+            .expect("the worker gives up in time")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::GaveUp {
+                    silence: Silence::SinceLastAnswer,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let text = logs.text();
+        let lost = format!("lost the coordinator at http://{addr} (");
+        // Said once, however many retries the two seconds held (a hundred
+        // or so, at a backoff of at most 100 ms).
+        assert_eq!(text.matches(&lost).count(), 1, "{text}");
+        assert!(
+            text.contains("waiting for it to come back, for up to "),
+            "{text}"
+        );
+        assert!(
+            text.contains(" more (--give-up 2s), then the worker stops"),
+            "{text}"
+        );
+        assert!(!text.contains("lease failed; retrying"), "{text}");
     }
 }
