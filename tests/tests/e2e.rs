@@ -30,6 +30,7 @@ mod status;
 mod sybil;
 mod tamper;
 mod totals;
+mod voices;
 
 use std::time::Duration;
 

@@ -76,10 +76,12 @@ async fn a_wrong_token_is_refused_and_the_right_one_completes_the_run() -> Resul
             .map(|a| (*a).to_owned())
             .collect();
         let mut right = Proc::spawn("right", &binary("nq-worker")?, &args, &env)?;
-        // Its only machine is one remote worker (`--local-threads 0`): since probation
-        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
-        // with the published totals, where it ended `complete` unchecked before.
-        coord.finish_unchecked().await?;
+        // A worker on the coordinator's machine with the run's token is the
+        // operator's own, one voice with the coordinator's threads (issue 26,
+        // item 2): the run ends `complete`, as the coordinator alone does.
+        // (From issue 15 until then, a lone remote worker's run ended
+        // `unchecked`, exit 6.)
+        coord.finish().await?.check_published()?;
         right.success().await?;
         let log = coord.proc.output();
         ensure!(
@@ -124,10 +126,12 @@ async fn a_tls_run_completes_exactly() -> Result<()> {
             .await?;
         ensure!(h.output().contains("SERVING"), "health:\n{}", h.output());
         let mut w = worker("tls", &https, &["--ca", path(&pki.ca), "--threads", "2"])?;
-        // Its only machine is one remote worker (`--local-threads 0`): since probation
-        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
-        // with the published totals, where it ended `complete` unchecked before.
-        coord.finish_unchecked().await?;
+        // A worker on the coordinator's machine with the run's token is the
+        // operator's own, one voice with the coordinator's threads (issue 26,
+        // item 2): the run ends `complete`, as the coordinator alone does.
+        // (From issue 15 until then, a lone remote worker's run ended
+        // `unchecked`, exit 6.)
+        coord.finish().await?.check_published()?;
         w.success().await
     })
     .await
@@ -199,10 +203,12 @@ async fn a_mutual_tls_run_completes_and_refuses_clients_without_certificate() ->
                 "2",
             ],
         )?;
-        // Its only machine is one remote worker (`--local-threads 0`): since probation
-        // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6)
-        // with the published totals, where it ended `complete` unchecked before.
-        coord.finish_unchecked().await?;
+        // A worker on the coordinator's machine with the run's token is the
+        // operator's own, one voice with the coordinator's threads (issue 26,
+        // item 2): the run ends `complete`, as the coordinator alone does.
+        // (From issue 15 until then, a lone remote worker's run ended
+        // `unchecked`, exit 6.)
+        coord.finish().await?.check_published()?;
         w.success().await?;
         // Under mutual TLS the worker votes as its certificate (issue 18).
         let log = coord.proc.output();

@@ -403,6 +403,12 @@ fn keep_lease(
     let Some(w) = stored.get(worker).filter(|_| *deadline_unix_ms >= oldest) else {
         return false;
     };
+    // The previous session's own threads died with it: their jobs are
+    // pending again at once, instead of waiting a lease lifetime for threads
+    // that cannot report (issue 26, case 5).
+    if own_threads(w) {
+        return false;
+    }
     if sched.is_done(job) {
         return false; // a stale record: the job was done meanwhile
     }
@@ -410,6 +416,13 @@ fn keep_lease(
     let address = w.address.as_deref().and_then(|a| a.parse().ok());
     sched.restore_worker(id.clone(), &w.name, &w.identity, address, w.threads, now);
     sched.restore_lease(job, LeaseId(*lease), &id, record.attempts, now)
+}
+
+/// True for the recorded registration of a session's own threads: the
+/// local identity with no address. A worker of the local identity on
+/// loopback (the operator's, which may come back after a restart) has one.
+pub(crate) fn own_threads(w: &nq_store::StoredWorker) -> bool {
+    crate::core::quorum::trusted_from_start(&w.identity) && w.address.is_none()
 }
 
 /// Checks a done job's copies against its stored definition: every tally

@@ -121,7 +121,13 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     // jobs are set aside, so that their holders report them first (issue
     // 17). The recorded registrations bound how many there can be.
     let recorded = store.workers()?;
-    let caps: u64 = recorded.iter().map(|(_, w)| claimed_cap(w.threads)).sum();
+    // The previous session's own threads died with it: none of their leases
+    // will be reported.
+    let caps: u64 = recorded
+        .iter()
+        .filter(|(_, w)| !crate::restore::own_threads(w))
+        .map(|(_, w)| claimed_cap(w.threads))
+        .sum();
     sched.defer_unrecorded(caps, Instant::now());
     // A worker recognised by its id keeps its recorded name and identity.
     sched.expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));

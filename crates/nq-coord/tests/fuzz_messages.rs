@@ -508,7 +508,11 @@ impl Fuzzer {
                 let leases = leases.iter().map(|p| self.lease_id(p)).collect();
                 let reply = self
                     .client
-                    .release(pb::ReleaseRequest { worker_id, leases })
+                    .release(pb::ReleaseRequest {
+                        worker_id,
+                        leases,
+                        leaving: false,
+                    })
                     .await;
                 proper("release", &reply)?;
             }
@@ -678,6 +682,7 @@ impl Fuzzer {
                 .release(pb::ReleaseRequest {
                     worker_id: worker_id.to_owned(),
                     leases,
+                    leaving: false,
                 })
                 .await;
             proper("release", &reply)?;

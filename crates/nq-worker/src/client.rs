@@ -603,14 +603,18 @@ impl Client {
         Ok(self.inner.clone().lease(request).await?.into_inner())
     }
 
+    /// Hands `leases` back; `leaving` also tells the coordinator that this
+    /// worker drained and leaves the run.
     pub(crate) async fn release(
         &self,
         worker: &WorkerId,
         leases: Vec<u64>,
+        leaving: bool,
     ) -> Result<u32, Status> {
         let request = self.request(pb::ReleaseRequest {
             worker_id: worker.0.clone(),
             leases,
+            leaving,
         });
         Ok(self
             .inner

@@ -271,6 +271,7 @@ impl<'a> LeaseLoop<'a> {
             }
             if self.draining.is_some() && self.tasks.is_empty() {
                 info!("drained: every job is reported or handed back");
+                self.leave().await;
                 self.exit = Some(Exit::Drained);
                 continue;
             }
@@ -521,7 +522,7 @@ impl<'a> LeaseLoop<'a> {
             Err(source) => {
                 // Hand the lease back so that the job is not stuck until its
                 // deadline; the worker then stops, loudly.
-                let _ = self.client.release(worker, vec![job.lease_id]).await;
+                let _ = self.client.release(worker, vec![job.lease_id], false).await;
                 return Err(Error::Job {
                     job: job.job_id,
                     source,
@@ -857,7 +858,23 @@ impl<'a> LeaseLoop<'a> {
             "grace period over; handing the unfinished jobs back"
         );
         self.give_back(left).await;
+        self.leave().await;
         self.exit = Some(Exit::Drained);
+    }
+
+    /// Tells the coordinator that this worker leaves the run, so that it
+    /// does not count as a machine at work until its registration lapses.
+    /// Best effort: without it the registration lapses a lease lifetime
+    /// later, as before.
+    async fn leave(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        if let Err(status) = self.client.release(worker, Vec::new(), true).await {
+            debug!(
+                code = ?status.code(),
+                message = status.message(),
+                "could not tell the coordinator that this worker leaves"
+            );
+        }
     }
 
     /// Stops these leases' jobs and tells the coordinator to reissue them now.
@@ -874,7 +891,7 @@ impl<'a> LeaseLoop<'a> {
         self.summary.released += leases.len() as u64;
         let Some(worker) = &self.worker else { return };
         let ids = leases.iter().map(|l| l.0).collect();
-        match self.client.release(worker, ids).await {
+        match self.client.release(worker, ids, false).await {
             Ok(released) => info!(asked = leases.len(), released, "leases handed back"),
             // Best effort: an unreturned lease still expires at its deadline.
             Err(status) => {

@@ -46,7 +46,12 @@ struct Args {
     /// The CUDA device for --gpu, numbered from 0.
     #[arg(long, value_name = "I", env = "NQ_GPU_DEVICE", requires = "gpu")]
     gpu_device: Option<usize>,
-    /// Name shown in the coordinator's logs [default: the host name].
+    /// Name shown in the coordinator's logs [default: the host name]. It is
+    /// part of the worker's identity for verification only on the
+    /// coordinator's own machine without a token (`name@127.0.0.1`);
+    /// elsewhere a worker is its credential (per-machine token, client
+    /// certificate) or its address, whatever its name, and on the
+    /// coordinator's machine with the run's token it is the operator's own.
     #[arg(long, env = "NQ_NAME")]
     name: Option<String>,
     /// After SIGTERM or Ctrl-C, how long to keep computing the current jobs

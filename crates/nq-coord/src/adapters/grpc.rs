@@ -430,7 +430,12 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         self.engine
             .recognize(&worker, &caller, &[])
             .inspect_err(|e| refused(e, peer))?;
-        let released = self.engine.release(&worker, &leases);
+        let released = if req.leaving {
+            info!(worker = %worker.0, "worker drained and leaves the run");
+            self.engine.leave(&worker)
+        } else {
+            self.engine.release(&worker, &leases)
+        };
         if !released.is_empty() {
             info!(jobs = released.len(), "worker released leases");
         }

@@ -26,6 +26,18 @@
 //! [`nq_proto::auth`], shared with the worker; this module adds what only the
 //! server does: refusing the call and logging the peer.
 //!
+//! # One machine
+//!
+//! A worker on the coordinator's own machine (a loopback peer) whose calls
+//! carry the run's shared token is the operator's: it votes as
+//! [`crate::core::quorum::LOCAL`], one voice with the coordinator's own
+//! threads, trusted like them. So the README's two-command cluster tried on
+//! one machine is one machine, and completes as the coordinator alone does.
+//! A loopback address alone proves nothing (on a login node any local user
+//! can connect to 127.0.0.1): without the token a loopback worker stays an
+//! ordinary identity (`name@127.0.0.1`), and a per-machine token
+//! (`--worker-tokens`) names its own identity wherever it calls from.
+//!
 //! The health and reflection services are not wrapped, in any mode: container
 //! probes and `grpcurl list` work from anywhere without a token, and neither
 //! reveals or changes anything of the run (health says SERVING or
@@ -102,6 +114,16 @@ impl CallerCheck {
     }
 }
 
+/// True for a caller on this machine. `to_canonical` reads
+/// `::ffff:127.0.0.1`, which a dual-stack listener reports for an IPv4
+/// loopback peer, as the loopback address it is; an unknown address is not
+/// loopback.
+fn is_loopback(request: &Request<()>) -> bool {
+    request
+        .remote_addr()
+        .is_some_and(|a| a.ip().to_canonical().is_loopback())
+}
+
 /// The caller's address, for logs.
 fn peer_of(request: &Request<()>) -> String {
     request
@@ -134,13 +156,8 @@ impl tonic::service::Interceptor for CallerCheck {
             Admission::Anyone => Ok(request),
             Admission::LoopbackOnly => {
                 // A peer whose address is unknown is refused: protected mode
-                // fails closed. `to_canonical` reads `::ffff:127.0.0.1`, which
-                // a dual-stack listener reports for an IPv4 loopback peer, as
-                // the loopback address it is.
-                if request
-                    .remote_addr()
-                    .is_some_and(|a| a.ip().to_canonical().is_loopback())
-                {
+                // fails closed.
+                if is_loopback(&request) {
                     return Ok(request);
                 }
                 warn!(
@@ -151,7 +168,18 @@ impl tonic::service::Interceptor for CallerCheck {
                 Err(nq_proto::auth::loopback_only_status())
             }
             Admission::Token(token) => match token.check(request.metadata()) {
-                Ok(()) => Ok(request),
+                Ok(()) => {
+                    // The operator's own machine: a caller on loopback that
+                    // holds the run's token is the operator's (see
+                    // "One machine" in the module doc), one voice with the
+                    // coordinator's threads.
+                    if is_loopback(&request) {
+                        request
+                            .extensions_mut()
+                            .insert(Credential(crate::core::quorum::LOCAL.to_owned()));
+                    }
+                    Ok(request)
+                }
                 Err(refusal) => {
                     warn!(
                         peer = %peer_of(&request),

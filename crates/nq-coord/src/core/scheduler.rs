@@ -793,11 +793,13 @@ impl Scheduler {
     /// True while a trusted computation is available: the coordinator's
     /// threads, or a trusted identity with a live registration.
     fn arbiter(&self) -> bool {
+        // The local threads never register; a remote worker of the local
+        // identity (the operator's, see `crate::adapters::security`) does.
         self.local_arbiter
-            || self.identities.trusted_ids().any(|id| {
-                !trusted_from_start(self.identities.name(id))
-                    && self.registrations.get(&id).is_some_and(|&n| n > 0)
-            })
+            || self
+                .identities
+                .trusted_ids()
+                .any(|id| self.registrations.get(&id).is_some_and(|&n| n > 0))
     }
 
     /// The verification settings.
@@ -2296,15 +2298,7 @@ impl Scheduler {
             return;
         }
         for id in &gone {
-            // Presence lists only registered workers.
-            let Some(w) = self.workers.remove(id) else {
-                continue;
-            };
-            self.presence.forget(id, w.identity, w.last_seen);
-            release_count(&mut self.registrations, w.identity);
-            if let Some(ip) = w.address {
-                release_count(&mut self.registrations_by_address, ip);
-            }
+            self.forget_worker(id);
         }
         let (registrations, leases) = (&self.registrations, &self.leases);
         self.allowances.retain(|id| {
@@ -2314,6 +2308,41 @@ impl Scheduler {
         shrink(&mut self.workers);
         shrink(&mut self.registrations);
         shrink(&mut self.registrations_by_address);
+    }
+
+    /// Removes remote worker `id` (its leases stay, to expire or be
+    /// reported): it is no longer at work, nor counts towards its
+    /// identity's and address's registrations. False for an unknown worker.
+    fn forget_worker(&mut self, id: &WorkerId) -> bool {
+        // Presence lists only registered workers.
+        let Some(w) = self.workers.remove(id) else {
+            return false;
+        };
+        self.presence.forget(id, w.identity, w.last_seen);
+        release_count(&mut self.registrations, w.identity);
+        if let Some(ip) = w.address {
+            release_count(&mut self.registrations_by_address, ip);
+        }
+        true
+    }
+
+    /// Remote worker `id` drained and leaves the run (its `Release` says
+    /// so): its leases are handed back and it is forgotten at once, so that
+    /// no job waits a lease lifetime for a machine that has stopped (issue
+    /// 26, item 1). Returns the jobs whose leases it still held. A later
+    /// call of the same id is an unknown worker's, as after a silence.
+    pub fn leave(&mut self, id: &WorkerId, now: Instant) -> Vec<JobId> {
+        let held: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|l| l.worker == *id)
+            .map(|l| l.id)
+            .collect();
+        let released = self.release(id, &held, now);
+        if self.workers.get(id).is_some_and(|w| !w.local) {
+            self.forget_worker(id);
+        }
+        released
     }
 
     /// Entries in the per-worker structures: workers, registrations by

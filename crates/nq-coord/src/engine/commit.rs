@@ -21,7 +21,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{Engine, blocking, restoring};
 use crate::core::ledger::{self, Decision, JobCopies, Verified, Write};
-use crate::core::scheduler::{Fallout, Outcome};
+use crate::core::scheduler::{Fallout, Outcome, Settlement};
 use crate::error::Result;
 
 /// Most results applied under one flush.
@@ -294,6 +294,7 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
         let mut core = engine.core();
         for d in &decisions {
             let f = core.sched.settle(&d.settlement, true);
+            warn_alone(engine, &d.settlement);
             outcomes.push(f.map(|f| {
                 core.sched.note_outcome(d.outcome);
                 fallout.absorb(f);
@@ -419,6 +420,23 @@ pub(crate) async fn apply_and_flush(engine: &Engine, batch: CommitBatch) -> Resu
     Ok(())
 }
 
+/// Warns, once a session, when `settled` is the first job that settled
+/// unchecked: a check it needed (probation, or the `--verify` selection)
+/// had no second machine to give it, and the run will end `unchecked`
+/// unless one delivers before the end (issue 26, item 1).
+fn warn_alone(engine: &Engine, settled: &Settlement) {
+    use std::sync::atomic::Ordering;
+    if settled.settled
+        && settled.unchecked
+        && !engine.warned_alone.swap(true, Ordering::Relaxed)
+    {
+        warn!(
+            job = %settled.job,
+            "NO SECOND MACHINE delivers: jobs that need a check (a new worker's probation, or the --verify share) settle on one copy, marked unchecked; the run ends `unchecked` unless another machine (a worker with its own identity, or the coordinator's local threads) delivers before the end"
+        );
+    }
+}
+
 /// Logs what `fallout` changed, and lists the jobs it may have unsettled:
 /// when the selection grew, settled jobs that are now selected (and jobs
 /// waiting for checks a single machine cannot give).
@@ -537,6 +555,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
                 reopened += 1;
             }
             fallout.absorb(core.sched.settle(st, false)?);
+            warn_alone(engine, st);
         }
         if reopened > 0 {
             info!(jobs = reopened, "jobs wait for another copy");

@@ -108,6 +108,9 @@ pub(crate) struct Engine {
     /// the selection of jobs to check; the commit loop then judges the
     /// affected jobs again.
     pub(crate) machines_changed: Notify,
+    /// Set by the commit loop the first time this session settles a job
+    /// unchecked, so that it warns once that no second machine delivers.
+    pub(crate) warned_alone: std::sync::atomic::AtomicBool,
 }
 
 /// A job's definition as the engine hands it out and checks reports of it.
@@ -189,6 +192,7 @@ impl Engine {
             complete,
             checked,
             machines_changed: Notify::new(),
+            warned_alone: std::sync::atomic::AtomicBool::new(false),
         };
         (engine, rx)
     }
@@ -288,6 +292,14 @@ impl Engine {
     /// Hands `leases` of `worker` back: their jobs are pending again.
     pub(crate) fn release(&self, worker: &WorkerId, leases: &[LeaseId]) -> Vec<JobId> {
         let released = self.core().sched.release(worker, leases, Instant::now());
+        self.persist_pending(&released);
+        released
+    }
+
+    /// `worker` drained and leaves the run: the jobs it still held are
+    /// pending again, and it no longer counts as a machine at work.
+    pub(crate) fn leave(&self, worker: &WorkerId) -> Vec<JobId> {
+        let released = self.core().sched.leave(worker, Instant::now());
         self.persist_pending(&released);
         released
     }
