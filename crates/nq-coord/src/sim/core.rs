@@ -1302,10 +1302,11 @@ impl Sim {
     /// delivers nothing (a hoarder, a worker gone) is settled by the rules
     /// instead (unchecked, where no second machine delivers).
     fn no_wait_for_a_voice_that_cannot_come(&self) -> Result<(), String> {
-        let liars = self
-            .workers
-            .iter()
-            .any(|w| w.honesty != Honesty::Honest || w.adversary == Adversary::Staller);
+        // A hoarder reports nothing, whatever it would have reported.
+        let liars = self.workers.iter().any(|w| {
+            w.adversary != Adversary::Hoarder
+                && (w.honesty != Honesty::Honest || w.adversary == Adversary::Staller)
+        });
         let working = self
             .workers
             .iter()
