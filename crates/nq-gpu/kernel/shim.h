@@ -21,6 +21,12 @@ static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, u
     return uint4{x, y, z, w};
 }
 
+struct uint2 {
+    unsigned int x, y;
+};
+
+static inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
+
 struct nq_dim3 {
     unsigned int x, y, z;
 };
@@ -29,9 +35,6 @@ extern thread_local nq_dim3 threadIdx;
 extern thread_local nq_dim3 blockIdx;
 
 static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
-
-// CUDA defines __clz(0) as 32; the builtin leaves it undefined.
-static inline int __clz(unsigned int x) { return x == 0 ? 32 : __builtin_clz(x); }
 
 // The GPU's atomicAdd returns the old value, as this does; relaxed is enough
 // because each task index is handed out once and the results are read only

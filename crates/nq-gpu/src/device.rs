@@ -267,6 +267,7 @@ impl Gpu {
             .clone_htod(batch.tasks())
             .map_err(driver("cuMemcpyHtoD"))?;
         let len = tasks as usize;
+        let n = u32::from(batch.board().n());
         let mut next = s.alloc_zeros::<u32>(1).map_err(driver("cuMemAlloc"))?;
         let mut counts = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
         let mut nodes = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
@@ -281,12 +282,14 @@ impl Gpu {
             .arg(&task_buf)
             .arg(&tasks)
             .arg(&mut next)
+            .arg(&n)
             .arg(&mut counts)
             .arg(&mut nodes);
         // SAFETY: the arguments match the kernel's signature in count.cu
-        // (two u32 buffers, a u32, a u32 counter set to 0, two u64 buffers of
-        // one entry per task), and the block size is the NQ_BLOCK it was
-        // compiled for.
+        // (two u32 buffers, a u32, a u32 counter set to 0, the board size
+        // (at most the NQ_N it was compiled for), two u64 buffers of one
+        // entry per task), and the block size is the NQ_BLOCK it was compiled
+        // for.
         unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
         let counts = s.clone_dtoh(&counts).map_err(driver("cuMemcpyDtoH"))?;
         let nodes = s.clone_dtoh(&nodes).map_err(driver("cuMemcpyDtoH"))?;

@@ -53,7 +53,7 @@ pub use source::{
 pub const KERNEL_NAME: &str = "cuda";
 
 /// Threads per block: `NQ_BLOCK` in the kernel, which it is compiled for.
-pub const BLOCK: u32 = 96;
+pub const BLOCK: u32 = 64;
 
 /// What went wrong on the GPU path. The first four are a machine without a
 /// usable GPU; each message names what is missing.
