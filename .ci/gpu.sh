@@ -94,6 +94,7 @@ for n in 21 28 32; do
 done
 
 echo "== gpu: SASS budget of the lap, sm_90 (fails past $LAP_BUDGET instructions or on a barrier inside it)"
+python3 .ci/sass-lap.py --self-test
 for n in 21 28; do
     "$nvdisasm" -c "$work/n$n.cubin" 2>/dev/null >"$work/n$n.sass"
     python3 .ci/sass-lap.py --budget "$LAP_BUDGET" --label "N=$n sm_90: " "$work/n$n.sass"

@@ -63,6 +63,10 @@ def signature(body):
     )
 
 
+class LapError(Exception):
+    """The lap cannot be walked: an unresolved or backward branch inside it."""
+
+
 def common_path(insns, labels, head, back):
     """The instructions a lane runs in a lap with no refill."""
     path, guards, i = [], [], head
@@ -75,7 +79,7 @@ def common_path(insns, labels, head, back):
             t = TARGET.search(rest)
             target = labels.get(t.group(1)) if t else None
             if target is None:
-                raise SystemExit(f"sass-lap: unresolved branch at {addr:#x}")
+                raise LapError(f"unresolved branch at {addr:#x}")
             if head <= target <= back and target > i:
                 skipped = insns[i + 1 : target]
                 if any(o.startswith("ATOM") for _, _, o, _ in skipped):
@@ -87,7 +91,7 @@ def common_path(insns, labels, head, back):
                 # An out-of-line block (the refill placed after the loop).
                 guards.append(insns[i])
             else:
-                raise SystemExit(f"sass-lap: a backward conditional branch at {addr:#x} inside the lap")
+                raise LapError(f"a backward conditional branch at {addr:#x} inside the lap")
         i += 1
     return path, guards
 
@@ -109,19 +113,77 @@ def classify(op):
     return "other"
 
 
+# A lap as ptxas lays it out (guard, refill block with the task fetch, join,
+# lap body, backward branch), for --self-test. {extra} goes inside the body.
+SYNTHETIC = """
+.L_x_9:
+        /*0000*/                   ISETP.NE.AND P0, PT, R7, RZ, PT ;
+        /*0010*/                   BSSY B0, `(.L_x_0) ;
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+        /*0030*/                   ATOMG.E.ADD.STRONG.GPU PT, R9, desc[UR4][R8.64], R15 ;
+        /*0040*/                   LDG.E R4, desc[UR4][R2.64] ;
+.L_x_1:
+        /*0050*/                   BSYNC B0 ;
+.L_x_0:
+        /*0060*/                   LDS.128 R12, [R10] ;
+        /*0070*/                   POPC R19, R24 ;
+        /*0080*/                   LDS.64 R20, [R21] ;
+{extra}
+        /*0090*/                   POPC R10, R27 ;
+        /*00a0*/               @P2 STS.128 [R12], R24 ;
+        /*00b0*/                   BRA `(.L_x_9) ;
+"""
+
+
+def self_test():
+    """The check passes a clean lap and fails each planted fault."""
+    import contextlib
+    import io
+    import tempfile
+
+    cases = [
+        ("", 20, 0),
+        ("", 9, 1),  # over the budget
+        ("        /*0085*/                   BSSY B1, `(.L_x_0) ;", 20, 1),
+        ("        /*0085*/                   WARPSYNC 0xffffffff ;", 20, 1),
+        ("        /*0085*/               @P3 BRA `(.L_x_0) ;", 20, 1),
+        ("        /*0085*/               @P3 BRA `(.L_x_7) ;\n.L_x_7:", 20, 1),
+    ]
+    for extra, budget, want in cases:
+        with tempfile.NamedTemporaryFile("w", suffix=".sass", delete=False) as f:
+            f.write(SYNTHETIC.format(extra=extra))
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            got = run(["--budget", str(budget), "--label", "self-test: ", f.name])
+        if got != want:
+            print(f"sass-lap: self-test case {extra!r} budget {budget}: exit {got}, want {want}", file=sys.stderr)
+            return 1
+    print("   sass-lap self-test: a clean lap passes; over budget, BSSY, WARPSYNC and branches in the lap fail")
+    return 0
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    return run(sys.argv[1:])
+
+
+def run(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--budget", type=int, required=True, help="most SASS instructions per lap")
     ap.add_argument("--label", default="", help="what was compiled, for the printout")
     ap.add_argument("sass", help="nvdisasm -c output")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     insns, labels = parse(open(args.sass).read())
     candidates = [(h, b) for h, b in loops(insns, labels) if signature(insns[h : b + 1])]
     if not candidates:
         print("sass-lap: no loop with the lap's signature (2 POPC, LDS.64, LDS.128)", file=sys.stderr)
         return 1
     head, back = min(candidates, key=lambda hb: hb[1] - hb[0])
-    path, guards = common_path(insns, labels, head, back)
+    try:
+        path, guards = common_path(insns, labels, head, back)
+    except LapError as e:
+        print(f"sass-lap: {e}", file=sys.stderr)
+        return 1
     by_class = {}
     for _, _, op, _ in path:
         by_class[classify(op)] = by_class.get(classify(op), 0) + 1
