@@ -35,7 +35,8 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                 continue;
             }
             const bool steady = next < task_count;
-            bool refilled = false;
+            unsigned int refilled = 0;
+            unsigned int copied = 0;
             unsigned int active = 0;
             for (unsigned int lane = 0; lane < 32; ++lane) {
                 const std::size_t i = std::size_t(w) * 32 + lane;
@@ -46,9 +47,12 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                 uint4* const stk = &stack[std::size_t(w) * (NQ_DEPTH + 1) * NQ_BLOCK + lane];
                 uint2* const tab = &words[std::size_t(w) * NQ_N * NQ_BLOCK + lane];
                 if (nq_due(s)) {
-                    refilled = true;
-                    if (!nq_refill(s, stk, tab, tables, tasks, task_count, &next, last,
-                                   counts, nodes)) {
+                    refilled += 1;
+                    const unsigned int table = s.table;
+                    const bool more = nq_refill(s, stk, tab, tables, tasks, task_count, &next,
+                                                last, counts, nodes);
+                    copied += s.table != table && s.table != NQ_NONE ? 1 : 0;
+                    if (!more) {
                         live[i] = 0;
                         live_in_warp[w] -= 1;
                         live_warps -= live_in_warp[w] == 0 ? 1 : 0;
@@ -58,7 +62,12 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                 nq_lap(s, last);
                 active += 1;
             }
-            st->refill_steps += refilled ? 1 : 0;
+            if (steady) {
+                st->refill_steps += refilled != 0 ? 1 : 0;
+                st->refill_lanes += refilled;
+                st->copy_steps += copied != 0 ? 1 : 0;
+                st->copy_lanes += copied;
+            }
             if (active != 0) {
                 st->steps += 1;
                 st->lane_laps += active;

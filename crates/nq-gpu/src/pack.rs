@@ -273,10 +273,18 @@ impl Batch {
     }
 }
 
-/// Packs `subs` into the kernel's buffers, expanding the first levels of
-/// their searches on the host until there are at least `min_tasks` tasks (or
-/// [`MAX_HOST_DEPTH`] levels), and always far enough that no task leaves more
-/// than [`MAX_TASK_COLUMNS`] free columns.
+/// Packs `subs` into the kernel's buffers for one launch, with tail control:
+///
+/// 1. every sub-problem is expanded on the host to the first depth (at most
+///    [`MAX_HOST_DEPTH`]) that gives at least `min_tasks` tasks, and always
+///    far enough that no task leaves more than [`MAX_TASK_COLUMNS`] free
+///    columns;
+/// 2. each task's work is estimated (Knuth's estimator: a few random probes
+///    down its subtree, seeded by the task so that a batch packs the same way
+///    every time), and every task estimated above [`HEAVY`] times the mean
+///    is split into its children, again until none is;
+/// 3. the tasks are ordered longest first, so that the launch ends on its
+///    smallest tasks instead of waiting for a heavy one that started last.
 ///
 /// # Errors
 ///
@@ -290,12 +298,13 @@ pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
     while depth < MAX_HOST_DEPTH && count_tasks(&tables, depth) < min_tasks {
         depth += 1;
     }
-    pack_tables(board, &tables, depth)
+    pack_tables(board, &tables, depth, true)
 }
 
 /// Packs `subs` with every sub-problem expanded to level `depth` (or as deep
 /// as the host expands at all, or deeper where [`MAX_TASK_COLUMNS`] demands):
-/// [`pack`] at a depth chosen by the caller, for tests.
+/// [`pack`] at a depth chosen by the caller, with no splitting or ordering,
+/// for tests.
 ///
 /// # Errors
 ///
@@ -303,7 +312,7 @@ pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
 pub fn pack_at_depth(subs: &[SubProblem], depth: usize) -> Result<Batch> {
     let board = board_of(subs)?;
     let tables: Vec<Table> = subs.iter().map(Table::of).collect();
-    pack_tables(board, &tables, depth)
+    pack_tables(board, &tables, depth, false)
 }
 
 /// The one board of `subs`.
@@ -321,13 +330,27 @@ fn board_of(subs: &[SubProblem]) -> Result<Board> {
     Ok(board)
 }
 
-fn pack_tables(board: Board, tables: &[Table], depth: usize) -> Result<Batch> {
+/// A task on its way into a batch: its sub-problem and node, and the
+/// estimate of its work.
+struct Pending {
+    table: u32,
+    node: Node,
+    estimate: f64,
+}
+
+fn pack_tables(
+    board: Board,
+    tables: &[Table],
+    depth: usize,
+    balance: bool,
+) -> Result<Batch> {
     let mut batch = Batch {
         board,
         tables: Vec::with_capacity(tables.len() * TABLE_WORDS),
         tasks: vec![],
         host: Vec::with_capacity(tables.len()),
     };
+    let mut pending = vec![];
     for (i, table) in tables.iter().enumerate() {
         table.write(&mut batch.tables);
         let index = u32::try_from(i).map_err(|_| Error::TooManyTasks {
@@ -341,15 +364,114 @@ fn pack_tables(board: Board, tables: &[Table], depth: usize) -> Result<Batch> {
         let mut nodes = 0;
         let target = target_level(table, depth);
         expand(table, table.root(), target, &mut nodes, &mut |node| {
-            batch.tasks.extend_from_slice(&table.task(index, &node));
+            pending.push(Pending {
+                table: index,
+                node,
+                estimate: 0.0,
+            });
         });
         batch.host.push(CountStats { count: 0, nodes });
     }
-    let tasks = batch.tasks.len() / TASK_WORDS;
+    if balance {
+        pending = split_heavy(tables, pending, &mut batch.host);
+        // Longest first; ties keep the sub-problem order.
+        pending.sort_by(|a, b| b.estimate.total_cmp(&a.estimate));
+    }
+    let tasks = pending.len();
     if u32::try_from(tasks).is_err() {
         return Err(Error::TooManyTasks { tasks });
     }
+    batch.tasks.reserve(tasks * TASK_WORDS);
+    for p in &pending {
+        let table = &tables[p.table as usize];
+        batch.tasks.extend_from_slice(&table.task(p.table, &p.node));
+    }
     Ok(batch)
+}
+
+/// A task is split when its estimate is above this many times the mean.
+pub const HEAVY: f64 = 2.0;
+
+/// Random probes per task estimate.
+const PROBES: u32 = 4;
+
+/// Estimates every task and splits, level by level, each one above [`HEAVY`]
+/// times the mean into its children (adding the queens placed to `host`),
+/// while it can be expanded.
+fn split_heavy(
+    tables: &[Table],
+    mut pending: Vec<Pending>,
+    host: &mut [CountStats],
+) -> Vec<Pending> {
+    for p in &mut pending {
+        p.estimate = estimate(&tables[p.table as usize], p.table, &p.node);
+    }
+    let total: f64 = pending.iter().map(|p| p.estimate).sum();
+    if pending.is_empty() || total <= 0.0 {
+        return pending;
+    }
+    let limit = HEAVY * total / pending.len() as f64;
+    let mut out = Vec::with_capacity(pending.len());
+    while let Some(p) = pending.pop() {
+        let table = &tables[p.table as usize];
+        if p.estimate <= limit || !table.expandable(p.node.level) {
+            out.push(p);
+            continue;
+        }
+        let placed = table.children(&p.node, &mut |node| {
+            let estimate = estimate(table, p.table, &node);
+            pending.push(Pending {
+                table: p.table,
+                node,
+                estimate,
+            });
+        });
+        let stats = &mut host[p.table as usize];
+        stats.nodes += placed;
+    }
+    out
+}
+
+/// Knuth's estimate of the laps below `node` (queens placed in every free
+/// column but the last): the mean over [`PROBES`] random paths of the sum,
+/// over the levels of the path, of the product of the branchings above. The
+/// probes are seeded by the task, so the same batch packs the same way.
+fn estimate(table: &Table, index: u32, node: &Node) -> f64 {
+    let mut seed =
+        (u64::from(index) << 32 | u64::from(node.used)) ^ u64::from(node.rem) << 7 | 1;
+    let mut sum = 0.0;
+    for _ in 0..PROBES {
+        let mut n = *node;
+        let mut weight = 1.0;
+        while n.level + 1 < table.free && n.rem != 0 {
+            let choices = n.rem.count_ones();
+            weight *= f64::from(choices);
+            sum += weight;
+            // xorshift64: a different row per probe and level.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut pick = (seed % u64::from(choices)) as u32;
+            let mut rem = n.rem;
+            while pick > 0 {
+                rem &= rem - 1;
+                pick -= 1;
+            }
+            let bit = rem & rem.wrapping_neg();
+            let next = n.level + 1;
+            let s = table.shift[next];
+            let used = n.used | bit;
+            let (up, down) = ((n.up | bit) << s, (n.down | bit) >> s);
+            n = Node {
+                level: next,
+                rem: table.full & !(used | up | down | table.blocked[next]),
+                used,
+                up,
+                down,
+            };
+        }
+    }
+    sum / f64::from(PROBES)
 }
 
 /// The level a sub-problem's tasks start at: `depth`, or deeper when that
@@ -434,7 +556,7 @@ mod tests {
     fn expansion_reaches_the_asked_tasks_and_bounds_each_task() {
         let board = Board::new(16).unwrap();
         let subs = split(board, SplitSpec::BORDER);
-        let few = pack(&subs, 0).unwrap();
+        let few = pack_at_depth(&subs, 0).unwrap();
         let many = pack(&subs, 100_000).unwrap();
         assert_eq!(few.task_count() as usize, subs.len());
         assert!(many.task_count() >= 100_000, "{}", many.task_count());
@@ -445,6 +567,58 @@ mod tests {
         for task in b.tasks().chunks(TASK_WORDS) {
             // Free columns left to search: N minus the queens placed.
             assert!(24 - task[1].count_ones() as usize <= MAX_TASK_COLUMNS);
+        }
+    }
+
+    /// pack's tail control: after it, no task that the host could still
+    /// split is estimated above HEAVY times the mean, and the tasks come
+    /// longest first.
+    #[test]
+    fn heavy_tasks_are_split_and_the_longest_go_first() {
+        let subs = split(Board::new(16).unwrap(), SplitSpec::border(1).unwrap());
+        let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+        let plain = pack_at_depth(&subs, 1).unwrap();
+        let batch = pack(&subs, plain.task_count() as usize).unwrap();
+        assert!(batch.task_count() > plain.task_count(), "nothing was split");
+        // (estimate, splittable) of each task, as pack computed them.
+        let estimates = |b: &Batch| -> Vec<(f64, bool)> {
+            b.tasks()
+                .chunks(TASK_WORDS)
+                .map(|t| {
+                    let table = &tables[t[0] as usize];
+                    let used = t[1] & !table.prefix_rows;
+                    let node = Node {
+                        level: used.count_ones() as usize,
+                        rem: t[4],
+                        used,
+                        up: t[2],
+                        down: t[3],
+                    };
+                    (estimate(table, t[0], &node), table.expandable(node.level))
+                })
+                .collect()
+        };
+        let after = estimates(&batch);
+        assert!(
+            after.windows(2).all(|w| w[0].0 >= w[1].0),
+            "not longest first"
+        );
+        // pack expanded to depth 1 (the first with that many tasks), then
+        // split against HEAVY times the mean there.
+        let before = estimates(&plain);
+        let limit = HEAVY * before.iter().map(|e| e.0).sum::<f64>() / before.len() as f64;
+        for (e, splittable) in after {
+            assert!(e <= limit || !splittable, "{e} over the limit {limit}");
+        }
+        // And the counts stay exact (the order is free: fold reads each
+        // task's sub-problem from the task).
+        let never = AtomicBool::new(false);
+        let (counts, nodes) = walk_batch(&batch);
+        for (sub, got) in subs.iter().zip(batch.fold(&counts, &nodes).unwrap()) {
+            let want =
+                search::count_masked_reference(sub.prefix(), &sub.forbidden(), &never)
+                    .unwrap();
+            assert_eq!(got, want, "{:?}", sub.prefix());
         }
     }
 
