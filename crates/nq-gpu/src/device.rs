@@ -8,10 +8,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig,
+    PinnedHostSlice, PushKernelArg,
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use nq_core::board::Board;
@@ -119,11 +121,76 @@ pub fn compile_ptx(n: u8, arch: Arch) -> Result<String> {
         })
 }
 
+/// The number of CUDA devices on this machine.
+///
+/// # Errors
+///
+/// [`Error::NoDriver`] without the driver library, [`Error::NoDevice`] when
+/// the driver reports none (or cannot start).
+pub fn device_count() -> Result<usize> {
+    if !libraries().driver {
+        return Err(Error::NoDriver);
+    }
+    match CudaContext::device_count() {
+        Ok(c) if c > 0 => Ok(usize::try_from(c).unwrap_or(0)),
+        Ok(_) => Err(Error::NoDevice {
+            reason: "0 devices".into(),
+        }),
+        // cuInit fails with CUDA_ERROR_NO_DEVICE (or a driver/device
+        // mismatch) on a machine with the library but no usable GPU.
+        Err(e) => Err(Error::NoDevice {
+            reason: e.to_string(),
+        }),
+    }
+}
+
+/// Launches a [`Gpu`] keeps in flight at most: one per stream, so that the
+/// next launch's blocks take the SMs that the previous one's tail frees, and
+/// the host packs the next batch while the GPU counts.
+pub const SLOTS: usize = 2;
+
+/// A stream and the pinned host buffers its launches copy their results
+/// into (reused, grown as batches grow).
+#[derive(Debug)]
+struct Slot {
+    stream: Arc<CudaStream>,
+    counts: Option<PinnedHostSlice<u64>>,
+    nodes: Option<PinnedHostSlice<u64>>,
+    /// True from [`Gpu::submit`] to [`Gpu::finish`].
+    busy: bool,
+}
+
+/// A launch in flight, from [`Gpu::submit`]; hand it to [`Gpu::finish`].
+#[derive(Debug)]
+pub struct Launch {
+    batch: Batch,
+    slot: usize,
+    tasks: u32,
+    /// Device buffers the kernel reads and writes: kept until it is done.
+    buffers: Option<(CudaSlice<u32>, CudaSlice<u32>, CudaSlice<u32>)>,
+    results: Option<(CudaSlice<u64>, CudaSlice<u64>)>,
+    /// Recorded around the kernel on its stream, for its time.
+    events: Option<(CudaEvent, CudaEvent)>,
+    submitted: Instant,
+}
+
+/// Times of one launch, for the worker's log.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LaunchTimes {
+    /// Tasks counted.
+    pub tasks: u32,
+    /// The kernel alone, by events on its stream.
+    pub kernel_ms: f64,
+    /// From [`Gpu::submit`] to the end of [`Gpu::finish`]: copies, kernel,
+    /// and any wait behind the other stream's launch.
+    pub wall_ms: f64,
+}
+
 /// One GPU, with the kernel loaded for each board size it has counted.
 #[derive(Debug)]
 pub struct Gpu {
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    slots: Vec<Slot>,
     /// The device's model name.
     name: String,
     /// What NVRTC targets for this device.
@@ -175,10 +242,19 @@ impl Gpu {
         let minor =
             attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let stream = ctx.default_stream();
+        let slots = (0..SLOTS)
+            .map(|_| {
+                Ok(Slot {
+                    stream: ctx.new_stream().map_err(driver("cuStreamCreate"))?,
+                    counts: None,
+                    nodes: None,
+                    busy: false,
+                })
+            })
+            .collect::<Result<Vec<Slot>>>()?;
         Ok(Gpu {
             ctx,
-            stream,
+            slots,
             name,
             arch: Arch::for_device(major, minor),
             sms: u32::try_from(sms).unwrap_or(1).max(1),
@@ -246,28 +322,78 @@ impl Gpu {
         Ok((func, grid))
     }
 
-    /// Counts every task of `batch` and folds the results per sub-problem.
+    /// Counts every task of `batch` and folds the results per sub-problem:
+    /// [`Gpu::submit`] then [`Gpu::finish`].
     ///
     /// # Errors
     ///
-    /// [`Error::Driver`] when a copy or the launch fails, the compile errors
-    /// of [`compile_ptx`], and those of [`Batch::fold`].
+    /// As [`Gpu::submit`] and [`Gpu::finish`].
     pub fn count(&mut self, batch: &Batch) -> Result<Vec<CountStats>> {
+        let launch = self.submit(batch.clone())?;
+        Ok(self.finish(launch)?.1)
+    }
+
+    /// True when a stream is free for [`Gpu::submit`].
+    pub fn can_submit(&self) -> bool {
+        self.slots.iter().any(|s| !s.busy)
+    }
+
+    /// Starts counting `batch` on a free stream and returns at once: the
+    /// copies in, the kernel and the copies of its results into pinned host
+    /// memory are queued on that stream. At most [`SLOTS`] launches are in
+    /// flight; the host can pack the next batch meanwhile.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SlotsBusy`] when [`SLOTS`] launches are in flight,
+    /// [`Error::Driver`] when a copy or the launch fails, and the compile
+    /// errors of [`compile_ptx`].
+    pub fn submit(&mut self, batch: Batch) -> Result<Launch> {
+        let submitted = Instant::now();
+        let slot = self
+            .slots
+            .iter()
+            .position(|s| !s.busy)
+            .ok_or(Error::SlotsBusy { slots: SLOTS })?;
         let tasks = batch.task_count();
+        let mut launch = Launch {
+            batch,
+            slot,
+            tasks,
+            buffers: None,
+            results: None,
+            events: None,
+            submitted,
+        };
         if tasks == 0 {
-            return batch.fold(&[], &[]);
+            return Ok(launch);
         }
-        let (func, grid) = self.kernel(batch.board().n())?;
+        let (func, grid) = self.kernel(launch.batch.board().n())?;
         let driver = |call| move |source| Error::Driver { call, source };
-        let s = &self.stream;
-        let tables = s
-            .clone_htod(batch.tables())
-            .map_err(driver("cuMemcpyHtoD"))?;
-        let task_buf = s
-            .clone_htod(batch.tasks())
-            .map_err(driver("cuMemcpyHtoD"))?;
+        let ctx = &self.ctx;
+        let slot = &mut self.slots[slot];
+        let s = &slot.stream;
         let len = tasks as usize;
-        let n = u32::from(batch.board().n());
+        // Pinned buffers for the results, so that their copies are
+        // asynchronous; grown to a power of two so that they rarely are.
+        for buf in [&mut slot.counts, &mut slot.nodes] {
+            if buf.as_ref().is_none_or(|b| b.len() < len) {
+                // SAFETY: the buffer is only read after the copy of the
+                // kernel's results into it (finish reads `len` entries).
+                let pinned = unsafe {
+                    ctx.alloc_pinned_with_flags::<u64>(len.next_power_of_two(), 0)
+                }
+                .map_err(driver("cuMemHostAlloc"))?;
+                *buf = Some(pinned);
+            }
+        }
+        let tables = s
+            .clone_htod(launch.batch.tables())
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        let task_buf = s
+            .clone_htod(launch.batch.tasks())
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        let n = u32::from(launch.batch.board().n());
         let mut next = s.alloc_zeros::<u32>(1).map_err(driver("cuMemAlloc"))?;
         let mut counts = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
         let mut nodes = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
@@ -276,9 +402,10 @@ impl Gpu {
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = s.launch_builder(&func);
-        launch
-            .arg(&tables)
+        let timing = Some(CUevent_flags::CU_EVENT_DEFAULT);
+        let start = s.record_event(timing).map_err(driver("cuEventRecord"))?;
+        let mut args = s.launch_builder(&func);
+        args.arg(&tables)
             .arg(&task_buf)
             .arg(&tasks)
             .arg(&mut next)
@@ -289,11 +416,67 @@ impl Gpu {
         // (two u32 buffers, a u32, a u32 counter set to 0, the board size
         // (at most the NQ_N it was compiled for), two u64 buffers of one
         // entry per task), and the block size is the NQ_BLOCK it was compiled
-        // for.
-        unsafe { launch.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
-        let counts = s.clone_dtoh(&counts).map_err(driver("cuMemcpyDtoH"))?;
-        let nodes = s.clone_dtoh(&nodes).map_err(driver("cuMemcpyDtoH"))?;
-        batch.fold(&counts, &nodes)
+        // for. The buffers live in `launch` until finish has synchronised
+        // the stream.
+        unsafe { args.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
+        let end = s.record_event(timing).map_err(driver("cuEventRecord"))?;
+        let (pc, pn) = (
+            slot.counts.as_mut().expect("allocated above"),
+            slot.nodes.as_mut().expect("allocated above"),
+        );
+        s.memcpy_dtoh(&counts, pc)
+            .map_err(driver("cuMemcpyDtoHAsync"))?;
+        s.memcpy_dtoh(&nodes, pn)
+            .map_err(driver("cuMemcpyDtoHAsync"))?;
+        slot.busy = true;
+        launch.buffers = Some((tables, task_buf, next));
+        launch.results = Some((counts, nodes));
+        launch.events = Some((start, end));
+        Ok(launch)
+    }
+
+    /// Waits for `launch` and folds its results per sub-problem. Returns its
+    /// batch (for the caller's bookkeeping), the results and its times.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Driver`] when the stream reports a failure, and those of
+    /// [`Batch::fold`].
+    pub fn finish(
+        &mut self,
+        launch: Launch,
+    ) -> Result<(Batch, Vec<CountStats>, LaunchTimes)> {
+        let driver = |call| move |source| Error::Driver { call, source };
+        let slot = &mut self.slots[launch.slot];
+        let mut times = LaunchTimes {
+            tasks: launch.tasks,
+            ..LaunchTimes::default()
+        };
+        if launch.tasks == 0 {
+            let stats = launch.batch.fold(&[], &[])?;
+            return Ok((launch.batch, stats, times));
+        }
+        // Whatever happens next, the slot's stream is done with this launch
+        // once it is synchronised (or has failed).
+        slot.busy = false;
+        slot.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))?;
+        if let Some((start, end)) = &launch.events {
+            times.kernel_ms = f64::from(
+                start
+                    .elapsed_ms(end)
+                    .map_err(driver("cuEventElapsedTime"))?,
+            );
+        }
+        let len = launch.tasks as usize;
+        let counts = slot.counts.as_ref().expect("allocated by submit");
+        let nodes = slot.nodes.as_ref().expect("allocated by submit");
+        let counts = &counts.as_slice().map_err(driver("cuEventSynchronize"))?[..len];
+        let nodes = &nodes.as_slice().map_err(driver("cuEventSynchronize"))?[..len];
+        let stats = launch.batch.fold(counts, nodes)?;
+        times.wall_ms = launch.submitted.elapsed().as_secs_f64() * 1e3;
+        Ok((launch.batch, stats, times))
     }
 
     /// The startup self-test: counts every sub-problem of N = 12 (border
