@@ -253,10 +253,36 @@ __device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
     }
 }
 
+#ifdef NQ_COUNTERS
+// The counters build (-DNQ_COUNTERS), for a GPU machine without Nsight
+// Compute: each lane adds its laps, its loop iterations and its cycles from
+// start to exit, and raises its warp's iteration count to its own, so that
+// the host gets lanes active per lap (laps over the warps' iterations) and
+// the launch's tail (lane cycles over lanes times the longest). Counter
+// words: [0] laps, [1] iterations, [2] cycles, [3] longest lane's cycles,
+// [NQ_COUNTER_WARPS + w] iterations of warp w (the longest of its lanes).
+#define NQ_COUNTER_WARPS 4
+__device__ __forceinline__ void nq_counters_flush(unsigned long long* counters,
+                                                  unsigned long long laps,
+                                                  unsigned long long iters,
+                                                  unsigned long long cycles)
+{
+    const unsigned int warp = (blockIdx.x * NQ_BLOCK + threadIdx.x) / 32;
+    atomicAdd(&counters[0], laps);
+    atomicAdd(&counters[1], iters);
+    atomicAdd(&counters[2], cycles);
+    atomicMax(&counters[3], cycles);
+    atomicMax(&counters[NQ_COUNTER_WARPS + warp], iters);
+}
+#endif
+
+// `counters` is read only by the counters build (NULL otherwise), so that
+// both builds take the same arguments.
 NQ_EXTERN __global__ void __launch_bounds__(NQ_BLOCK)
 nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict__ tasks,
          unsigned int task_count, unsigned int* __restrict__ next_task, unsigned int n,
-         unsigned long long* __restrict__ counts, unsigned long long* __restrict__ nodes_out)
+         unsigned long long* __restrict__ counts, unsigned long long* __restrict__ nodes_out,
+         unsigned long long* __restrict__ counters)
 {
     __shared__ uint4 stack[(NQ_DEPTH + 1) * NQ_BLOCK];
     __shared__ uint2 words[NQ_N * NQ_BLOCK];
@@ -269,15 +295,32 @@ nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict
     const unsigned int last = n - 1;
     nq_lane s;
     nq_start(s);
+#ifdef NQ_COUNTERS
+    unsigned long long laps = 0;
+    unsigned long long iters = 0;
+    const long long started = clock64();
+#else
+    (void)counters;
+#endif
     for (;;) {
+#ifdef NQ_COUNTERS
+        iters += 1;
+#endif
         // The refill is the loop's only branch, taken in the rare lap after a
         // lane's task ended (or its 32-bit counters are due); the lanes of
         // the warp join again for the lap.
         if (nq_due(s) &&
             !nq_refill(s, stk, tab, tables, tasks, task_count, next_task, last, counts,
                        nodes_out)) {
+#ifdef NQ_COUNTERS
+            nq_counters_flush(counters, laps, iters,
+                              (unsigned long long)(clock64() - started));
+#endif
             return;
         }
         nq_lap(s, last);
+#ifdef NQ_COUNTERS
+        laps += 1;
+#endif
     }
 }

@@ -132,6 +132,15 @@ namespace nq17 {
 #include "simt.h"
 }
 #undef NQ_N
+// The counters build (for GPU machines without Nsight Compute), so that its
+// extra code is tested too.
+#define NQ_N 32
+#define NQ_COUNTERS
+namespace nq32c {
+#include "count.cu"
+}
+#undef NQ_COUNTERS
+#undef NQ_N
 // The build the embedded PTX uses: valid for every board size.
 #define NQ_N 32
 namespace nq32 {
@@ -141,6 +150,24 @@ namespace nq32 {
 #undef NQ_N
 
 extern "C" {
+
+// Runs the counters build (boards up to 32) like nq_host_count, adding into
+// `counters` (4 words, then one per warp of the grid: `block` and `thread`
+// place this OS thread in it).
+int nq_host_count_counters(unsigned int n, unsigned int block, unsigned int thread,
+                           const unsigned int* tables, const unsigned int* tasks,
+                           unsigned int task_count, unsigned int* next_task,
+                           unsigned long long* counts, unsigned long long* nodes,
+                           unsigned long long* counters)
+{
+    if (thread >= NQ_BLOCK) {
+        return -1;
+    }
+    threadIdx = nq_dim3{thread, 0, 0};
+    blockIdx = nq_dim3{block, 0, 0};
+    nq32c::nq_count(tables, tasks, task_count, next_task, n, counts, nodes, counters);
+    return 0;
+}
 
 // The buffer layout as the kernel source defines it, for a test against
 // pack.rs.
@@ -166,7 +193,8 @@ int nq_host_count(unsigned int kernel_n, unsigned int n, unsigned int block,
     blockIdx = nq_dim3{block, 0, 0};
 #define NQ_CASE(k)                                                                 \
     case k:                                                                        \
-        nq##k::nq_count(tables, tasks, task_count, next_task, n, counts, nodes);   \
+        nq##k::nq_count(tables, tasks, task_count, next_task, n, counts, nodes,    \
+                        nullptr);                                                  \
         return 0;
     switch (kernel_n) {
         NQ_CASE(1)

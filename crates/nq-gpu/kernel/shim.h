@@ -43,3 +43,25 @@ static inline unsigned int atomicAdd(unsigned int* p, unsigned int v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
+
+// The counters build (NQ_COUNTERS) only: 64-bit atomics, and the SM's cycle
+// counter, for which any monotonic count will do on the host.
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+
+static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v)
+{
+    unsigned long long old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old < v &&
+           !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+
+static inline long long clock64(void)
+{
+    static long long ticks;
+    return __atomic_add_fetch(&ticks, 1, __ATOMIC_RELAXED);
+}

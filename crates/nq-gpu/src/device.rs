@@ -96,7 +96,7 @@ impl Arch {
 }
 
 /// Compiles the kernel for board size `n` and `arch` through NVRTC, with
-/// `-DNQ_N=n`. The worker's own compile path; CI runs it for each target and
+/// `-DNQ_N=n` (the largest board it counts). The worker's own compile path; CI runs it for each target and
 /// checks the result with `ptxas`.
 ///
 /// # Errors
@@ -104,12 +104,22 @@ impl Arch {
 /// [`Error::NoNvrtc`] when `libnvrtc.so.12` cannot be loaded,
 /// [`Error::Compile`] with NVRTC's log when it rejects the source.
 pub fn compile_ptx(n: u8, arch: Arch) -> Result<String> {
+    compile(n, arch, false)
+}
+
+/// [`compile_ptx`], or with `counters` the counters build of the kernel
+/// (`-DNQ_COUNTERS`, see [`KernelCounters`]).
+fn compile(n: u8, arch: Arch, counters: bool) -> Result<String> {
     if !libraries().nvrtc {
         return Err(Error::NoNvrtc);
     }
+    let mut options = vec![format!("-DNQ_N={n}"), format!("-DNQ_BLOCK={BLOCK}")];
+    if counters {
+        options.push("-DNQ_COUNTERS".into());
+    }
     let opts = CompileOptions {
         arch: Some(arch.name()),
-        options: vec![format!("-DNQ_N={n}"), format!("-DNQ_BLOCK={BLOCK}")],
+        options,
         name: Some("count.cu".into()),
         ..Default::default()
     };
@@ -169,10 +179,64 @@ pub struct Launch {
     /// Device buffers the kernel reads and writes: kept until it is done.
     buffers: Option<(CudaSlice<u32>, CudaSlice<u32>, CudaSlice<u32>)>,
     results: Option<(CudaSlice<u64>, CudaSlice<u64>)>,
+    /// The counters build's words, and the grid's lanes.
+    counters: Option<(CudaSlice<u64>, u64)>,
     /// Recorded around the kernel on its stream, for its time.
     events: Option<(CudaEvent, CudaEvent)>,
     submitted: Instant,
 }
+
+/// What the counters build of the kernel measured in one launch (see
+/// [`Gpu::with_counters`]): the figures Nsight Compute would give, for a GPU
+/// machine without it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KernelCounters {
+    /// Laps (queens placed) summed over the lanes.
+    pub laps: u64,
+    /// Loop iterations summed over the lanes (a lap, plus the last one that
+    /// found no task).
+    pub lane_iterations: u64,
+    /// Loop iterations summed over the warps: each warp's is its longest
+    /// lane's, since a warp runs until its last lane leaves.
+    pub warp_iterations: u64,
+    /// Cycles from start to exit summed over the lanes, and the longest.
+    pub lane_cycles: u64,
+    /// The longest lane's cycles.
+    pub max_lane_cycles: u64,
+    /// Lanes of the grid.
+    pub lanes: u64,
+}
+
+impl KernelCounters {
+    /// Lanes active per warp iteration, of 32.
+    pub fn lanes_active(&self) -> f64 {
+        32.0 * self.laps as f64 / (32.0 * self.warp_iterations as f64).max(1.0)
+    }
+
+    /// Busy lane time over the launch's (lanes times the longest lane): the
+    /// launch's tail efficiency.
+    pub fn tail_efficiency(&self) -> f64 {
+        self.lane_cycles as f64
+            / (self.lanes as f64 * self.max_lane_cycles as f64).max(1.0)
+    }
+
+    /// Reads the counter words the kernel filled (`NQ_COUNTER_WARPS` = 4
+    /// totals, then one word per warp).
+    fn from_words(words: &[u64], lanes: u64) -> KernelCounters {
+        KernelCounters {
+            laps: words[0],
+            lane_iterations: words[1],
+            lane_cycles: words[2],
+            max_lane_cycles: words[3],
+            warp_iterations: words[COUNTER_WARPS..].iter().sum(),
+            lanes,
+        }
+    }
+}
+
+/// `NQ_COUNTER_WARPS` in the kernel: the counter words before the per-warp
+/// ones.
+const COUNTER_WARPS: usize = 4;
 
 /// Times of one launch, for the worker's log.
 #[derive(Clone, Copy, Debug, Default)]
@@ -184,6 +248,8 @@ pub struct LaunchTimes {
     /// From [`Gpu::submit`] to the end of [`Gpu::finish`]: copies, kernel,
     /// and any wait behind the other stream's launch.
     pub wall_ms: f64,
+    /// The counters build's figures ([`Gpu::with_counters`]).
+    pub counters: Option<KernelCounters>,
 }
 
 /// One GPU, with the kernel loaded for each board size it has counted.
@@ -201,6 +267,8 @@ pub struct Gpu {
     nvrtc: bool,
     /// The kernel per board size, with its grid size.
     kernels: HashMap<u8, (CudaFunction, u32)>,
+    /// True when the counters build runs ([`Gpu::with_counters`]).
+    counters: bool,
 }
 
 impl Gpu {
@@ -260,7 +328,25 @@ impl Gpu {
             sms: u32::try_from(sms).unwrap_or(1).max(1),
             nvrtc: libs.nvrtc,
             kernels: HashMap::new(),
+            counters: false,
         })
+    }
+
+    /// Runs the counters build of the kernel from now on (compiled through
+    /// NVRTC with `-DNQ_COUNTERS`): each launch's [`LaunchTimes::counters`]
+    /// then holds lanes active per iteration and the tail, at some cost in
+    /// speed. For the device benchmark on a machine without Nsight Compute.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoNvrtc`] without NVRTC: the embedded PTX is the plain build.
+    pub fn with_counters(mut self) -> Result<Gpu> {
+        if !self.nvrtc {
+            return Err(Error::NoNvrtc);
+        }
+        self.counters = true;
+        self.kernels.clear();
+        Ok(self)
     }
 
     /// The device's model name, as the driver gives it.
@@ -279,7 +365,7 @@ impl Gpu {
             return Ok(k.clone());
         }
         let ptx = if self.nvrtc {
-            Ptx::from_src(compile_ptx(n, self.arch)?)
+            Ptx::from_src(compile(n, self.arch, self.counters)?)
         } else {
             // Valid for every board (built for N = 32); a test keeps it in
             // step with the source.
@@ -362,6 +448,7 @@ impl Gpu {
             tasks,
             buffers: None,
             results: None,
+            counters: None,
             events: None,
             submitted,
         };
@@ -397,6 +484,19 @@ impl Gpu {
         let mut next = s.alloc_zeros::<u32>(1).map_err(driver("cuMemAlloc"))?;
         let mut counts = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
         let mut nodes = s.alloc_zeros::<u64>(len).map_err(driver("cuMemAlloc"))?;
+        // The kernel's last argument: the counters build's words, or a null
+        // pointer (passed as a 64-bit 0) that the plain build never reads.
+        let lanes = u64::from(grid) * u64::from(BLOCK);
+        let mut counter_words = if self.counters {
+            let warps = usize::try_from(lanes / 32).expect("a grid fits memory");
+            Some(
+                s.alloc_zeros::<u64>(COUNTER_WARPS + warps)
+                    .map_err(driver("cuMemAlloc"))?,
+            )
+        } else {
+            None
+        };
+        let null = 0u64;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (BLOCK, 1, 1),
@@ -412,12 +512,17 @@ impl Gpu {
             .arg(&n)
             .arg(&mut counts)
             .arg(&mut nodes);
+        match &mut counter_words {
+            Some(words) => args.arg(words),
+            None => args.arg(&null),
+        };
         // SAFETY: the arguments match the kernel's signature in count.cu
         // (two u32 buffers, a u32, a u32 counter set to 0, the board size
         // (at most the NQ_N it was compiled for), two u64 buffers of one
-        // entry per task), and the block size is the NQ_BLOCK it was compiled
-        // for. The buffers live in `launch` until finish has synchronised
-        // the stream.
+        // entry per task, and the counters build's u64 words (one per warp
+        // after the totals) or a null pointer), and the block size is the
+        // NQ_BLOCK it was compiled for. The buffers live in `launch` until
+        // finish has synchronised the stream.
         unsafe { args.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
         let end = s.record_event(timing).map_err(driver("cuEventRecord"))?;
         let (pc, pn) = (
@@ -431,6 +536,7 @@ impl Gpu {
         slot.busy = true;
         launch.buffers = Some((tables, task_buf, next));
         launch.results = Some((counts, nodes));
+        launch.counters = counter_words.map(|w| (w, lanes));
         launch.events = Some((start, end));
         Ok(launch)
     }
@@ -475,6 +581,13 @@ impl Gpu {
         let counts = &counts.as_slice().map_err(driver("cuEventSynchronize"))?[..len];
         let nodes = &nodes.as_slice().map_err(driver("cuEventSynchronize"))?[..len];
         let stats = launch.batch.fold(counts, nodes)?;
+        if let Some((words, lanes)) = &launch.counters {
+            let words = slot
+                .stream
+                .clone_dtoh(words)
+                .map_err(driver("cuMemcpyDtoH"))?;
+            times.counters = Some(KernelCounters::from_words(&words, *lanes));
+        }
         times.wall_ms = launch.submitted.elapsed().as_secs_f64() * 1e3;
         Ok((launch.batch, stats, times))
     }

@@ -60,6 +60,18 @@ unsafe extern "C" {
         counts: *mut u64,
         nodes: *mut u64,
     ) -> i32;
+    fn nq_host_count_counters(
+        n: u32,
+        block: u32,
+        thread: u32,
+        tables: *const u32,
+        tasks: *const u32,
+        task_count: u32,
+        next_task: *mut u32,
+        counts: *mut u64,
+        nodes: *mut u64,
+        counters: *mut u64,
+    ) -> i32;
     fn nq_host_simt(
         kernel_n: u32,
         n: u32,
@@ -362,6 +374,52 @@ fn lane_utilisation_emulation_meets_its_floors() {
             "N={n}: {laps_per_node:.4} laps per node, ceiling {MAX_LAPS_PER_NODE}"
         );
     }
+}
+
+/// The counters build (for GPU machines without Nsight Compute) counts
+/// exactly too, and its counters add up: its laps are the lock-step run's
+/// (the laps of a task do not depend on who runs it), and with one lane per
+/// warp the warps' iterations are the lanes'.
+#[test]
+fn the_counters_build_counts_exactly_and_its_counters_add_up() {
+    let subs = split(Board::new(12).unwrap(), SplitSpec::border(1).unwrap());
+    let batch = pack(&subs, 1 << 10).unwrap();
+    let tasks = batch.task_count();
+    let mut next = 0u32;
+    let mut counts = vec![u64::MAX; tasks as usize];
+    let mut nodes = vec![u64::MAX; tasks as usize];
+    // Blocks 0 and 1, threads 0 and BLOCK - 1: warps 0 and 3 of the grid.
+    let mut words = vec![0u64; 4 + 4];
+    for (block, thread) in [(0, 0), (1, BLOCK - 1)] {
+        // SAFETY: one entry per task, 8 counter words for a 4-warp grid;
+        // the lanes run one after the other, sharing the counter.
+        let rc = unsafe {
+            nq_host_count_counters(
+                12,
+                block,
+                thread,
+                batch.tables().as_ptr(),
+                batch.tasks().as_ptr(),
+                tasks,
+                &mut next,
+                counts.as_mut_ptr(),
+                nodes.as_mut_ptr(),
+                words.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0);
+    }
+    let got = batch.fold(&counts, &nodes).unwrap();
+    for (sub, got) in subs.iter().zip(&got) {
+        assert_eq!(*got, reference(sub), "{:?}", sub.prefix());
+    }
+    let (_, simt) = run_simt(&batch, 32, 2);
+    assert_eq!(words[0], simt.lane_laps, "laps");
+    // Each lane's iterations: its laps and its last, failed, refill.
+    assert_eq!(words[1], words[0] + 2, "iterations");
+    assert_eq!(words[4] + words[7], words[1], "warp iterations");
+    assert_eq!((words[5], words[6]), (0, 0), "warps with no lane");
+    assert!(words[2] >= words[3] && words[3] > 0, "cycles");
 }
 
 /// A board size with no host copy is refused, not run with a wrong stack.
