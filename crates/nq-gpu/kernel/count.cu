@@ -98,12 +98,15 @@
 // A task: table index, cur, left, right, valid.
 #define NQ_TASK_WORDS 5
 
-// Nodes a lane counts in 32 bits before it adds them into its task's 64-bit
-// totals. A leaf lap takes a row of the one stack entry in the second-to-last
-// column, which a node lap made (or the task), and adds at most 1 (the last
-// column has one unused row): so between two flushes the leaves are at most
-// 32 * (NQ_FLUSH + 1) < 2^32, and neither 32-bit counter can wrap.
-#define NQ_FLUSH (1u << 26)
+// A lap adds to one 32-bit accumulator: 2^20 for a node, or the completions
+// of a leaf lap (0 or 1: the last column has one unused row) in the low 20
+// bits. The lane flushes it into its task's 64-bit totals once the nodes
+// reach 2^11 (the sign bit: one compare in the loop's guard). A leaf lap
+// takes a row of the one stack entry in the second-to-last column, which a
+// node lap made (or the task), so between two flushes the completions are
+// at most 32 * (2^11 + 1) < 2^20: neither field can spill into the other.
+#define NQ_NODE (1u << 20)
+#define NQ_LEAVES (NQ_NODE - 1u)
 
 // No task, no table: a lane's state before its first fetch.
 #define NQ_NONE 0xffffffffu
@@ -123,13 +126,13 @@ struct nq_lane {
     unsigned int top;
     // The task being counted, and the table copied into the lane's entries.
     unsigned int task, table;
-    // The task's completions and nodes so far, without the last
-    // `leaves` and `placed`, which are added in at the next refill.
+    // The task's completions and nodes so far, without `acc`, which is
+    // added in at the next refill.
     unsigned long long count, nodes;
-    // Completions and nodes since then: 32-bit, so that a lap adds with one
-    // instruction each. A refill (a flush only, when the task goes on) is
-    // forced when `placed` reaches NQ_FLUSH, so neither can wrap.
-    unsigned int leaves, placed;
+    // Nodes (times NQ_NODE) and completions since then: one add per lap. A
+    // refill (a flush only, when the task goes on) is forced when the sign
+    // bit is set, so neither field can wrap.
+    unsigned int acc;
 };
 
 // A lane before its first task.
@@ -142,15 +145,14 @@ __device__ __forceinline__ void nq_start(nq_lane& s)
     s.table = NQ_NONE;
     s.count = 0;
     s.nodes = 0;
-    s.leaves = 0;
-    s.placed = 0;
+    s.acc = 0;
 }
 
 // True when the lane must run nq_refill before its next lap: its task is done
-// (or it has none yet), or its 32-bit counters are due to be flushed.
+// (or it has none yet), or its accumulator is due to be flushed.
 __device__ __forceinline__ bool nq_due(const nq_lane& s)
 {
-    return s.top == 0 || s.placed >= NQ_FLUSH;
+    return s.top == 0 || (int)s.acc < 0;
 }
 
 // One lap: one queen placed on the lowest untried row of the node on top of
@@ -161,10 +163,11 @@ __device__ __forceinline__ bool nq_due(const nq_lane& s)
 __device__ __forceinline__ void nq_lap(nq_lane& s, unsigned int last)
 {
     // The node on top of the stack, and its lowest untried row p:
-    // v & -v isolates it, v & (v - 1) clears it.
+    // v & -v isolates it, and v ^ p clears it (one instruction fewer than
+    // v & (v - 1)).
     const uint4 n = s.stk[s.top];
     const unsigned int p = n.w & (0u - n.w);
-    const unsigned int rest = n.w & (n.w - 1u);
+    const unsigned int rest = n.w ^ p;
     // Written back whether or not the node is done: a done node is popped,
     // and its entry is dead.
     s.stk[s.top].w = rest;
@@ -173,13 +176,15 @@ __device__ __forceinline__ void nq_lap(nq_lane& s, unsigned int last)
     // The child's column: the blocked rows (off-board rows included) and the
     // shift from the parent's column. k <= N - 1 < NQ_N, since the parent
     // was not the last column.
-    const uint2 e = s.tab[k * NQ_BLOCK];
+    // Indexed in bytes with an unsigned product, which the compiler folds
+    // into one shift-and-add (the plain index costs two instructions).
+    const uint2 e =
+        *(const uint2*)((const char*)s.tab + (unsigned int)k * (NQ_BLOCK * 8u));
     const unsigned int l = (n.y | p) << e.y;
     const unsigned int r = (n.z | p) >> e.y;
     const unsigned int free = ~(c | l | r | e.x);
     const bool leaf = (unsigned int)k == last;
-    s.leaves += leaf ? (unsigned int)__popc(free) : 0u;
-    s.placed += leaf ? 0u : 1u;
+    s.acc += leaf ? (unsigned int)__popc(free) : NQ_NODE;
     // The node stays on the stack while it has rows left, else it is popped;
     // the child (if it has rows and is not the last column) goes above what
     // stays.
@@ -204,10 +209,9 @@ __device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
                                           unsigned long long* __restrict__ nodes_out)
 {
     for (;;) {
-        s.count += s.leaves;
-        s.nodes += s.placed;
-        s.leaves = 0;
-        s.placed = 0;
+        s.count += s.acc & NQ_LEAVES;
+        s.nodes += s.acc / NQ_NODE;
+        s.acc = 0;
         if (s.top != 0) {
             // Only a flush: the task goes on.
             return true;

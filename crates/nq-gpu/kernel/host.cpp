@@ -19,9 +19,12 @@ struct nq_host_simt_stats {
     // The same, counted only while the task counter had tasks left (the
     // steady state, before the launch's tail).
     unsigned long long steady_steps, steady_lane_laps;
-    // Steady steps in which at least one lane ran the refill branch, and the
-    // lanes that ran it (the others wait).
+    // Steady steps in which at least one lane ran the refill branch for a new
+    // task, and the lanes that ran it (the others wait).
     unsigned long long refill_steps, refill_lanes;
+    // Steady steps in which lanes ran only its short path (a flush of the
+    // accumulator), and those lanes.
+    unsigned long long flush_steps, flush_lanes;
     // The same for the table copy inside the refill (a lane whose next task
     // is of another sub-problem).
     unsigned long long copy_steps, copy_lanes;
@@ -235,7 +238,7 @@ int nq_host_simt(unsigned int kernel_n, unsigned int n, unsigned int warps,
     if (warps == 0 || n == 0 || n > kernel_n) {
         return -1;
     }
-    *stats = nq_host_simt_stats{0, 0, 0, 0, 0, 0, 0, 0};
+    *stats = nq_host_simt_stats{0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #define NQ_CASE(k)                                                                 \
     case k:                                                                        \
         nq##k::nq_simt(n, warps, tables, tasks, task_count, counts, nodes, stats); \

@@ -36,6 +36,7 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
             }
             const bool steady = next < task_count;
             unsigned int refilled = 0;
+            unsigned int flushed = 0;
             unsigned int copied = 0;
             unsigned int active = 0;
             for (unsigned int lane = 0; lane < 32; ++lane) {
@@ -47,7 +48,11 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                 uint4* const stk = &stack[std::size_t(w) * (NQ_DEPTH + 1) * NQ_BLOCK + lane];
                 uint2* const tab = &words[std::size_t(w) * NQ_N * NQ_BLOCK + lane];
                 if (nq_due(s)) {
-                    refilled += 1;
+                    // A lane with a task flushes its accumulator only: the
+                    // short path of the refill.
+                    const bool flush = s.top != 0;
+                    refilled += flush ? 0 : 1;
+                    flushed += flush ? 1 : 0;
                     const unsigned int table = s.table;
                     const bool more = nq_refill(s, stk, tab, tables, tasks, task_count, &next,
                                                 last, counts, nodes);
@@ -63,6 +68,8 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                 active += 1;
             }
             if (steady) {
+                st->flush_steps += flushed != 0 && refilled == 0 ? 1 : 0;
+                st->flush_lanes += refilled == 0 ? flushed : 0;
                 st->refill_steps += refilled != 0 ? 1 : 0;
                 st->refill_lanes += refilled;
                 st->copy_steps += copied != 0 ? 1 : 0;

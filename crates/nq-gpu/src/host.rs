@@ -34,10 +34,14 @@ struct SimtStats {
     /// The same two while the task counter still had tasks.
     steady_steps: u64,
     steady_lane_laps: u64,
-    /// Steady steps in which some lane ran the refill branch, and the lanes
-    /// that ran it.
+    /// Steady steps in which some lane ran the refill branch for a new task,
+    /// and the lanes that ran it.
     refill_steps: u64,
     refill_lanes: u64,
+    /// Steady steps in which lanes only flushed their accumulator, and those
+    /// lanes.
+    flush_steps: u64,
+    flush_lanes: u64,
     /// The same for the table copy inside the refill.
     copy_steps: u64,
     copy_lanes: u64,
@@ -284,11 +288,12 @@ const MIN_STEADY_LANES: f64 = 28.0;
 const MAX_LAPS_PER_NODE: f64 = 1.10;
 
 /// SASS instructions a warp issues per lap, per refill without a table copy,
-/// and per table copy, for N = 16..21 on sm_90 (the lap as `.ci/sass-lap.py`
+/// per flush of the accumulator alone, and per table copy, for N = 16..21 on sm_90 (the lap as `.ci/sass-lap.py`
 /// counts it; the refill's path read from the same disassembly, the copy at
 /// about 3.2 instructions per table entry).
-const LAP_INSNS: f64 = 41.0;
+const LAP_INSNS: f64 = 36.0;
 const REFILL_INSNS: f64 = 70.0;
+const FLUSH_INSNS: f64 = 12.0;
 fn copy_insns(n: u8) -> f64 {
     3.2 * f64::from(n)
 }
@@ -345,9 +350,11 @@ fn lane_utilisation_emulation_meets_its_floors() {
         let copy = copy_insns(n);
         let thread_insns = LAP_INSNS * f(s.steady_lane_laps)
             + REFILL_INSNS * f(s.refill_lanes)
+            + FLUSH_INSNS * f(s.flush_lanes)
             + copy * f(s.copy_lanes);
         let warp_insns = LAP_INSNS * f(s.steady_steps)
             + REFILL_INSNS * f(s.refill_steps)
+            + FLUSH_INSNS * f(s.flush_steps)
             + copy * f(s.copy_steps);
         let steady = thread_insns / warp_insns;
         let per_lap = f(s.steady_lane_laps) / f(s.steady_steps);
@@ -356,11 +363,12 @@ fn lane_utilisation_emulation_meets_its_floors() {
         println!(
             "lane emulation N={n} (border(1), every {every}th sub-problem, {} tasks, \
              {WARPS} warps): steady state {steady:.2} of 32 lanes active per issued \
-             instruction ({per_lap:.2} per lap; refill branch in {:.2}% of steps, table \
-             copy in {:.2}%), tail efficiency {tail:.3}, {laps_per_node:.4} laps per node, \
-             {} lane laps, {} nodes",
+             instruction ({per_lap:.2} per lap; refill in {:.2}% of steps, flush only in \
+             {:.2}%, table copy in {:.2}%), tail efficiency {tail:.3}, {laps_per_node:.4} \
+             laps per node, {} lane laps, {} nodes",
             batch.task_count(),
             100.0 * f(s.refill_steps) / f(s.steady_steps),
+            100.0 * f(s.flush_steps) / f(s.steady_steps),
             100.0 * f(s.copy_steps) / f(s.steady_steps),
             s.lane_laps,
             kernel_nodes,
