@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig,
     PinnedHostSlice, PushKernelArg,
@@ -390,6 +390,14 @@ impl Gpu {
         let func = module
             .load_function("nq_count")
             .map_err(driver("cuModuleGetFunction"))?;
+        // The kernel uses shared memory and no L1-heavy loads: ask for the
+        // largest shared-memory carve-out, so that the most blocks fit (the
+        // default lets the driver pick, and the occupancy below follows it).
+        func.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+            100,
+        )
+        .map_err(driver("cuFuncSetAttribute"))?;
         // Persistent threads: exactly as many blocks as stay resident.
         let per_sm = func
             .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
