@@ -245,6 +245,17 @@ impl GpuRunner {
     }
 }
 
+impl Drop for GpuRunner {
+    /// A runner dropped without [`GpuRunner::shutdown`] (an error path of
+    /// the worker) still closes the queue, so that its threads finish what
+    /// is queued and end instead of waiting for jobs forever; it does not
+    /// join them.
+    fn drop(&mut self) {
+        self.queue.lock().closed = true;
+        self.queue.ready.notify_all();
+    }
+}
+
 /// A GPU thread's loop: while a stream is free and jobs wait, packs and
 /// submits them; otherwise finishes its oldest launch and hands the results
 /// to the finisher; waits for jobs only when nothing is in flight.
