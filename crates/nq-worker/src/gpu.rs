@@ -442,3 +442,81 @@ fn done(job: GpuJob, counts: Vec<SubCounts>, nodes: u64) {
 fn cancel(job: GpuJob) {
     let _ = job.tx.blocking_send(Produced::Done(JobOutcome::Cancelled));
 }
+
+#[cfg(test)]
+mod tests {
+    use nq_core::board::Board;
+    use nq_core::split::{SplitSpec, split};
+
+    use super::*;
+
+    fn job(n: u64, subs: usize) -> (GpuJob, async_mpsc::Receiver<Produced>) {
+        let (tx, rx) = async_mpsc::channel(1);
+        let subproblems = split(Board::new(n).unwrap(), SplitSpec::BORDER)
+            .into_iter()
+            .take(subs)
+            .collect();
+        let job = GpuJob {
+            subproblems,
+            stop: Arc::new(AtomicBool::new(false)),
+            tx,
+        };
+        (job, rx)
+    }
+
+    /// A launch takes the queued jobs of the first job's board, and leaves
+    /// the others queued in their order (a run change can mix two boards).
+    #[test]
+    fn a_launch_takes_one_board_and_leaves_the_rest_in_order() {
+        let queue = Queue::default();
+        let mut receivers = vec![];
+        for (n, subs) in [(10, 3), (11, 2), (10, 1), (11, 4)] {
+            let (j, rx) = job(n, subs);
+            queue.lock().jobs.push_back(j);
+            receivers.push(rx);
+        }
+        let first = take(&queue, false).unwrap();
+        let sizes: Vec<usize> = first.iter().map(|j| j.subproblems.len()).collect();
+        assert_eq!(sizes, [3, 1]);
+        assert!(first.iter().all(|j| board_of(j) == Some(10)));
+        let second = take(&queue, false).unwrap();
+        let sizes: Vec<usize> = second.iter().map(|j| j.subproblems.len()).collect();
+        assert_eq!(sizes, [2, 4]);
+        assert!(take(&queue, false).unwrap().is_empty());
+    }
+
+    /// With launches in flight a GPU thread only looks (no wait); with none
+    /// it waits, and ends once the queue is closed and empty.
+    #[test]
+    fn an_idle_thread_ends_only_on_a_closed_empty_queue() {
+        let queue = Queue::default();
+        assert!(take(&queue, false).unwrap().is_empty());
+        queue.lock().closed = true;
+        assert!(take(&queue, false).unwrap().is_empty());
+        assert!(take(&queue, true).is_none());
+        let (j, _rx) = job(8, 1);
+        queue.lock().jobs.push_back(j);
+        // Closed but not empty: what was queued is still counted.
+        assert_eq!(take(&queue, true).unwrap().len(), 1);
+    }
+
+    /// Stopped jobs are cancelled and empty ones done without a launch.
+    #[test]
+    fn trivial_jobs_are_settled_without_the_gpu() {
+        let (stopped, mut rx1) = job(8, 2);
+        stopped.stop.store(true, Ordering::Relaxed);
+        assert!(pass_trivial(stopped).is_none());
+        assert!(matches!(
+            rx1.try_recv(),
+            Ok(Produced::Done(JobOutcome::Cancelled))
+        ));
+        let (empty, mut rx2) = job(8, 0);
+        assert!(pass_trivial(empty).is_none());
+        assert!(matches!(
+            rx2.try_recv(),
+            Ok(Produced::Done(JobOutcome::Done { nodes: 0, .. }))
+        ));
+        let (real, _rx3) = job(8, 1);
+        assert!(pass_trivial(real).is_some());
+    }
+}
