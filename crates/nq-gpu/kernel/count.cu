@@ -101,7 +101,7 @@
 // A lap adds to one 32-bit accumulator: 2^20 for a node, or the completions
 // of a leaf lap (0 or 1: the last column has one unused row) in the low 20
 // bits. The lane flushes it into its task's 64-bit totals once the nodes
-// reach 2^11 (the sign bit: one compare in the loop's guard). A leaf lap
+// reach 2^11 (the top bit: one compare in the loop's guard). A leaf lap
 // takes a row of the one stack entry in the second-to-last column, which a
 // node lap made (or the task), so between two flushes the completions are
 // at most 32 * (2^11 + 1) < 2^20: neither field can spill into the other.
@@ -130,7 +130,7 @@ struct nq_lane {
     // added in at the next refill.
     unsigned long long count, nodes;
     // Nodes (times NQ_NODE) and completions since then: one add per lap. A
-    // refill (a flush only, when the task goes on) is forced when the sign
+    // refill (a flush only, when the task goes on) is forced when the top
     // bit is set, so neither field can wrap.
     unsigned int acc;
 };
@@ -152,7 +152,7 @@ __device__ __forceinline__ void nq_start(nq_lane& s)
 // (or it has none yet), or its accumulator is due to be flushed.
 __device__ __forceinline__ bool nq_due(const nq_lane& s)
 {
-    return s.top == 0 || (int)s.acc < 0;
+    return s.top == 0 || s.acc >= 0x80000000u;
 }
 
 // One lap: one queen placed on the lowest untried row of the node on top of
