@@ -70,8 +70,8 @@ fn run(args: Vec<String>) -> Result<String, String> {
     let packed = Instant::now();
     let batch = nq_gpu::pack(&subs, min_tasks).map_err(|e| e.to_string())?;
     let pack_ms = packed.elapsed().as_secs_f64() * 1e3;
-    let launch = gpu.submit(batch).map_err(|e| e.to_string())?;
-    let (_, stats, times) = gpu.finish(launch).map_err(|e| e.to_string())?;
+    // The launch, and follow-ups of what it spilled in its tail.
+    let (stats, times) = gpu.count_all(batch).map_err(|e| e.to_string())?;
     let nodes: u64 = stats.iter().map(|s| s.nodes).sum();
     let mut tally = Tally::default();
     let never = AtomicBool::new(false);
@@ -92,6 +92,8 @@ fn run(args: Vec<String>) -> Result<String, String> {
         "setup_ms": setup_ms,
         "pack_ms": pack_ms,
         "kernel_ms": times.kernel_ms,
+        "spilled_tasks": times.spilled,
+        "follow_up_launches": times.follow_ups,
         "wall_ms": times.wall_ms,
         "nodes": nodes,
         "nodes_per_s": nodes as f64 / (times.kernel_ms / 1e3),

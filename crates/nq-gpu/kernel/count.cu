@@ -97,6 +97,9 @@
 #define NQ_TABLE_WORDS 64
 // A task: table index, cur, left, right, valid.
 #define NQ_TASK_WORDS 5
+// The spill queue (NULL: no spilling): words reserved, written and capacity
+// (in tasks), one unused word, then the spilled tasks, NQ_TASK_WORDS each.
+#define NQ_SPILL_HEAD 4
 
 // A lap adds to one 32-bit accumulator: 2^20 for a node, or the completions
 // of a leaf lap (0 or 1: the last column has one unused row) in the low 20
@@ -196,6 +199,43 @@ __device__ __forceinline__ void nq_lap(nq_lane& s, unsigned int last)
     s.top = below + (descend ? NQ_BLOCK : 0u);
 }
 
+// TAIL CONTROL. When the launch has no task left for anyone, a lane that
+// still has a long task gives back its pending work: at its next flush (every
+// 2^11 nodes) it writes every entry of its stack as a new task (each entry's
+// untried rows are a part of the remaining subtree, and together they are
+// all of it) to the spill queue, ends its task with what it counted so far,
+// and leaves. The host counts the spilled tasks in a follow-up launch, where
+// every lane of the GPU shares them, instead of one lane finishing them
+// alone. Returns true when the stack was given back. A reservation that does
+// not fit the queue spills nothing, and every later one fails too, so the
+// written tasks are the first `written` slots.
+__device__ __forceinline__ bool nq_spill(nq_lane& s, unsigned int* __restrict__ spill,
+                                         unsigned int* __restrict__ next_task,
+                                         unsigned int task_count)
+{
+    if (spill == 0 || atomicAdd(next_task, 0u) < task_count) {
+        return false;
+    }
+    const unsigned int entries = s.top / NQ_BLOCK;
+    const unsigned int at = atomicAdd(&spill[0], entries);
+    const unsigned int cap = spill[2];
+    if (at > cap || cap - at < entries) {
+        return false;
+    }
+    for (unsigned int i = 0; i < entries; ++i) {
+        const uint4 e = s.stk[(i + 1) * NQ_BLOCK];
+        unsigned int* const w = spill + NQ_SPILL_HEAD + (at + i) * NQ_TASK_WORDS;
+        w[0] = s.table;
+        w[1] = e.x;
+        w[2] = e.y;
+        w[3] = e.z;
+        w[4] = e.w;
+    }
+    atomicAdd(&spill[1], entries);
+    s.top = 0;
+    return true;
+}
+
 // Ends the lane's task (writing its results) and takes tasks until one has
 // something to expand. Returns false when no task is left. Tasks in the last
 // free column, or whose column has no free row, are counted here at once.
@@ -206,13 +246,14 @@ __device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
                                           unsigned int* __restrict__ next_task,
                                           unsigned int last,
                                           unsigned long long* __restrict__ counts,
-                                          unsigned long long* __restrict__ nodes_out)
+                                          unsigned long long* __restrict__ nodes_out,
+                                          unsigned int* __restrict__ spill)
 {
     for (;;) {
         s.count += s.acc & NQ_LEAVES;
         s.nodes += s.acc / NQ_NODE;
         s.acc = 0;
-        if (s.top != 0) {
+        if (s.top != 0 && !nq_spill(s, spill, next_task, task_count)) {
             // Only a flush: the task goes on.
             return true;
         }
@@ -280,13 +321,14 @@ __device__ __forceinline__ void nq_counters_flush(unsigned long long* counters,
 }
 #endif
 
-// `counters` is read only by the counters build (NULL otherwise), so that
-// both builds take the same arguments.
+// `spill` is the spill queue (NULL: no spilling); `counters` is read only by
+// the counters build (NULL otherwise), so that both builds take the same
+// arguments.
 NQ_EXTERN __global__ void __launch_bounds__(NQ_BLOCK)
 nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict__ tasks,
          unsigned int task_count, unsigned int* __restrict__ next_task, unsigned int n,
          unsigned long long* __restrict__ counts, unsigned long long* __restrict__ nodes_out,
-         unsigned long long* __restrict__ counters)
+         unsigned int* __restrict__ spill, unsigned long long* __restrict__ counters)
 {
     __shared__ uint4 stack[(NQ_DEPTH + 1) * NQ_BLOCK];
     __shared__ uint2 words[NQ_N * NQ_BLOCK];
@@ -315,7 +357,7 @@ nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict
         // the warp join again for the lap.
         if (nq_due(s) &&
             !nq_refill(s, stk, tab, tables, tasks, task_count, next_task, last, counts,
-                       nodes_out)) {
+                       nodes_out, spill)) {
 #ifdef NQ_COUNTERS
             nq_counters_flush(counters, laps, iters,
                               (unsigned long long)(clock64() - started));

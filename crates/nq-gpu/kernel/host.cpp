@@ -168,7 +168,8 @@ int nq_host_count_counters(unsigned int n, unsigned int block, unsigned int thre
     }
     threadIdx = nq_dim3{thread, 0, 0};
     blockIdx = nq_dim3{block, 0, 0};
-    nq32c::nq_count(tables, tasks, task_count, next_task, n, counts, nodes, counters);
+    nq32c::nq_count(tables, tasks, task_count, next_task, n, counts, nodes, nullptr,
+                    counters);
     return 0;
 }
 
@@ -178,16 +179,18 @@ unsigned int nq_host_table_words(void) { return NQ_TABLE_WORDS; }
 unsigned int nq_host_task_words(void) { return NQ_TASK_WORDS; }
 unsigned int nq_host_block(void) { return NQ_BLOCK; }
 unsigned int nq_host_depth(void) { return NQ_DEPTH; }
+unsigned int nq_host_spill_head(void) { return NQ_SPILL_HEAD; }
 
 // Runs the kernel built for boards up to `kernel_n` on a board of `n`, as GPU
 // thread `thread` of block `block`, on this OS thread until the task counter
-// runs out. Returns 0, or -1 when no copy was compiled for `kernel_n` or
-// `thread` is not a thread of a block.
+// runs out, spilling into `spill` (NULL: never) in the tail. Returns 0, or -1
+// when no copy was compiled for `kernel_n` or `thread` is not a thread of a
+// block.
 int nq_host_count(unsigned int kernel_n, unsigned int n, unsigned int block,
                   unsigned int thread, const unsigned int* tables,
                   const unsigned int* tasks, unsigned int task_count,
                   unsigned int* next_task, unsigned long long* counts,
-                  unsigned long long* nodes)
+                  unsigned long long* nodes, unsigned int* spill)
 {
     if (thread >= NQ_BLOCK) {
         return -1;
@@ -197,7 +200,7 @@ int nq_host_count(unsigned int kernel_n, unsigned int n, unsigned int block,
 #define NQ_CASE(k)                                                                 \
     case k:                                                                        \
         nq##k::nq_count(tables, tasks, task_count, next_task, n, counts, nodes,    \
-                        nullptr);                                                  \
+                        spill, nullptr);                                           \
         return 0;
     switch (kernel_n) {
         NQ_CASE(1)
@@ -233,7 +236,8 @@ int nq_host_count(unsigned int kernel_n, unsigned int n, unsigned int block,
 int nq_host_simt(unsigned int kernel_n, unsigned int n, unsigned int warps,
                  const unsigned int* tables, const unsigned int* tasks,
                  unsigned int task_count, unsigned long long* counts,
-                 unsigned long long* nodes, struct nq_host_simt_stats* stats)
+                 unsigned long long* nodes, unsigned int* spill,
+                 struct nq_host_simt_stats* stats)
 {
     if (warps == 0 || n == 0 || n > kernel_n) {
         return -1;
@@ -241,7 +245,8 @@ int nq_host_simt(unsigned int kernel_n, unsigned int n, unsigned int warps,
     *stats = nq_host_simt_stats{0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #define NQ_CASE(k)                                                                 \
     case k:                                                                        \
-        nq##k::nq_simt(n, warps, tables, tasks, task_count, counts, nodes, stats); \
+        nq##k::nq_simt(n, warps, tables, tasks, task_count, counts, nodes, spill,  \
+                       stats);                                                     \
         return 0;
     switch (kernel_n) {
         NQ_CASE(16)

@@ -15,7 +15,7 @@
 static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned int* tables,
                     const unsigned int* tasks, unsigned int task_count,
                     unsigned long long* counts, unsigned long long* nodes,
-                    nq_host_simt_stats* st)
+                    unsigned int* spill, nq_host_simt_stats* st)
 {
     const unsigned int last = n - 1;
     unsigned int next = 0;
@@ -55,7 +55,7 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                     flushed += flush ? 1 : 0;
                     const unsigned int table = s.table;
                     const bool more = nq_refill(s, stk, tab, tables, tasks, task_count, &next,
-                                                last, counts, nodes);
+                                                last, counts, nodes, spill);
                     copied += s.table != table && s.table != NQ_NONE ? 1 : 0;
                     if (!more) {
                         live[i] = 0;

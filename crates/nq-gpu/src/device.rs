@@ -20,7 +20,7 @@ use nq_core::board::Board;
 use nq_core::search::{self, CountStats};
 use nq_core::split::{SplitSpec, split};
 
-use crate::pack::{Batch, pack};
+use crate::pack::{Batch, SPILL_HEAD, STACK_DEPTH, TASK_WORDS, pack};
 use crate::source::{EMBEDDED_PTX, KERNEL_SOURCE, embedded_is_current};
 use crate::{BLOCK, Error, Result};
 
@@ -181,6 +181,8 @@ pub struct Launch {
     results: Option<(CudaSlice<u64>, CudaSlice<u64>)>,
     /// The counters build's words, and the grid's lanes.
     counters: Option<(CudaSlice<u64>, u64)>,
+    /// The spill queue (see `nq_spill` in the kernel).
+    spill: Option<CudaSlice<u32>>,
     /// Recorded around the kernel on its stream, for its time.
     events: Option<(CudaEvent, CudaEvent)>,
     submitted: Instant,
@@ -250,6 +252,44 @@ pub struct LaunchTimes {
     pub wall_ms: f64,
     /// The counters build's figures ([`Gpu::with_counters`]).
     pub counters: Option<KernelCounters>,
+    /// Tasks the launch gave back in its tail (the kernel's spill queue).
+    pub spilled: usize,
+    /// Follow-up launches of spilled tasks ([`Gpu::count_all`] only).
+    pub follow_ups: usize,
+}
+
+/// A finished launch, from [`Gpu::finish`].
+#[derive(Debug)]
+pub struct Finished {
+    /// The batch launched.
+    pub batch: Batch,
+    /// Its results per sub-problem, without what it spilled.
+    pub stats: Vec<CountStats>,
+    /// Its times.
+    pub times: LaunchTimes,
+    /// The tasks it gave back, [`TASK_WORDS`] words each: count them with a
+    /// launch of [`Batch::follow_up`] and add its results to `stats`.
+    pub spilled: Vec<u32>,
+}
+
+/// Adds `more` into `stats`, sub-problem by sub-problem.
+///
+/// # Errors
+///
+/// [`Error::Overflow`] if a sum would not fit, [`Error::ResultLength`] when
+/// the two do not have one entry per sub-problem each.
+pub fn add_stats(stats: &mut [CountStats], more: &[CountStats]) -> Result<()> {
+    if stats.len() != more.len() {
+        return Err(Error::ResultLength {
+            got: more.len(),
+            want: stats.len(),
+        });
+    }
+    for (s, m) in stats.iter_mut().zip(more) {
+        s.count = s.count.checked_add(m.count).ok_or(Error::Overflow)?;
+        s.nodes = s.nodes.checked_add(m.nodes).ok_or(Error::Overflow)?;
+    }
+    Ok(())
 }
 
 /// One GPU, with the kernel loaded for each board size it has counted.
@@ -417,14 +457,13 @@ impl Gpu {
     }
 
     /// Counts every task of `batch` and folds the results per sub-problem:
-    /// [`Gpu::submit`] then [`Gpu::finish`].
+    /// [`Gpu::count_all`] on a copy.
     ///
     /// # Errors
     ///
-    /// As [`Gpu::submit`] and [`Gpu::finish`].
+    /// As [`Gpu::count_all`].
     pub fn count(&mut self, batch: &Batch) -> Result<Vec<CountStats>> {
-        let launch = self.submit(batch.clone())?;
-        Ok(self.finish(launch)?.1)
+        Ok(self.count_all(batch.clone())?.0)
     }
 
     /// True when a stream is free for [`Gpu::submit`].
@@ -457,6 +496,7 @@ impl Gpu {
             buffers: None,
             results: None,
             counters: None,
+            spill: None,
             events: None,
             submitted,
         };
@@ -504,6 +544,16 @@ impl Gpu {
         } else {
             None
         };
+        // The spill queue: room for every lane's whole stack, so that no
+        // reservation fails.
+        let cap = u32::try_from(lanes * STACK_DEPTH as u64).expect("a grid's stacks fit");
+        let mut head = vec![0u32; SPILL_HEAD];
+        head[2] = cap;
+        let mut spill = s
+            .alloc_zeros::<u32>(SPILL_HEAD + cap as usize * TASK_WORDS)
+            .map_err(driver("cuMemAlloc"))?;
+        s.memcpy_htod(&head, &mut spill)
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
         let null = 0u64;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
@@ -519,7 +569,8 @@ impl Gpu {
             .arg(&mut next)
             .arg(&n)
             .arg(&mut counts)
-            .arg(&mut nodes);
+            .arg(&mut nodes)
+            .arg(&mut spill);
         match &mut counter_words {
             Some(words) => args.arg(words),
             None => args.arg(&null),
@@ -527,8 +578,9 @@ impl Gpu {
         // SAFETY: the arguments match the kernel's signature in count.cu
         // (two u32 buffers, a u32, a u32 counter set to 0, the board size
         // (at most the NQ_N it was compiled for), two u64 buffers of one
-        // entry per task, and the counters build's u64 words (one per warp
-        // after the totals) or a null pointer), and the block size is the
+        // entry per task, the spill queue (its head set above, room for its
+        // capacity), and the counters build's u64 words (one per warp after
+        // the totals) or a null pointer), and the block size is the
         // NQ_BLOCK it was compiled for. The buffers live in `launch` until
         // finish has synchronised the stream.
         unsafe { args.launch(cfg) }.map_err(driver("cuLaunchKernel"))?;
@@ -545,21 +597,18 @@ impl Gpu {
         launch.buffers = Some((tables, task_buf, next));
         launch.results = Some((counts, nodes));
         launch.counters = counter_words.map(|w| (w, lanes));
+        launch.spill = Some(spill);
         launch.events = Some((start, end));
         Ok(launch)
     }
 
-    /// Waits for `launch` and folds its results per sub-problem. Returns its
-    /// batch (for the caller's bookkeeping), the results and its times.
+    /// Waits for `launch` and folds its results per sub-problem.
     ///
     /// # Errors
     ///
     /// [`Error::Driver`] when the stream reports a failure, and those of
     /// [`Batch::fold`].
-    pub fn finish(
-        &mut self,
-        launch: Launch,
-    ) -> Result<(Batch, Vec<CountStats>, LaunchTimes)> {
+    pub fn finish(&mut self, launch: Launch) -> Result<Finished> {
         let driver = |call| move |source| Error::Driver { call, source };
         let slot = &mut self.slots[launch.slot];
         let mut times = LaunchTimes {
@@ -568,7 +617,12 @@ impl Gpu {
         };
         if launch.tasks == 0 {
             let stats = launch.batch.fold(&[], &[])?;
-            return Ok((launch.batch, stats, times));
+            return Ok(Finished {
+                batch: launch.batch,
+                stats,
+                times,
+                spilled: vec![],
+            });
         }
         // Whatever happens next, the slot's stream is done with this launch
         // once it is synchronised (or has failed).
@@ -596,8 +650,61 @@ impl Gpu {
                 .map_err(driver("cuMemcpyDtoH"))?;
             times.counters = Some(KernelCounters::from_words(&words, *lanes));
         }
+        let mut spilled = vec![];
+        if let Some(spill) = &launch.spill {
+            let head = slot
+                .stream
+                .clone_dtoh(&spill.slice(..SPILL_HEAD))
+                .map_err(driver("cuMemcpyDtoH"))?;
+            let written = head[1] as usize * TASK_WORDS;
+            if written > 0 {
+                spilled = slot
+                    .stream
+                    .clone_dtoh(&spill.slice(SPILL_HEAD..SPILL_HEAD + written))
+                    .map_err(driver("cuMemcpyDtoH"))?;
+            }
+        }
+        times.spilled = spilled.len() / TASK_WORDS;
         times.wall_ms = launch.submitted.elapsed().as_secs_f64() * 1e3;
-        Ok((launch.batch, stats, times))
+        Ok(Finished {
+            batch: launch.batch,
+            stats,
+            times,
+            spilled,
+        })
+    }
+
+    /// Counts `batch` to the end: launches it, then a follow-up launch of
+    /// what each launch spilled ([`Batch::follow_up`]) until none spills,
+    /// and adds the results up. Returns them with the times of the first
+    /// launch, the follow-ups' kernel time and spills added in.
+    ///
+    /// # Errors
+    ///
+    /// As [`Gpu::submit`] and [`Gpu::finish`], and [`Error::Overflow`] if a
+    /// sum would not fit (no correct result does).
+    pub fn count_all(&mut self, batch: Batch) -> Result<(Vec<CountStats>, LaunchTimes)> {
+        let first = self.finish_submit(batch)?;
+        let mut stats = first.stats;
+        let mut times = first.times;
+        let mut spilled = first.spilled;
+        let mut batch = first.batch;
+        while !spilled.is_empty() {
+            batch = batch.follow_up(&spilled)?;
+            let more = self.finish_submit(batch)?;
+            add_stats(&mut stats, &more.stats)?;
+            times.kernel_ms += more.times.kernel_ms;
+            times.spilled += more.times.spilled;
+            times.follow_ups += 1;
+            spilled = more.spilled;
+            batch = more.batch;
+        }
+        Ok((stats, times))
+    }
+
+    fn finish_submit(&mut self, batch: Batch) -> Result<Finished> {
+        let launch = self.submit(batch)?;
+        self.finish(launch)
     }
 
     /// The startup self-test: counts every sub-problem of N = 12 (border

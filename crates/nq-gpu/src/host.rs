@@ -20,7 +20,8 @@ use nq_core::split::{SplitSpec, SubProblem, Tally, split};
 
 use crate::BLOCK;
 use crate::pack::{
-    Batch, MAX_TASK_COLUMNS, STACK_DEPTH, TABLE_WORDS, TASK_WORDS, pack, pack_at_depth,
+    Batch, MAX_TASK_COLUMNS, SPILL_HEAD, STACK_DEPTH, TABLE_WORDS, TASK_WORDS, pack,
+    pack_at_depth,
 };
 
 /// What the lock-step run saw; `nq_host_simt_stats` in host.cpp.
@@ -63,7 +64,9 @@ unsafe extern "C" {
         next_task: *mut u32,
         counts: *mut u64,
         nodes: *mut u64,
+        spill: *mut u32,
     ) -> i32;
+    fn nq_host_spill_head() -> u32;
     fn nq_host_count_counters(
         n: u32,
         block: u32,
@@ -85,6 +88,7 @@ unsafe extern "C" {
         task_count: u32,
         counts: *mut u64,
         nodes: *mut u64,
+        spill: *mut u32,
         stats: *mut SimtStats,
     ) -> i32;
 }
@@ -139,6 +143,7 @@ fn run_host(batch: &Batch, kernel_n: u8) -> Vec<CountStats> {
                         shared.next,
                         shared.counts,
                         shared.nodes,
+                        std::ptr::null_mut(),
                     )
                 };
                 assert_eq!(rc, 0, "no host kernel for n={kernel_n}");
@@ -151,7 +156,28 @@ fn run_host(batch: &Batch, kernel_n: u8) -> Vec<CountStats> {
 /// Runs the host kernel built for boards up to `kernel_n` lock-step over
 /// `warps` warps of 32 lanes, and folds the results.
 fn run_simt(batch: &Batch, kernel_n: u8, warps: u32) -> (Vec<CountStats>, SimtStats) {
+    let (stats, s, spilled) = run_simt_spilling(batch, kernel_n, warps, 0);
+    assert!(spilled.is_empty());
+    (stats, s)
+}
+
+/// [`run_simt`] with a spill queue of `cap` tasks (none when 0); also
+/// returns the spilled tasks.
+fn run_simt_spilling(
+    batch: &Batch,
+    kernel_n: u8,
+    warps: u32,
+    cap: u32,
+) -> (Vec<CountStats>, SimtStats, Vec<u32>) {
     let tasks = batch.task_count();
+    let head = SPILL_HEAD;
+    let mut spill = vec![0u32; head + cap as usize * TASK_WORDS];
+    spill[2] = cap;
+    let spill_ptr = if cap == 0 {
+        std::ptr::null_mut()
+    } else {
+        spill.as_mut_ptr()
+    };
     let mut counts = vec![u64::MAX; tasks as usize];
     let mut nodes = vec![u64::MAX; tasks as usize];
     let mut stats = SimtStats::default();
@@ -166,11 +192,14 @@ fn run_simt(batch: &Batch, kernel_n: u8, warps: u32) -> (Vec<CountStats>, SimtSt
             tasks,
             counts.as_mut_ptr(),
             nodes.as_mut_ptr(),
+            spill_ptr,
             &mut stats,
         )
     };
     assert_eq!(rc, 0, "no lock-step host kernel for n={kernel_n}");
-    (batch.fold(&counts, &nodes).unwrap(), stats)
+    let written = spill[1] as usize;
+    let spilled = spill[head..head + written * TASK_WORDS].to_vec();
+    (batch.fold(&counts, &nodes).unwrap(), stats, spilled)
 }
 
 fn reference(sub: &SubProblem) -> CountStats {
@@ -217,6 +246,7 @@ fn layout_matches_the_kernel_source() {
         assert_eq!(nq_host_task_words() as usize, TASK_WORDS);
         assert_eq!(nq_host_block(), BLOCK);
         assert_eq!(nq_host_depth() as usize, STACK_DEPTH);
+        assert_eq!(nq_host_spill_head() as usize, SPILL_HEAD);
     }
     assert_eq!(MAX_TASK_COLUMNS, STACK_DEPTH + 1);
 }
@@ -384,6 +414,46 @@ fn lane_utilisation_emulation_meets_its_floors() {
     }
 }
 
+/// Tail control on the device: in the launch's tail, lanes give their
+/// pending stacks back as tasks; counting those in follow-up launches (until
+/// none spills) gives nq-core's counts and nodes exactly, and the spills did
+/// happen. A queue too small for a stack spills nothing of it.
+#[test]
+fn spilled_work_counted_in_follow_ups_is_exact() {
+    let subs = split(Board::new(14).unwrap(), SplitSpec::border(1).unwrap());
+    let want: Vec<CountStats> = subs.iter().map(reference).collect();
+    for cap in [1, 1 << 16] {
+        let mut batch = pack(&subs, 1 << 12).unwrap();
+        let mut total = vec![CountStats::default(); subs.len()];
+        let mut spilled_tasks = 0;
+        let mut launches = 0;
+        loop {
+            let (got, _, spilled) = run_simt_spilling(&batch, 32, 64, cap);
+            for (t, g) in total.iter_mut().zip(&got) {
+                t.count += g.count;
+                t.nodes += g.nodes;
+            }
+            launches += 1;
+            if spilled.is_empty() {
+                break;
+            }
+            spilled_tasks += spilled.len() / TASK_WORDS;
+            batch = batch.follow_up(&spilled).unwrap();
+        }
+        assert_eq!(total, want, "cap {cap}");
+        if cap == 1 {
+            // Every stack has at least one entry, and a one-task queue
+            // takes only a one-entry stack.
+            assert!(spilled_tasks <= launches, "cap 1: {spilled_tasks} tasks");
+        } else {
+            assert!(spilled_tasks > 0 && launches > 1, "nothing spilled");
+        }
+    }
+    let batch = pack(&subs, 1 << 12).unwrap();
+    assert!(batch.follow_up(&[0; TASK_WORDS + 1]).is_err());
+    assert!(batch.follow_up(&[u32::MAX, 0, 0, 0, 1]).is_err());
+}
+
 /// The counters build (for GPU machines without Nsight Compute) counts
 /// exactly too, and its counters add up: its laps are the lock-step run's
 /// (the laps of a task do not depend on who runs it), and with one lane per
@@ -448,6 +518,7 @@ fn unknown_sizes_and_lanes_are_refused() {
                 &mut next,
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
+                std::ptr::null_mut(),
             )
         };
         assert_eq!(rc, -1);
@@ -462,6 +533,7 @@ fn unknown_sizes_and_lanes_are_refused() {
             std::ptr::null(),
             std::ptr::null(),
             0,
+            std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             &mut stats,

@@ -43,8 +43,8 @@ pub mod pack;
 mod source;
 
 pub use device::{
-    Arch, Gpu, Launch, LaunchTimes, Libraries, SLOTS, compile_ptx, device_count,
-    libraries,
+    Arch, Finished, Gpu, KernelCounters, Launch, LaunchTimes, Libraries, SLOTS,
+    add_stats, compile_ptx, device_count, libraries,
 };
 pub use pack::{Batch, pack};
 pub use source::{

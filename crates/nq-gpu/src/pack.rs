@@ -42,6 +42,8 @@ use crate::{Error, Result};
 pub const TABLE_WORDS: usize = 64;
 /// Words per task; `NQ_TASK_WORDS` in the kernel.
 pub const TASK_WORDS: usize = 5;
+/// Words before the tasks of the kernel's spill queue; `NQ_SPILL_HEAD`.
+pub const SPILL_HEAD: usize = 4;
 /// Stack entries per lane; `NQ_DEPTH` in the kernel.
 pub const STACK_DEPTH: usize = 16;
 /// The most free columns a task leaves to search, its own included: its
@@ -243,6 +245,41 @@ impl Batch {
     /// The number of sub-problems.
     pub fn subproblems(&self) -> usize {
         self.host.len()
+    }
+
+    /// The batch that counts `spilled`, the tasks a launch of this batch
+    /// gave back ([`TASK_WORDS`] words each, as the kernel's spill queue
+    /// holds them): the same board and tables, those tasks (those with the
+    /// most columns left and rows to try first), and nothing counted by the
+    /// host. Fold its results and add them to this batch's: together they
+    /// are exact.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ResultLength`] when `spilled` is not whole tasks of this
+    /// batch's sub-problems.
+    pub fn follow_up(&self, spilled: &[u32]) -> Result<Batch> {
+        let bad = || Error::ResultLength {
+            got: spilled.len(),
+            want: spilled.len() / TASK_WORDS * TASK_WORDS,
+        };
+        if !spilled.len().is_multiple_of(TASK_WORDS)
+            || spilled
+                .chunks(TASK_WORDS)
+                .any(|t| t[0] as usize >= self.subproblems())
+        {
+            return Err(bad());
+        }
+        let mut order: Vec<&[u32]> = spilled.chunks(TASK_WORDS).collect();
+        // Queens placed (fewest first), then rows to try (most first): a
+        // cheap stand-in for the largest first.
+        order.sort_by_key(|t| (t[1].count_ones(), std::cmp::Reverse(t[4].count_ones())));
+        Ok(Batch {
+            board: self.board,
+            tables: self.tables.clone(),
+            tasks: order.concat(),
+            host: vec![CountStats::default(); self.subproblems()],
+        })
     }
 
     /// Folds the kernel's per-task `counts` and `nodes` into one

@@ -14,6 +14,9 @@
 //!   flight, one per stream: it packs (and splits, and orders) the next batch
 //!   on the host while the GPU counts the previous one, and the next launch's
 //!   blocks take the SMs the previous one's tail frees.
+//! * **Tails.** What a launch's last lanes give back (the kernel's spill
+//!   queue) is counted by a follow-up launch of the same jobs before they
+//!   are reported.
 //! * **Off the GPU thread.** The completions fixed by the half and quarter
 //!   turns (ring-kind sub-problems only, on the CPU) are counted by the
 //!   finisher, and their time is logged per launch with the pack, kernel and
@@ -256,9 +259,20 @@ impl Drop for GpuRunner {
     }
 }
 
+/// A launch in flight on a GPU thread, with the jobs it counts.
+struct InFlight {
+    launch: nq_gpu::Launch,
+    jobs: Vec<GpuJob>,
+    pack_ms: f64,
+    /// For a follow-up launch (of what an earlier launch of these jobs
+    /// spilled): the results and times so far.
+    so_far: Option<(Vec<CountStats>, nq_gpu::LaunchTimes)>,
+}
+
 /// A GPU thread's loop: while a stream is free and jobs wait, packs and
-/// submits them; otherwise finishes its oldest launch and hands the results
-/// to the finisher; waits for jobs only when nothing is in flight.
+/// submits them; otherwise finishes its oldest launch, launches a follow-up
+/// of what it spilled in its tail, or hands the results to the finisher;
+/// waits for jobs only when nothing is in flight.
 fn serve(
     device: usize,
     gpu: &mut nq_gpu::Gpu,
@@ -266,7 +280,7 @@ fn serve(
     working: &AtomicUsize,
     done: &mpsc::Sender<Counted>,
 ) {
-    let mut in_flight: VecDeque<(nq_gpu::Launch, Vec<GpuJob>, f64)> = VecDeque::new();
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     loop {
         let jobs = if gpu.can_submit() {
             take(queue, in_flight.is_empty())
@@ -280,20 +294,7 @@ fn serve(
         let jobs: Vec<GpuJob> = jobs.into_iter().filter_map(pass_trivial).collect();
         let failure = if jobs.is_empty() {
             match in_flight.pop_front() {
-                Some((launch, jobs, pack_ms)) => match gpu.finish(launch) {
-                    Ok((_, stats, times)) => {
-                        // The finisher ends only after every GPU thread.
-                        let _ = done.send(Counted {
-                            device,
-                            jobs,
-                            stats,
-                            times,
-                            pack_ms,
-                        });
-                        None
-                    }
-                    Err(e) => Some((e, jobs)),
-                },
+                Some(f) => settle(device, gpu, f, &mut in_flight, done),
                 None => None,
             }
         } else {
@@ -306,7 +307,12 @@ fn serve(
             let pack_ms = started.elapsed().as_secs_f64() * 1e3;
             match submitted {
                 Ok(launch) => {
-                    in_flight.push_back((launch, jobs, pack_ms));
+                    in_flight.push_back(InFlight {
+                        launch,
+                        jobs,
+                        pack_ms,
+                        so_far: None,
+                    });
                     None
                 }
                 Err(e) => Some((e, jobs)),
@@ -315,10 +321,7 @@ fn serve(
         if let Some((e, jobs)) = failure {
             error!(device, error = %e, "the GPU failed; its jobs are handed back and later jobs go to the other GPUs or the CPU threads");
             jobs.into_iter().for_each(cancel);
-            in_flight
-                .drain(..)
-                .flat_map(|(_, jobs, _)| jobs)
-                .for_each(cancel);
+            in_flight.drain(..).flat_map(|f| f.jobs).for_each(cancel);
             // Under the queue's lock, which submit holds while it checks that
             // a GPU still works: no job can be queued after the last GPU
             // drained the queue.
@@ -330,6 +333,61 @@ fn serve(
             return;
         }
     }
+}
+
+/// Finishes one launch: adds its results to those of the launches before it
+/// (of the same jobs), then either launches a follow-up of what it spilled
+/// (queued behind the other launches in flight) or hands everything to the
+/// finisher. Returns the error and the jobs to cancel when the GPU failed.
+fn settle(
+    device: usize,
+    gpu: &mut nq_gpu::Gpu,
+    f: InFlight,
+    in_flight: &mut VecDeque<InFlight>,
+    done: &mpsc::Sender<Counted>,
+) -> Option<(nq_gpu::Error, Vec<GpuJob>)> {
+    let finished = match gpu.finish(f.launch) {
+        Ok(finished) => finished,
+        Err(e) => return Some((e, f.jobs)),
+    };
+    let (mut stats, mut times) = (finished.stats, finished.times);
+    if let Some((before, t)) = f.so_far {
+        if let Err(e) = nq_gpu::add_stats(&mut stats, &before) {
+            return Some((e, f.jobs));
+        }
+        times.kernel_ms += t.kernel_ms;
+        times.wall_ms += t.wall_ms;
+        times.spilled += t.spilled;
+        times.follow_ups = t.follow_ups + 1;
+        times.tasks = t.tasks;
+    }
+    if !finished.spilled.is_empty() {
+        let follow_up = finished
+            .batch
+            .follow_up(&finished.spilled)
+            .and_then(|b| gpu.submit(b));
+        return match follow_up {
+            Ok(launch) => {
+                in_flight.push_back(InFlight {
+                    launch,
+                    jobs: f.jobs,
+                    pack_ms: f.pack_ms,
+                    so_far: Some((stats, times)),
+                });
+                None
+            }
+            Err(e) => Some((e, f.jobs)),
+        };
+    }
+    // The finisher ends only after every GPU thread.
+    let _ = done.send(Counted {
+        device,
+        jobs: f.jobs,
+        stats,
+        times,
+        pack_ms: f.pack_ms,
+    });
+    None
 }
 
 /// Takes the queued jobs of the first job's board, up to [`MAX_BATCH`]
@@ -424,6 +482,8 @@ fn finish(rx: &mpsc::Receiver<Counted>) {
             fixed_ms = format_args!("{fixed_ms:.1}"),
             nodes = nodes_total,
             nodes_per_s = format_args!("{rate:.3e}"),
+            spilled = c.times.spilled,
+            follow_ups = c.times.follow_ups,
             "GPU launch counted"
         );
     }
