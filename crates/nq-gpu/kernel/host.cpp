@@ -231,8 +231,9 @@ int nq_host_count(unsigned int kernel_n, unsigned int n, unsigned int block,
 // task counter, and each round gives every warp with a live lane one step,
 // in warp order. Each lane runs the kernel's own nq_refill and nq_lap on its
 // own column of the warp's shared memory, exactly as on the GPU, so the
-// counts come out as the threaded run's. Returns 0, or -1 when no copy was
-// compiled for `kernel_n` or `warps` is 0.
+// counts come out as the threaded run's (what the lanes spilled into
+// `spill`, if not NULL, aside). Returns 0, or -1 when no copy was compiled
+// for `kernel_n` or `warps` is 0.
 int nq_host_simt(unsigned int kernel_n, unsigned int n, unsigned int warps,
                  const unsigned int* tables, const unsigned int* tasks,
                  unsigned int task_count, unsigned long long* counts,

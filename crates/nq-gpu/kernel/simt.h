@@ -11,7 +11,8 @@
 // left, and then every live lane runs one nq_lap. As on the GPU (no lane
 // waits for another), a lane's lap depends only on its own state, so this
 // order gives the counts of any other order; what it adds is which lanes of
-// a warp are busy in each step.
+// a warp are busy in each step. With a spill queue (`spill`, NULL: none),
+// lanes give back their stacks in the tail as on the GPU.
 static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned int* tables,
                     const unsigned int* tasks, unsigned int task_count,
                     unsigned long long* counts, unsigned long long* nodes,
