@@ -12,7 +12,10 @@
 #      checks the kernel's lap (.ci/sass-lap.py): prints its instructions by
 #      class and FAILS when it has more than LAP_BUDGET instructions, or a
 #      convergence barrier or branch inside it other than the refill guard;
-#   4. rebuilds the PTX embedded in nq-gpu and FAILS if it differs from the
+#   4. runs the lane-utilisation emulation (nq-gpu's host build of the
+#      kernel lock-step over warps of 32 lanes) and prints its figures; it
+#      FAILS below 28 of 32 lanes active or above 1.10 laps per node;
+#   5. rebuilds the PTX embedded in nq-gpu and FAILS if it differs from the
 #      committed crates/nq-gpu/kernel/count.ptx.
 #
 #   bash .ci/gpu.sh                    # the CI check
@@ -99,6 +102,13 @@ for n in 21 28; do
     "$nvdisasm" -c "$work/n$n.cubin" 2>/dev/null >"$work/n$n.sass"
     python3 .ci/sass-lap.py --budget "$LAP_BUDGET" --label "N=$n sm_90: " "$work/n$n.sass"
 done
+
+echo "== gpu: lane-utilisation emulation of the kernel, lock-step over warps of 32 lanes (fails below its floors)"
+# cargo test keeps a passing test's output to itself: --nocapture prints the
+# figures (the same test also runs in the workspace's tests).
+cargo test -q --locked -p nq-gpu --lib lane_utilisation_emulation -- --nocapture 2>&1 |
+    grep -E '^lane emulation|test result' | sed 's/^/   /'
+test "${PIPESTATUS[0]}" = 0
 
 echo "== gpu: the embedded PTX is NVRTC's output for the current kernel source"
 nvrtc --check-embedded

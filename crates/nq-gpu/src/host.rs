@@ -391,7 +391,7 @@ fn lane_utilisation_emulation_meets_its_floors() {
         let tail = (f(s.lane_laps) / f(s.steps)) / per_lap;
         let laps_per_node = f(s.lane_laps) / f(kernel_nodes);
         println!(
-            "lane emulation N={n} (border(1), every {every}th sub-problem, {} tasks, \
+            "lane emulation N={n} (border(1), 1 in {every} sub-problems, {} tasks, \
              {WARPS} warps): steady state {steady:.2} of 32 lanes active per issued \
              instruction ({per_lap:.2} per lap; refill in {:.2}% of steps, flush only in \
              {:.2}%, table copy in {:.2}%), tail efficiency {tail:.3}, {laps_per_node:.4} \
