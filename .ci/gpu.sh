@@ -8,25 +8,37 @@
 #   2. assembles the compute_90 PTX with `ptxas -v` for sm_90 and FAILS on any
 #      spill, any stack frame (local memory) or `.local` in the PTX, printing
 #      the registers and shared memory (recorded in BENCHMARKS.md);
-#   3. rebuilds the PTX embedded in nq-gpu and FAILS if it differs from the
+#   3. disassembles the sm_90 cubin of N = 21 and N = 28 with nvdisasm and
+#      checks the kernel's lap (.ci/sass-lap.py): prints its instructions by
+#      class and FAILS when it has more than LAP_BUDGET instructions, or a
+#      convergence barrier or branch inside it other than the refill guard;
+#   4. runs the lane-utilisation emulation (nq-gpu's host build of the
+#      kernel lock-step over warps of 32 lanes) and prints its figures; it
+#      FAILS below 28 of 32 lanes active or above 1.10 laps per node;
+#   5. rebuilds the PTX embedded in nq-gpu and FAILS if it differs from the
 #      committed crates/nq-gpu/kernel/count.ptx.
 #
 #   bash .ci/gpu.sh                    # the CI check
 #   bash .ci/gpu.sh --write-embedded   # regenerate kernel/count.ptx after a kernel edit
 #
 # The wheels are pinned: the embedded PTX must be byte-for-byte what this
-# NVRTC emits.
+# NVRTC emits. nvdisasm has no CUDA 12 wheel; the pinned 13.5 one reads the
+# cubins of ptxas 12.9.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
 
 NVRTC_WHEEL="nvidia-cuda-nvrtc-cu12==12.9.86"
 NVCC_WHEEL="nvidia-cuda-nvcc-cu12==12.9.86"
+NVDISASM_WHEEL="nvidia-cuda-nvdisasm==13.5.37"
+# SASS instructions per lap at most (measured 36 at N = 21 and 28 on sm_90
+# with the wheels above; GPU.md's hand-tuned estimate is 39).
+LAP_BUDGET=40
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-echo "== gpu: installing $NVRTC_WHEEL and $NVCC_WHEEL into a virtual environment"
+echo "== gpu: installing $NVRTC_WHEEL, $NVCC_WHEEL and $NVDISASM_WHEEL into a virtual environment"
 if ! python3 -m venv "$work/venv" 2>/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
@@ -34,12 +46,14 @@ if ! python3 -m venv "$work/venv" 2>/dev/null; then
     python3 -m venv "$work/venv"
 fi
 "$work/venv/bin/pip" install -q --disable-pip-version-check --no-cache-dir \
-    "$NVRTC_WHEEL" "$NVCC_WHEEL"
+    "$NVRTC_WHEEL" "$NVCC_WHEEL" "$NVDISASM_WHEEL"
 site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 nvrtc_lib="$site/nvidia/cuda_nvrtc/lib"
 ptxas="$site/nvidia/cuda_nvcc/bin/ptxas"
 test -e "$nvrtc_lib/libnvrtc.so.12" || { echo "no libnvrtc.so.12 in $nvrtc_lib" >&2; exit 1; }
+nvdisasm="$site/nvidia/cu13/bin/nvdisasm"
 test -x "$ptxas" || { echo "no ptxas at $ptxas" >&2; exit 1; }
+test -x "$nvdisasm" || { echo "no nvdisasm at $nvdisasm" >&2; exit 1; }
 echo "   installed in $((SECONDS - start)) s"
 
 cargo build -q --locked -p nq-gpu --example nvrtc
@@ -55,7 +69,7 @@ if [ "${1:-}" = "--write-embedded" ]; then
 fi
 
 echo "== gpu: NVRTC (the worker's compile path) for compute_80, compute_90, compute_120"
-for n in 28 32; do
+for n in 21 28 32; do
     for arch in compute_80 compute_90 compute_120; do
         nvrtc --n "$n" --arch "$arch" --out "$work/n$n-$arch.ptx" >/dev/null
         if grep -q '\.local' "$work/n$n-$arch.ptx"; then
@@ -67,7 +81,7 @@ for n in 28 32; do
 done
 
 echo "== gpu: ptxas -v for sm_90 (fails on spills or local memory)"
-for n in 28 32; do
+for n in 21 28 32; do
     report=$("$ptxas" -arch=sm_90 -v "$work/n$n-compute_90.ptx" -o "$work/n$n.cubin" 2>&1)
     frame=$(grep -o '[0-9]* bytes stack frame' <<<"$report" | grep -o '^[0-9]*')
     stores=$(grep -o '[0-9]* bytes spill stores' <<<"$report" | grep -o '^[0-9]*')
@@ -81,6 +95,20 @@ for n in 28 32; do
         exit 1
     fi
 done
+
+echo "== gpu: SASS budget of the lap, sm_90 (fails past $LAP_BUDGET instructions or on a barrier inside it)"
+python3 .ci/sass-lap.py --self-test
+for n in 21 28; do
+    "$nvdisasm" -c "$work/n$n.cubin" 2>/dev/null >"$work/n$n.sass"
+    python3 .ci/sass-lap.py --budget "$LAP_BUDGET" --label "N=$n sm_90: " "$work/n$n.sass"
+done
+
+echo "== gpu: lane-utilisation emulation of the kernel, lock-step over warps of 32 lanes (fails below its floors)"
+# cargo test keeps a passing test's output to itself: --nocapture prints the
+# figures (the same test also runs in the workspace's tests).
+cargo test -q --locked -p nq-gpu --lib lane_utilisation_emulation -- --nocapture 2>&1 |
+    grep -E '^lane emulation|test result' | sed 's/^/   /'
+test "${PIPESTATUS[0]}" = 0
 
 echo "== gpu: the embedded PTX is NVRTC's output for the current kernel source"
 nvrtc --check-embedded

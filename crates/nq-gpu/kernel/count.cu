@@ -1,60 +1,72 @@
 // The GPU count kernel of nq: completions of the border split's sub-problems.
 //
-// ONE SOURCE, TWO COMPILERS. NVRTC compiles this file for the GPU (with
-// -DNQ_N=<board size>), and the tests compile the same text as host C++
-// through shim.h and run it under UBSan against nq-core. So it is written in
-// a subset of CUDA C that means the same on both: no barriers, no warp
-// intrinsics, no inline PTX, no shift by 32 or more (PTX gives 0, x86 masks
-// the count; UBSan reports it on the host), and only 32- and 64-bit unsigned
-// arithmetic.
+// ONE SOURCE, TWO COMPILERS. NVRTC compiles this file for the GPU, and the
+// tests compile the same text as host C++ through shim.h and run it under
+// UBSan against nq-core, both thread by thread and lock-step over warps of 32
+// lanes (host.cpp). So it is written in a subset of CUDA C that means the
+// same on both: no barriers, no warp intrinsics, no inline PTX, no shift by
+// 32 or more (PTX gives 0, x86 masks the count; UBSan reports it on the
+// host), and only 32- and 64-bit unsigned arithmetic.
 //
-// WORK. A *task* is a node of one sub-problem's search tree: its free column
-// `level`, the candidate rows `rem` of that column, and the rows used and
-// attacked along both diagonals as seen from it (`used`, `up`, `down`). The
-// host (crates/nq-gpu/src/pack.rs) builds the tasks by expanding the first
-// levels of each sub-problem, and one *table* per sub-problem that all its
-// tasks share: the rows it may use (`full`), its number of free columns, and
-// per free column the shift from the previous free column and the rows its
-// prefix blocks. The kernel writes each task's completions and nodes (queens
-// placed in every free column but the last two, as nq-core counts them).
+// WORK. A *task* is a node of one sub-problem's search tree, in the column
+// its search reaches next: `cur`, the rows already holding a queen (the
+// prefix's rows included), `left` and `right`, the rows the placed queens
+// attack along both diagonals as seen from that column, and `valid`, the
+// rows of that column still to try. The host (crates/nq-gpu/src/pack.rs)
+// builds the tasks by expanding the first levels of each sub-problem, and one
+// *table* per sub-problem that all its tasks share.
 //
-// DESIGN (../shared/GPU.md sections 1.5 and 6). Shared-memory traffic, not
-// ALU work, bounds this kind of kernel, so it is kept off the common path:
-// * persistent threads: each thread pulls its next task with one atomicAdd
-//   on a global counter, so no lane waits for a slow task of another;
-// * the current node lives in registers (level, rem, used, up, down);
-// * only ancestors that still have candidates are pushed, one 16-byte entry
-//   per level at a slot fixed by the level, so the stack needs no pointer: a
-//   register bit mask `pending` says which levels hold an entry, and the
-//   highest one is the top;
-// * the stack is in shared memory with level L of thread t at
-//   stack[L * NQ_BLOCK + t]: lane i of a warp always reads and writes the same
-//   four banks (16*i mod 128 bytes), whatever level each lane is at, so a
-//   warp's 16-byte access takes the minimum four wavefronts;
-// * the last two free columns are counted in closed form (pairs), never
-//   searched;
-// * the per-sub-problem tables are read from global memory through the
-//   read-only path: every task of a sub-problem reads the same 66 words, so
-//   they stay in L1. (A table in shared memory per block would need a barrier
-//   to fill, and this subset has none.)
+// THE TABLE IS INDEXED BY POPCOUNT. Every queen on the board sits on its own
+// row, so popc(cur) is the number of queens placed before the column a node
+// is in: the prefix's P queens and one per free column searched. Entry k of a
+// sub-problem's table describes the free column reached with k queens placed:
+// the rows its prefix attacks or the split forbids, ORed with the rows off
+// the board (bits N..31), and the shift, in columns, from the free column
+// before it. A column that the prefix pre-placed is never visited: its queen
+// is in `cur`, its attacks are in the blocked rows, and the next free column
+// is reached with a shift of 2 or more at no extra cost. The last free column
+// is the one reached with N - 1 queens placed: there the lap adds the
+// popcount of the free rows instead of placing each queen.
 //
-// MEMORY ACCESSES PER NODE (a node = one queen placed). The shared-memory
-// accesses are what limits ygch's kernel: one 16-byte load and one 4-byte
-// store every node, and a 16-byte store whenever it pushes. Here a node
-// touches the stack only:
-// * with a 16-byte store, when it descends and its parent still has rows
-//   left to try;
-// * with a 16-byte load, for the pop that later resumes that parent.
-// A node of the last searched column never descends: it counts the two
-// columns after it in closed form. Most nodes are such nodes, so the stack
-// traffic is well below one access per node. Every node reads two table words
-// (shift, blocked) through L1; a third and fourth in the last searched column.
-// Those L1 reads are the kernel's main memory traffic. They take few
-// wavefronts only while the lanes of a warp work on tasks of one sub-problem,
-// whose tasks are contiguous. Neither count has been measured on a GPU.
+// ONE LAP = ONE PLACEMENT, with no divergent branch but the rare refill
+// (GPU.md section 8.3.2). A lane's stack, in shared memory, holds the node it
+// expands on top and, below it, the ancestors that still have rows to try:
+//   1. load the top entry and take its lowest untried row p; write the
+//      other rows back (the entry is popped when none is left);
+//   2. build the child: cur | p, and both diagonals shifted by the table's
+//      shift of the child's column, whose entry k = popc(cur | p) is one
+//      8-byte shared-memory load;
+//   3. if k = N - 1 the child is the last column: add the popcount of its
+//      free rows (its completions);
+//   4. else if the child has a free row, push it.
+// Every step is a select or a predicated store, so all lanes of a warp run
+// the same instructions and each active lane places one queen per lap. A
+// node (the project's meaning: a queen placed in any free column but the
+// last two) is a lap that is not a leaf lap.
+//
+// NO LANE WAITS FOR ITS WARP. A lane whose stack is empty writes its task's
+// results and takes the next task (one atomicAdd) inside the loop, then goes
+// on with the next lap; the other lanes wait only for that refill. Lanes
+// leave the loop one by one when no task is left.
+//
+// SHARED MEMORY PER LANE, lane-major (entry i of thread t at [i * NQ_BLOCK +
+// t]), so that a warp's 16- or 8-byte accesses take the minimum 4 or 2
+// wavefronts whatever entry each lane reads:
+//   * NQ_DEPTH stack entries of 16 bytes (cur, left, right, valid), after
+//     an unused entry 0 that marks the empty stack;
+//   * NQ_N table entries of 8 bytes, the lane's copy of its task's table,
+//     copied only when a lane's next task is of another sub-problem.
+// Per lap a warp loads its stack tops (4 wavefronts), writes back `valid`
+// (4: lanes 8 apart share a bank), loads its table entries (2) and pushes
+// (4, predicated): about ygch's traffic plus the table.
+//
+// EXACTNESS. Counts and nodes are 64-bit per task; the host bounds every
+// task below 2^64 completions and nodes and folds them into u128. The stack
+// depth is a compile-time bound that the host guarantees: a task leaves at
+// most NQ_DEPTH + 1 free columns to search (pack.rs, MAX_TASK_COLUMNS).
 
 #ifndef NQ_N
-#error "compile with -DNQ_N=<board size>"
+#error "compile with -DNQ_N=<largest board size>"
 #endif
 #if NQ_N < 1 || NQ_N > 32
 #error "NQ_N must be 1..32"
@@ -62,7 +74,15 @@
 
 // Threads per block; the launch MUST use this block size.
 #ifndef NQ_BLOCK
-#define NQ_BLOCK 96
+#define NQ_BLOCK 64
+#endif
+
+// Stack entries per lane. A task in free column j of F stacks nodes of
+// columns j .. F - 2 only (a child in the last column is counted, never
+// pushed), at most F - 1 - j of them: pack.rs keeps F - j <= NQ_DEPTH + 1
+// (MAX_TASK_COLUMNS).
+#ifndef NQ_DEPTH
+#define NQ_DEPTH 16
 #endif
 
 // Linkage of the entry point: C for NVRTC (an unmangled name to look up);
@@ -73,122 +93,280 @@
 
 // Buffer layout, shared with crates/nq-gpu/src/pack.rs (a test checks that
 // both sides agree).
-// A table: full, free columns, shift[32], blocked[32].
-#define NQ_TABLE_WORDS 66
-// A task: table index, level, rem, used, up, down.
-#define NQ_TASK_WORDS 6
+// A table: 32 entries of (blocked rows | rows off the board, shift).
+#define NQ_TABLE_WORDS 64
+// A task: table index, cur, left, right, valid.
+#define NQ_TASK_WORDS 5
+// The spill queue (NULL: no spilling): words reserved, written and capacity
+// (in tasks), one unused word, then the spilled tasks, NQ_TASK_WORDS each.
+#define NQ_SPILL_HEAD 4
 
-// Levels that can hold a pushed ancestor. A node at level L is pushed only
-// when its child at L + 1 is searched one queen at a time, that is when
-// L + 1 <= free - 3, and free <= N: so L <= N - 4, and N - 3 slots suffice.
-#define NQ_STACK_LEVELS (NQ_N > 3 ? NQ_N - 3 : 1)
+// A lap adds to one 32-bit accumulator: 2^20 for a node, or the completions
+// of a leaf lap (0 or 1: the last column has one unused row) in the low 20
+// bits. The lane flushes it into its task's 64-bit totals once the nodes
+// reach 2^11 (the top bit: one compare in the loop's guard). A leaf lap
+// takes a row of the one stack entry in the second-to-last column, which a
+// node lap made (or the task), so between two flushes the completions are
+// at most 32 * (2^11 + 1) < 2^20: neither field can spill into the other.
+#define NQ_NODE (1u << 20)
+#define NQ_LEAVES (NQ_NODE - 1u)
 
-// Completions of the last two free columns, whose free rows are f1 and f2
-// (before either holds a queen), s columns apart. A queen on row r of the
-// first takes rows r, r + s and r - s of the second and nothing else, so the
-// count is |f1|*|f2| minus the pairs that collide on each of those three
-// rows. Never negative: each subtracted set is a subset of the pairs. s is
-// at most N - 1 <= 31, so no shift reaches 32.
-__device__ __forceinline__ unsigned int nq_pairs(unsigned int f1, unsigned int f2,
-                                                 unsigned int s)
+// No task, no table: a lane's state before its first fetch.
+#define NQ_NONE 0xffffffffu
+
+// A lane's state between laps. Everything here lives in registers on the GPU;
+// the node being expanded is the top entry of the lane's stack.
+struct nq_lane {
+    // The lane's stack and table columns: entry i is [i * NQ_BLOCK]. Set
+    // again by every refill: a value the loop carries stays in a register,
+    // where a loop-invariant shared address is recomputed by the compiler
+    // every lap (7 instructions on sm_90).
+    uint4* stk;
+    const uint2* tab;
+    // The top stack entry's index times NQ_BLOCK (so that it is an offset
+    // into the lane's column); 0 when the stack is empty: entry 0 is never
+    // used, so that a pop needs no test.
+    unsigned int top;
+    // The task being counted, and the table copied into the lane's entries.
+    unsigned int task, table;
+    // The task's completions and nodes so far, without `acc`, which is
+    // added in at the next refill.
+    unsigned long long count, nodes;
+    // Nodes (times NQ_NODE) and completions since then: one add per lap. A
+    // refill (a flush only, when the task goes on) is forced when the top
+    // bit is set, so neither field can wrap.
+    unsigned int acc;
+};
+
+// A lane before its first task.
+__device__ __forceinline__ void nq_start(nq_lane& s)
 {
-    return __popc(f1) * __popc(f2) - __popc(f1 & f2) - __popc(f1 & (f2 >> s)) -
-           __popc(f1 & (f2 << s));
+    s.stk = 0;
+    s.tab = 0;
+    s.top = 0;
+    s.task = NQ_NONE;
+    s.table = NQ_NONE;
+    s.count = 0;
+    s.nodes = 0;
+    s.acc = 0;
 }
 
-NQ_EXTERN __global__ void __launch_bounds__(NQ_BLOCK)
-nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict__ tasks,
-         unsigned int task_count, unsigned int* __restrict__ next_task,
-         unsigned long long* __restrict__ counts, unsigned long long* __restrict__ nodes_out)
+// True when the lane must run nq_refill before its next lap: its task is done
+// (or it has none yet), or its accumulator is due to be flushed.
+__device__ __forceinline__ bool nq_due(const nq_lane& s)
 {
-    __shared__ uint4 stack[NQ_STACK_LEVELS * NQ_BLOCK];
-    // This thread's column of the stack: level L is mine[L * NQ_BLOCK].
-    uint4* const mine = stack + threadIdx.x;
+    return s.top == 0 || s.acc >= 0x80000000u;
+}
+
+// One lap: one queen placed on the lowest untried row of the node on top of
+// the stack; the child counted (last column), pushed, or dropped; the node
+// popped when it has no row left. The task is done when the stack is empty.
+// `last` is N - 1. Every step is an unconditional or predicated instruction:
+// no branch.
+__device__ __forceinline__ void nq_lap(nq_lane& s, unsigned int last)
+{
+    // The node on top of the stack, and its lowest untried row p:
+    // v & -v isolates it, and v ^ p clears it (one instruction fewer than
+    // v & (v - 1)).
+    const uint4 n = s.stk[s.top];
+    const unsigned int p = n.w & (0u - n.w);
+    const unsigned int rest = n.w ^ p;
+    // Written back whether or not the node is done: a done node is popped,
+    // and its entry is dead.
+    s.stk[s.top].w = rest;
+    const unsigned int c = n.x | p;
+    const int k = __popc(c);
+    // The child's column: the blocked rows (off-board rows included) and the
+    // shift from the parent's column. k <= N - 1 < NQ_N, since the parent
+    // was not the last column.
+    // Indexed in bytes with an unsigned product, which the compiler folds
+    // into one shift-and-add (the plain index costs two instructions).
+    const uint2 e =
+        *(const uint2*)((const char*)s.tab + (unsigned int)k * (NQ_BLOCK * 8u));
+    const unsigned int l = (n.y | p) << e.y;
+    const unsigned int r = (n.z | p) >> e.y;
+    const unsigned int free = ~(c | l | r | e.x);
+    const bool leaf = (unsigned int)k == last;
+    s.acc += leaf ? (unsigned int)__popc(free) : NQ_NODE;
+    // The node stays on the stack while it has rows left, else it is popped;
+    // the child (if it has rows and is not the last column) goes above what
+    // stays.
+    const unsigned int below = s.top - (rest == 0 ? NQ_BLOCK : 0u);
+    const bool descend = !leaf && free != 0;
+    if (descend) {
+        s.stk[below + NQ_BLOCK] = make_uint4(c, l, r, free);
+    }
+    s.top = below + (descend ? NQ_BLOCK : 0u);
+}
+
+// TAIL CONTROL. When the launch has no task left for anyone, a lane that
+// still has a long task gives back its pending work: at its next flush (every
+// 2^11 nodes) it writes every entry of its stack as a new task (each entry's
+// untried rows are a part of the remaining subtree, and together they are
+// all of it) to the spill queue, ends its task with what it counted so far,
+// and leaves. The host counts the spilled tasks in a follow-up launch, where
+// every lane of the GPU shares them, instead of one lane finishing them
+// alone. Returns true when the stack was given back. A reservation that does
+// not fit the queue spills nothing, and every later one fails too, so the
+// written tasks are the first `written` slots.
+__device__ __forceinline__ bool nq_spill(nq_lane& s, unsigned int* __restrict__ spill,
+                                         unsigned int* __restrict__ next_task,
+                                         unsigned int task_count)
+{
+    if (spill == 0 || atomicAdd(next_task, 0u) < task_count) {
+        return false;
+    }
+    const unsigned int entries = s.top / NQ_BLOCK;
+    const unsigned int at = atomicAdd(&spill[0], entries);
+    const unsigned int cap = spill[2];
+    if (at > cap || cap - at < entries) {
+        return false;
+    }
+    for (unsigned int i = 0; i < entries; ++i) {
+        const uint4 e = s.stk[(i + 1) * NQ_BLOCK];
+        unsigned int* const w = spill + NQ_SPILL_HEAD + (at + i) * NQ_TASK_WORDS;
+        w[0] = s.table;
+        w[1] = e.x;
+        w[2] = e.y;
+        w[3] = e.z;
+        w[4] = e.w;
+    }
+    atomicAdd(&spill[1], entries);
+    s.top = 0;
+    return true;
+}
+
+// Ends the lane's task (writing its results) and takes tasks until one has
+// something to expand. Returns false when no task is left. Tasks in the last
+// free column, or whose column has no free row, are counted here at once.
+__device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
+                                          const unsigned int* __restrict__ tables,
+                                          const unsigned int* __restrict__ tasks,
+                                          unsigned int task_count,
+                                          unsigned int* __restrict__ next_task,
+                                          unsigned int last,
+                                          unsigned long long* __restrict__ counts,
+                                          unsigned long long* __restrict__ nodes_out,
+                                          unsigned int* __restrict__ spill)
+{
     for (;;) {
-        // Persistent thread: the next task, until none is left.
-        const unsigned int task = atomicAdd(next_task, 1u);
-        if (task >= task_count) {
-            return;
+        s.count += s.acc & NQ_LEAVES;
+        s.nodes += s.acc / NQ_NODE;
+        s.acc = 0;
+        if (s.top != 0 && !nq_spill(s, spill, next_task, task_count)) {
+            // Only a flush: the task goes on.
+            return true;
         }
-        const unsigned int* const t = tasks + (unsigned long long)task * NQ_TASK_WORDS;
-        const unsigned int* const table = tables + (unsigned long long)t[0] * NQ_TABLE_WORDS;
-        const unsigned int full = table[0];
-        const unsigned int width = table[1];
-        const unsigned int* const shift = table + 2;
-        const unsigned int* const blocked = table + 2 + 32;
-        unsigned int level = t[1];
-        unsigned int rem = t[2];
-        unsigned int used = t[3];
-        unsigned int up = t[4];
-        unsigned int down = t[5];
-        // A task's count is at most 20! < 2^64 (the host keeps at most 20
-        // free columns below a task), and its nodes at most e * 20!.
-        unsigned long long count = 0;
-        unsigned long long nodes = 0;
-        if (width == 0) {
-            // A complete prefix is its own single completion.
-            count = 1;
-        } else if (level + 1 == width) {
-            // One column left: each candidate row is a completion.
-            count = __popc(rem);
-        } else if (level + 2 == width) {
-            // Two columns left: the closed form, with the second column's
-            // free rows as seen from the first.
-            const unsigned int s = shift[level + 1];
-            const unsigned int f2 =
-                full & ~(used | (up << s) | (down >> s) | blocked[level + 1]);
-            count = nq_pairs(rem, f2, s);
-        } else {
-            // Bit L set: stack level L holds an ancestor with candidates left.
-            // Ancestors are pushed in increasing level order, so the highest
-            // set bit is the top of the stack.
-            unsigned int pending = 0;
-            for (;;) {
-                if (rem == 0) {
-                    if (pending == 0) {
-                        break;
-                    }
-                    level = 31 - __clz(pending);
-                    pending ^= 1u << level;
-                    const uint4 e = mine[level * NQ_BLOCK];
-                    rem = e.x;
-                    used = e.y;
-                    up = e.z;
-                    down = e.w;
-                    continue;
-                }
-                // Place a queen on the lowest candidate row; x & -x isolates it.
-                const unsigned int bit = rem & (0u - rem);
-                rem ^= bit;
-                nodes += 1;
-                const unsigned int u = used | bit;
-                const unsigned int s = shift[level + 1];
-                const unsigned int a = (up | bit) << s;
-                const unsigned int b = (down | bit) >> s;
-                const unsigned int f = full & ~(u | a | b | blocked[level + 1]);
-                if (level + 3 == width) {
-                    // The child is the second-to-last column: count the last
-                    // two in closed form instead of descending.
-                    const unsigned int s2 = shift[level + 2];
-                    const unsigned int f2 =
-                        full & ~(u | (a << s2) | (b >> s2) | blocked[level + 2]);
-                    count += nq_pairs(f, f2, s2);
-                } else if (f != 0) {
-                    // Descend. The parent is saved only if it has rows left to
-                    // try; otherwise its child simply replaces it.
-                    if (rem != 0) {
-                        mine[level * NQ_BLOCK] = make_uint4(rem, used, up, down);
-                        pending |= 1u << level;
-                    }
-                    level += 1;
-                    rem = f;
-                    used = u;
-                    up = a;
-                    down = b;
-                }
+        if (s.task != NQ_NONE) {
+            counts[s.task] = s.count;
+            nodes_out[s.task] = s.nodes;
+        }
+        // Persistent thread: the next task, until none is left.
+        s.task = atomicAdd(next_task, 1u);
+        if (s.task >= task_count) {
+            s.task = NQ_NONE;
+            return false;
+        }
+        const unsigned int* const t = tasks + (unsigned long long)s.task * NQ_TASK_WORDS;
+        const unsigned int cur = t[1];
+        const unsigned int valid = t[4];
+        s.count = 0;
+        s.nodes = 0;
+        if ((unsigned int)__popc(cur) == last) {
+            // The task's column is the last: each free row is a completion.
+            s.count = __popc(valid);
+            continue;
+        }
+        if (valid == 0) {
+            continue;
+        }
+        s.stk = stk;
+        s.tab = tab;
+        s.top = NQ_BLOCK;
+        stk[NQ_BLOCK] = make_uint4(cur, t[2], t[3], valid);
+        if (t[0] != s.table) {
+            // A task of another sub-problem: copy its table's entries (the
+            // columns reached with 0 .. N - 1 queens) into the lane's column.
+            s.table = t[0];
+            const unsigned int* const w =
+                tables + (unsigned long long)s.table * NQ_TABLE_WORDS;
+            for (unsigned int k = 0; k <= last; ++k) {
+                tab[k * NQ_BLOCK] = make_uint2(w[2 * k], w[2 * k + 1]);
             }
         }
-        counts[task] = count;
-        nodes_out[task] = nodes;
+        return true;
+    }
+}
+
+#ifdef NQ_COUNTERS
+// The counters build (-DNQ_COUNTERS), for a GPU machine without Nsight
+// Compute: each lane adds its laps, its loop iterations and its cycles from
+// start to exit, and raises its warp's iteration count to its own, so that
+// the host gets lanes active per lap (laps over the warps' iterations) and
+// the launch's tail (lane cycles over lanes times the longest). Counter
+// words: [0] laps, [1] iterations, [2] cycles, [3] longest lane's cycles,
+// [NQ_COUNTER_WARPS + w] iterations of warp w (the longest of its lanes).
+#define NQ_COUNTER_WARPS 4
+__device__ __forceinline__ void nq_counters_flush(unsigned long long* counters,
+                                                  unsigned long long laps,
+                                                  unsigned long long iters,
+                                                  unsigned long long cycles)
+{
+    const unsigned int warp = (blockIdx.x * NQ_BLOCK + threadIdx.x) / 32;
+    atomicAdd(&counters[0], laps);
+    atomicAdd(&counters[1], iters);
+    atomicAdd(&counters[2], cycles);
+    atomicMax(&counters[3], cycles);
+    atomicMax(&counters[NQ_COUNTER_WARPS + warp], iters);
+}
+#endif
+
+// `spill` is the spill queue (NULL: no spilling); `counters` is read only by
+// the counters build (NULL otherwise), so that both builds take the same
+// arguments.
+NQ_EXTERN __global__ void __launch_bounds__(NQ_BLOCK)
+nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict__ tasks,
+         unsigned int task_count, unsigned int* __restrict__ next_task, unsigned int n,
+         unsigned long long* __restrict__ counts, unsigned long long* __restrict__ nodes_out,
+         unsigned int* __restrict__ spill, unsigned long long* __restrict__ counters)
+{
+    __shared__ uint4 stack[(NQ_DEPTH + 1) * NQ_BLOCK];
+    __shared__ uint2 words[NQ_N * NQ_BLOCK];
+    // This thread's column of each: entry i is [i * NQ_BLOCK].
+    uint4* const stk = stack + threadIdx.x;
+    uint2* const tab = words + threadIdx.x;
+    if (n == 0 || n > NQ_N) {
+        return;
+    }
+    const unsigned int last = n - 1;
+    nq_lane s;
+    nq_start(s);
+#ifdef NQ_COUNTERS
+    unsigned long long laps = 0;
+    unsigned long long iters = 0;
+    const long long started = clock64();
+#else
+    (void)counters;
+#endif
+    for (;;) {
+#ifdef NQ_COUNTERS
+        iters += 1;
+#endif
+        // The refill is the loop's only branch, taken in the rare lap after a
+        // lane's task ended (or its 32-bit counters are due); the lanes of
+        // the warp join again for the lap.
+        if (nq_due(s) &&
+            !nq_refill(s, stk, tab, tables, tasks, task_count, next_task, last, counts,
+                       nodes_out, spill)) {
+#ifdef NQ_COUNTERS
+            nq_counters_flush(counters, laps, iters,
+                              (unsigned long long)(clock64() - started));
+#endif
+            return;
+        }
+        nq_lap(s, last);
+#ifdef NQ_COUNTERS
+        laps += 1;
+#endif
     }
 }

@@ -21,6 +21,12 @@ static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, u
     return uint4{x, y, z, w};
 }
 
+struct uint2 {
+    unsigned int x, y;
+};
+
+static inline uint2 make_uint2(unsigned int x, unsigned int y) { return uint2{x, y}; }
+
 struct nq_dim3 {
     unsigned int x, y, z;
 };
@@ -30,13 +36,32 @@ extern thread_local nq_dim3 blockIdx;
 
 static inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 
-// CUDA defines __clz(0) as 32; the builtin leaves it undefined.
-static inline int __clz(unsigned int x) { return x == 0 ? 32 : __builtin_clz(x); }
-
 // The GPU's atomicAdd returns the old value, as this does; relaxed is enough
 // because each task index is handed out once and the results are read only
 // after the threads are joined.
 static inline unsigned int atomicAdd(unsigned int* p, unsigned int v)
 {
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+
+// The counters build (NQ_COUNTERS) only: 64-bit atomics, and the SM's cycle
+// counter, for which any monotonic count will do on the host.
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
+
+static inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v)
+{
+    unsigned long long old = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (old < v &&
+           !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
+}
+
+static inline long long clock64(void)
+{
+    static long long ticks;
+    return __atomic_add_fetch(&ticks, 1, __ATOMIC_RELAXED);
 }

@@ -42,7 +42,10 @@ mod host;
 pub mod pack;
 mod source;
 
-pub use device::{Arch, Gpu, Libraries, compile_ptx, libraries};
+pub use device::{
+    Arch, Finished, Gpu, KernelCounters, Launch, LaunchTimes, Libraries, SLOTS,
+    add_stats, compile_ptx, device_count, libraries,
+};
 pub use pack::{Batch, pack};
 pub use source::{
     EMBEDDED_ARCH, EMBEDDED_N, EMBEDDED_PTX, KERNEL_SOURCE, embedded_header,
@@ -53,7 +56,7 @@ pub use source::{
 pub const KERNEL_NAME: &str = "cuda";
 
 /// Threads per block: `NQ_BLOCK` in the kernel, which it is compiled for.
-pub const BLOCK: u32 = 96;
+pub const BLOCK: u32 = 64;
 
 /// What went wrong on the GPU path. The first four are a machine without a
 /// usable GPU; each message names what is missing.
@@ -73,7 +76,7 @@ pub enum Error {
         /// The driver's answer.
         reason: String,
     },
-    /// `--gpu-device` names a device that does not exist.
+    /// `--gpu` names a device that does not exist.
     #[error(
         "GPU device {index} does not exist: this machine has {count} CUDA device(s), numbered from 0"
     )]
@@ -146,6 +149,14 @@ pub enum Error {
     TooManyTasks {
         /// The number of tasks.
         tasks: usize,
+    },
+    /// [`Gpu::submit`] was called with every stream busy.
+    #[error(
+        "all {slots} GPU streams are busy: finish a launch before submitting another"
+    )]
+    SlotsBusy {
+        /// Streams per GPU.
+        slots: usize,
     },
     /// The kernel's output does not have one entry per task.
     #[error("the kernel returned {got} results for {want} tasks")]

@@ -6,27 +6,31 @@
 //!
 //! # The buffers (see the layout comment in `kernel/count.cu`)
 //!
-//! * One *table* per sub-problem, [`TABLE_WORDS`] words: the rows its search
-//!   may use, its number of free columns, and per free column the shift from
-//!   the previous free column and the rows the prefix and the border split's
-//!   strict lines block. This is nq-core's own plan of a masked count,
+//! * One *table* per sub-problem, [`TABLE_WORDS`] words: per free column,
+//!   indexed by the number of queens placed before it (the prefix's and one
+//!   per free column before it), the rows the prefix and the border split's
+//!   strict lines block (with the rows off the board) and the shift from the
+//!   previous free column. This is nq-core's own plan of a masked count,
 //!   rebuilt here from the public [`SubProblem::prefix`] and
 //!   [`SubProblem::forbidden`].
 //! * One or more *tasks* per sub-problem, [`TASK_WORDS`] words: a node of its
-//!   search tree. The host expands the first levels of each sub-problem's tree
-//!   itself, so that a launch has enough tasks to fill a GPU even when a job
-//!   has few sub-problems, and so that no task leaves more than
-//!   [`MAX_TASK_COLUMNS`] free columns below it.
+//!   search tree (the rows holding a queen, the prefix's included; both
+//!   diagonals; the rows to try). The host expands the first levels of each
+//!   sub-problem's tree itself, so that a launch has enough tasks to fill a
+//!   GPU even when a job has few sub-problems, and so that no task leaves
+//!   more than [`MAX_TASK_COLUMNS`] free columns to search (which bounds the
+//!   kernel's stack).
 //!
 //! # Exactness
 //!
 //! The tasks of a sub-problem partition its completions: each completion
 //! passes through exactly one node at the expansion depth, and nodes whose
 //! next column has no free row are dropped only because they have no
-//! completion. A task below at most 20 free columns has at most `20! < 2^64`
-//! completions and fewer than `e·20! < 2^64` nodes, so the kernel's `u64`
+//! completion. A task below at most 17 free columns has at most `17! < 2^64`
+//! completions and fewer than `e·17! < 2^64` nodes, so the kernel's `u64`
 //! counters cannot wrap; [`Batch::fold`] sums them into `u128` with checked
-//! adds.
+//! adds. A sub-problem with no free column (its prefix is complete) is its
+//! own single completion and needs no task.
 
 use nq_core::board::{Board, MAX_N};
 use nq_core::search::CountStats;
@@ -35,12 +39,17 @@ use nq_core::split::SubProblem;
 use crate::{Error, Result};
 
 /// Words per table; `NQ_TABLE_WORDS` in the kernel.
-pub const TABLE_WORDS: usize = 66;
+pub const TABLE_WORDS: usize = 64;
 /// Words per task; `NQ_TASK_WORDS` in the kernel.
-pub const TASK_WORDS: usize = 6;
-/// The most free columns a task leaves below it, which bounds its count by
-/// `20! < 2^64`.
-pub const MAX_TASK_COLUMNS: usize = 20;
+pub const TASK_WORDS: usize = 5;
+/// Words before the tasks of the kernel's spill queue; `NQ_SPILL_HEAD`.
+pub const SPILL_HEAD: usize = 4;
+/// Stack entries per lane; `NQ_DEPTH` in the kernel.
+pub const STACK_DEPTH: usize = 16;
+/// The most free columns a task leaves to search, its own included: its
+/// stack holds at most one node per column but the last, so
+/// [`STACK_DEPTH`] + 1; and it bounds a task's count by `17! < 2^64`.
+pub const MAX_TASK_COLUMNS: usize = STACK_DEPTH + 1;
 /// The deepest expansion [`pack`] does to reach `min_tasks` (beyond what
 /// [`MAX_TASK_COLUMNS`] demands): each level multiplies the tasks by about
 /// N/3, so four levels turn even one sub-problem into thousands.
@@ -51,6 +60,12 @@ const MAX: usize = MAX_N as usize;
 /// A sub-problem's search, as the kernel reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Table {
+    /// The board's rows, `(1 << N) - 1`.
+    board: u32,
+    /// Rows holding a prefix queen.
+    prefix_rows: u32,
+    /// Queens of the prefix.
+    placed: usize,
     /// Rows not used by the prefix.
     full: u32,
     /// Free columns.
@@ -72,6 +87,9 @@ impl Table {
         let n = prefix.board().n();
         let full = prefix.board().full_mask() & !prefix.used_rows();
         let mut t = Table {
+            board: prefix.board().full_mask(),
+            prefix_rows: prefix.used_rows(),
+            placed: prefix.len(),
             full,
             free: 0,
             shift: [0; MAX],
@@ -98,11 +116,32 @@ impl Table {
         t
     }
 
+    /// The kernel's table: entry `k` (words `2k`, `2k + 1`) is the free
+    /// column reached with `k` queens placed, the prefix's `placed` first:
+    /// its blocked rows with the rows off the board, and its shift. Entries
+    /// of no free column block every row.
     fn write(&self, out: &mut Vec<u32>) {
-        out.push(self.full);
-        out.push(u32::try_from(self.free).expect("at most 32 columns"));
-        out.extend_from_slice(&self.shift);
-        out.extend_from_slice(&self.blocked);
+        let at = out.len();
+        for _ in 0..TABLE_WORDS / 2 {
+            out.extend_from_slice(&[u32::MAX, 0]);
+        }
+        for j in 0..self.free {
+            let k = self.placed + j;
+            out[at + 2 * k] = self.blocked[j] | !self.board;
+            out[at + 2 * k + 1] = self.shift[j];
+        }
+    }
+
+    /// The kernel's task for `node`: its rows in use include the prefix's,
+    /// so that their popcount indexes the table.
+    fn task(&self, index: u32, node: &Node) -> [u32; TASK_WORDS] {
+        [
+            index,
+            self.prefix_rows | node.used,
+            node.up,
+            node.down,
+            node.rem,
+        ]
     }
 
     /// The root of the search: the first free column's free rows.
@@ -120,9 +159,8 @@ impl Table {
         }
     }
 
-    /// True when a node at `level` may be expanded on the host: its children
-    /// are still searched one queen at a time by the kernel (the last two
-    /// columns are always the kernel's closed form).
+    /// True when the host may expand a node at `level`: not in the last three
+    /// free columns, whose subtrees are too small to be worth a task each.
     fn expandable(&self, level: usize) -> bool {
         level + 4 <= self.free
     }
@@ -174,12 +212,13 @@ pub struct Batch {
     board: Board,
     /// [`TABLE_WORDS`] words per sub-problem, in the order given to [`pack`].
     tables: Vec<u32>,
-    /// [`TASK_WORDS`] words per task; a sub-problem's tasks are contiguous.
+    /// [`TASK_WORDS`] words per task, in any order: a task's first word is
+    /// its sub-problem's index.
     tasks: Vec<u32>,
-    /// Sub-problem `i` owns tasks `starts[i]..starts[i + 1]`.
-    starts: Vec<usize>,
-    /// Nodes placed by the host's expansion, per sub-problem.
-    host_nodes: Vec<u64>,
+    /// Completions and nodes the host counted itself, per sub-problem: the
+    /// nodes its expansion placed, and the single completion of a complete
+    /// prefix.
+    host: Vec<CountStats>,
 }
 
 impl Batch {
@@ -205,7 +244,42 @@ impl Batch {
 
     /// The number of sub-problems.
     pub fn subproblems(&self) -> usize {
-        self.host_nodes.len()
+        self.host.len()
+    }
+
+    /// The batch that counts `spilled`, the tasks a launch of this batch
+    /// gave back ([`TASK_WORDS`] words each, as the kernel's spill queue
+    /// holds them): the same board and tables, those tasks (those with the
+    /// most columns left and rows to try first), and nothing counted by the
+    /// host. Fold its results and add them to this batch's: together they
+    /// are exact.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ResultLength`] when `spilled` is not whole tasks of this
+    /// batch's sub-problems.
+    pub fn follow_up(&self, spilled: &[u32]) -> Result<Batch> {
+        let bad = || Error::ResultLength {
+            got: spilled.len(),
+            want: spilled.len() / TASK_WORDS * TASK_WORDS,
+        };
+        if !spilled.len().is_multiple_of(TASK_WORDS)
+            || spilled
+                .chunks(TASK_WORDS)
+                .any(|t| t[0] as usize >= self.subproblems())
+        {
+            return Err(bad());
+        }
+        let mut order: Vec<&[u32]> = spilled.chunks(TASK_WORDS).collect();
+        // Queens placed (fewest first), then rows to try (most first): a
+        // cheap stand-in for the largest first.
+        order.sort_by_key(|t| (t[1].count_ones(), std::cmp::Reverse(t[4].count_ones())));
+        Ok(Batch {
+            board: self.board,
+            tables: self.tables.clone(),
+            tasks: order.concat(),
+            host: vec![CountStats::default(); self.subproblems()],
+        })
     }
 
     /// Folds the kernel's per-task `counts` and `nodes` into one
@@ -222,29 +296,32 @@ impl Batch {
                 return Err(Error::ResultLength { got, want: tasks });
             }
         }
-        let mut out = Vec::with_capacity(self.subproblems());
-        for (i, w) in self.starts.windows(2).enumerate() {
-            let mut stats = CountStats {
-                count: 0,
-                nodes: self.host_nodes[i],
-            };
-            for t in w[0]..w[1] {
-                stats.count = stats
-                    .count
-                    .checked_add(u128::from(counts[t]))
-                    .ok_or(Error::Overflow)?;
-                stats.nodes = stats.nodes.checked_add(nodes[t]).ok_or(Error::Overflow)?;
-            }
-            out.push(stats);
+        let mut out = self.host.clone();
+        for ((task, &count), &n) in self.tasks.chunks(TASK_WORDS).zip(counts).zip(nodes) {
+            // pack wrote the index of one of the sub-problems.
+            let stats = &mut out[task[0] as usize];
+            stats.count = stats
+                .count
+                .checked_add(u128::from(count))
+                .ok_or(Error::Overflow)?;
+            stats.nodes = stats.nodes.checked_add(n).ok_or(Error::Overflow)?;
         }
         Ok(out)
     }
 }
 
-/// Packs `subs` into the kernel's buffers, expanding the first levels of
-/// their searches on the host until there are at least `min_tasks` tasks (or
-/// [`MAX_HOST_DEPTH`] levels), and always far enough that no task leaves more
-/// than [`MAX_TASK_COLUMNS`] free columns.
+/// Packs `subs` into the kernel's buffers for one launch, with tail control:
+///
+/// 1. every sub-problem is expanded on the host to the first depth (at most
+///    [`MAX_HOST_DEPTH`]) that gives at least `min_tasks` tasks, and always
+///    far enough that no task leaves more than [`MAX_TASK_COLUMNS`] free
+///    columns;
+/// 2. each task's work is estimated (Knuth's estimator: a few random probes
+///    down its subtree, seeded by the task so that a batch packs the same way
+///    every time), and every task estimated above [`HEAVY`] times the mean
+///    is split into its children, again until none is;
+/// 3. the tasks are ordered longest first, so that the launch ends on its
+///    smallest tasks instead of waiting for a heavy one that started last.
 ///
 /// # Errors
 ///
@@ -252,6 +329,31 @@ impl Batch {
 /// [`Error::TooManyTasks`] when the tasks would not fit the kernel's 32-bit
 /// task counter.
 pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
+    let board = board_of(subs)?;
+    let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+    let mut depth = 0;
+    while depth < MAX_HOST_DEPTH && count_tasks(&tables, depth) < min_tasks {
+        depth += 1;
+    }
+    pack_tables(board, &tables, depth, true)
+}
+
+/// Packs `subs` with every sub-problem expanded to level `depth` (or as deep
+/// as the host expands at all, or deeper where [`MAX_TASK_COLUMNS`] demands):
+/// [`pack`] at a depth chosen by the caller, with no splitting or ordering,
+/// for tests.
+///
+/// # Errors
+///
+/// As [`pack`].
+pub fn pack_at_depth(subs: &[SubProblem], depth: usize) -> Result<Batch> {
+    let board = board_of(subs)?;
+    let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+    pack_tables(board, &tables, depth, false)
+}
+
+/// The one board of `subs`.
+fn board_of(subs: &[SubProblem]) -> Result<Board> {
     let board = match subs.first() {
         Some(s) => s.prefix().board(),
         None => Board::new(1).expect("a valid board size"),
@@ -262,42 +364,151 @@ pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
             other: other.prefix().board().n(),
         });
     }
-    let tables: Vec<Table> = subs.iter().map(Table::of).collect();
-    let mut depth = 0;
-    while depth < MAX_HOST_DEPTH && count_tasks(&tables, depth) < min_tasks {
-        depth += 1;
-    }
+    Ok(board)
+}
+
+/// A task on its way into a batch: its sub-problem and node, and the
+/// estimate of its work.
+struct Pending {
+    table: u32,
+    node: Node,
+    estimate: f64,
+}
+
+fn pack_tables(
+    board: Board,
+    tables: &[Table],
+    depth: usize,
+    balance: bool,
+) -> Result<Batch> {
     let mut batch = Batch {
         board,
         tables: Vec::with_capacity(tables.len() * TABLE_WORDS),
         tasks: vec![],
-        starts: vec![0],
-        host_nodes: Vec::with_capacity(tables.len()),
+        host: Vec::with_capacity(tables.len()),
     };
+    let mut pending = vec![];
     for (i, table) in tables.iter().enumerate() {
         table.write(&mut batch.tables);
-        let index =
-            u32::try_from(i).map_err(|_| Error::TooManyTasks { tasks: subs.len() })?;
+        let index = u32::try_from(i).map_err(|_| Error::TooManyTasks {
+            tasks: tables.len(),
+        })?;
+        if table.free == 0 {
+            // A complete prefix: its own single completion, no search.
+            batch.host.push(CountStats { count: 1, nodes: 0 });
+            continue;
+        }
         let mut nodes = 0;
         let target = target_level(table, depth);
         expand(table, table.root(), target, &mut nodes, &mut |node| {
-            batch.tasks.extend_from_slice(&[
-                index,
-                u32::try_from(node.level).expect("at most 32 columns"),
-                node.rem,
-                node.used,
-                node.up,
-                node.down,
-            ]);
+            pending.push(Pending {
+                table: index,
+                node,
+                estimate: 0.0,
+            });
         });
-        batch.host_nodes.push(nodes);
-        batch.starts.push(batch.tasks.len() / TASK_WORDS);
+        batch.host.push(CountStats { count: 0, nodes });
     }
-    let tasks = batch.tasks.len() / TASK_WORDS;
+    if balance {
+        pending = split_heavy(tables, pending, &mut batch.host);
+        // Longest first; ties keep the sub-problem order.
+        pending.sort_by(|a, b| b.estimate.total_cmp(&a.estimate));
+    }
+    let tasks = pending.len();
     if u32::try_from(tasks).is_err() {
         return Err(Error::TooManyTasks { tasks });
     }
+    batch.tasks.reserve(tasks * TASK_WORDS);
+    for p in &pending {
+        let table = &tables[p.table as usize];
+        batch.tasks.extend_from_slice(&table.task(p.table, &p.node));
+    }
     Ok(batch)
+}
+
+/// A task is split when its estimate is above this many times the mean.
+pub const HEAVY: f64 = 2.0;
+
+/// Random probes per task estimate.
+const PROBES: u32 = 4;
+
+/// Estimates every task and splits, level by level, each one above [`HEAVY`]
+/// times the mean into its children (adding the queens placed to `host`),
+/// while it can be expanded.
+fn split_heavy(
+    tables: &[Table],
+    mut pending: Vec<Pending>,
+    host: &mut [CountStats],
+) -> Vec<Pending> {
+    for p in &mut pending {
+        p.estimate = estimate(&tables[p.table as usize], p.table, &p.node);
+    }
+    let total: f64 = pending.iter().map(|p| p.estimate).sum();
+    if pending.is_empty() || total <= 0.0 {
+        return pending;
+    }
+    let limit = HEAVY * total / pending.len() as f64;
+    let mut out = Vec::with_capacity(pending.len());
+    while let Some(p) = pending.pop() {
+        let table = &tables[p.table as usize];
+        if p.estimate <= limit || !table.expandable(p.node.level) {
+            out.push(p);
+            continue;
+        }
+        let placed = table.children(&p.node, &mut |node| {
+            let estimate = estimate(table, p.table, &node);
+            pending.push(Pending {
+                table: p.table,
+                node,
+                estimate,
+            });
+        });
+        let stats = &mut host[p.table as usize];
+        stats.nodes += placed;
+    }
+    out
+}
+
+/// Knuth's estimate of the laps below `node` (queens placed in every free
+/// column but the last): the mean over [`PROBES`] random paths of the sum,
+/// over the levels of the path, of the product of the branchings above. The
+/// probes are seeded by the task, so the same batch packs the same way.
+fn estimate(table: &Table, index: u32, node: &Node) -> f64 {
+    let mut seed =
+        (u64::from(index) << 32 | u64::from(node.used)) ^ u64::from(node.rem) << 7 | 1;
+    let mut sum = 0.0;
+    for _ in 0..PROBES {
+        let mut n = *node;
+        let mut weight = 1.0;
+        while n.level + 1 < table.free && n.rem != 0 {
+            let choices = n.rem.count_ones();
+            weight *= f64::from(choices);
+            sum += weight;
+            // xorshift64: a different row per probe and level.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let mut pick = (seed % u64::from(choices)) as u32;
+            let mut rem = n.rem;
+            while pick > 0 {
+                rem &= rem - 1;
+                pick -= 1;
+            }
+            let bit = rem & rem.wrapping_neg();
+            let next = n.level + 1;
+            let s = table.shift[next];
+            let used = n.used | bit;
+            let (up, down) = ((n.up | bit) << s, (n.down | bit) >> s);
+            n = Node {
+                level: next,
+                rem: table.full & !(used | up | down | table.blocked[next]),
+                used,
+                up,
+                down,
+            };
+        }
+    }
+    sum / f64::from(PROBES)
 }
 
 /// The level a sub-problem's tasks start at: `depth`, or deeper when that
@@ -382,7 +593,7 @@ mod tests {
     fn expansion_reaches_the_asked_tasks_and_bounds_each_task() {
         let board = Board::new(16).unwrap();
         let subs = split(board, SplitSpec::BORDER);
-        let few = pack(&subs, 0).unwrap();
+        let few = pack_at_depth(&subs, 0).unwrap();
         let many = pack(&subs, 100_000).unwrap();
         assert_eq!(few.task_count() as usize, subs.len());
         assert!(many.task_count() >= 100_000, "{}", many.task_count());
@@ -391,9 +602,60 @@ mod tests {
         let subs = split(Board::new(24).unwrap(), SplitSpec::BORDER);
         let b = pack(&subs[..3], 0).unwrap();
         for task in b.tasks().chunks(TASK_WORDS) {
-            let table = &b.tables()[task[0] as usize * TABLE_WORDS..];
-            let free = table[1] as usize;
-            assert!(free - task[1] as usize <= MAX_TASK_COLUMNS);
+            // Free columns left to search: N minus the queens placed.
+            assert!(24 - task[1].count_ones() as usize <= MAX_TASK_COLUMNS);
+        }
+    }
+
+    /// pack's tail control: after it, no task that the host could still
+    /// split is estimated above HEAVY times the mean, and the tasks come
+    /// longest first.
+    #[test]
+    fn heavy_tasks_are_split_and_the_longest_go_first() {
+        let subs = split(Board::new(16).unwrap(), SplitSpec::border(1).unwrap());
+        let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+        let plain = pack_at_depth(&subs, 1).unwrap();
+        let batch = pack(&subs, plain.task_count() as usize).unwrap();
+        assert!(batch.task_count() > plain.task_count(), "nothing was split");
+        // (estimate, splittable) of each task, as pack computed them.
+        let estimates = |b: &Batch| -> Vec<(f64, bool)> {
+            b.tasks()
+                .chunks(TASK_WORDS)
+                .map(|t| {
+                    let table = &tables[t[0] as usize];
+                    let used = t[1] & !table.prefix_rows;
+                    let node = Node {
+                        level: used.count_ones() as usize,
+                        rem: t[4],
+                        used,
+                        up: t[2],
+                        down: t[3],
+                    };
+                    (estimate(table, t[0], &node), table.expandable(node.level))
+                })
+                .collect()
+        };
+        let after = estimates(&batch);
+        assert!(
+            after.windows(2).all(|w| w[0].0 >= w[1].0),
+            "not longest first"
+        );
+        // pack expanded to depth 1 (the first with that many tasks), then
+        // split against HEAVY times the mean there.
+        let before = estimates(&plain);
+        let limit = HEAVY * before.iter().map(|e| e.0).sum::<f64>() / before.len() as f64;
+        for (e, splittable) in after {
+            assert!(e <= limit || !splittable, "{e} over the limit {limit}");
+        }
+        // And the counts stay exact (the order is free: fold reads each
+        // task's sub-problem from the task).
+        let never = AtomicBool::new(false);
+        let (counts, nodes) = walk_batch(&batch);
+        for (sub, got) in subs.iter().zip(batch.fold(&counts, &nodes).unwrap()) {
+            let want =
+                search::count_masked_reference(sub.prefix(), &sub.forbidden(), &never)
+                    .unwrap();
+            assert_eq!(got, want, "{:?}", sub.prefix());
         }
     }
 
@@ -415,67 +677,49 @@ mod tests {
         assert_eq!(e, a.len(), "u64::MAX per task still folds into u128");
     }
 
-    /// Counts every task by a plain recursive search over its table.
+    /// Counts every task by a plain recursive search over its table, read as
+    /// the kernel reads it (entry `k` by the popcount of the rows in use).
     fn walk_batch(batch: &Batch) -> (Vec<u64>, Vec<u64>) {
+        let last = u32::from(batch.board().n()) - 1;
         let mut counts = vec![];
         let mut nodes = vec![];
         for task in batch.tasks().chunks(TASK_WORDS) {
             let t = &batch.tables()[task[0] as usize * TABLE_WORDS..][..TABLE_WORDS];
-            let table = Table {
-                full: t[0],
-                free: t[1] as usize,
-                shift: t[2..34].try_into().unwrap(),
-                blocked: t[34..66].try_into().unwrap(),
-            };
-            let node = Node {
-                level: task[1] as usize,
-                rem: task[2],
-                used: task[3],
-                up: task[4],
-                down: task[5],
-            };
-            let (c, k) = walk(&table, node);
+            let (c, k) = walk(t, last, task[1], task[2], task[3], task[4]);
             counts.push(c);
             nodes.push(k);
         }
         (counts, nodes)
     }
 
-    /// (completions, nodes) below `node`: a queen in each column to the last,
+    /// (completions, nodes) below a node: a queen in each column to the last,
     /// nodes counted in every free column but the last two.
-    fn walk(table: &Table, node: Node) -> (u64, u64) {
-        if table.free == 0 {
-            return (1, 0);
+    fn walk(
+        t: &[u32],
+        last: u32,
+        cur: u32,
+        left: u32,
+        right: u32,
+        rows: u32,
+    ) -> (u64, u64) {
+        if cur.count_ones() == last {
+            return (rows.count_ones().into(), 0);
         }
-        if node.level + 1 == table.free {
-            return (node.rem.count_ones().into(), 0);
-        }
-        let mut count = 0;
-        let mut nodes = 0;
-        let mut rem = node.rem;
+        let (mut count, mut nodes) = (0, 0);
+        let mut rem = rows;
         while rem != 0 {
             let bit = rem & rem.wrapping_neg();
             rem ^= bit;
-            if node.level + 2 < table.free {
+            let c = cur | bit;
+            let k = c.count_ones() as usize;
+            let (blocked, s) = (t[2 * k], t[2 * k + 1]);
+            let (l, r) = ((left | bit) << s, (right | bit) >> s);
+            if k as u32 != last {
                 nodes += 1;
             }
-            let next = node.level + 1;
-            let s = table.shift[next];
-            let child = Node {
-                level: next,
-                rem: table.full
-                    & !(node.used
-                        | bit
-                        | (node.up | bit) << s
-                        | (node.down | bit) >> s
-                        | table.blocked[next]),
-                used: node.used | bit,
-                up: (node.up | bit) << s,
-                down: (node.down | bit) >> s,
-            };
-            let (c, k) = walk(table, child);
-            count += c;
-            nodes += k;
+            let (a, b) = walk(t, last, c, l, r, !(c | l | r | blocked));
+            count += a;
+            nodes += b;
         }
         (count, nodes)
     }

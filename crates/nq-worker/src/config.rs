@@ -53,10 +53,10 @@ pub struct Config {
     /// certificate. `None` with an `https://` coordinator trusts the system's
     /// CA certificates.
     pub tls: Option<nq_proto::tls::ClientTls>,
-    /// The CUDA device that counts the jobs leaving the kernel to the worker
+    /// The CUDA devices that count the jobs leaving the kernel to the worker
     /// (`--gpu`), or `None` for the CPU threads alone. Set it with
     /// [`Config::with_gpu`].
-    pub gpu: Option<usize>,
+    pub gpu: Option<GpuDevices>,
 }
 
 impl Config {
@@ -81,11 +81,16 @@ impl Config {
         }
     }
 
-    /// Counts on CUDA device `device` too, and keeps enough jobs in flight
-    /// for it: [`GPU_MAX_JOBS`] at least.
-    pub fn with_gpu(mut self, device: usize) -> Config {
-        self.gpu = Some(device);
-        self.max_jobs = self.max_jobs.max(GPU_MAX_JOBS);
+    /// Counts on the CUDA `devices` too, and keeps enough jobs in flight
+    /// for them: [`GPU_MAX_JOBS`] per GPU at least (for [`GpuDevices::All`],
+    /// per GPU found when the worker starts).
+    pub fn with_gpu(mut self, devices: GpuDevices) -> Config {
+        let known = match &devices {
+            GpuDevices::All => 1,
+            GpuDevices::List(list) => list.len(),
+        };
+        self.max_jobs = self.max_jobs.max(GPU_MAX_JOBS.saturating_mul(known));
+        self.gpu = Some(devices);
         self
     }
 
@@ -97,7 +102,48 @@ impl Config {
     }
 }
 
-/// Jobs a `--gpu` worker keeps in flight at least. The GPU counts every job
+/// The GPUs a worker counts on: `--gpu all` or `--gpu 0,2`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuDevices {
+    /// Every CUDA device the driver reports when the worker starts.
+    All,
+    /// These devices, by index from 0: distinct, in the order given.
+    List(Vec<usize>),
+}
+
+impl std::str::FromStr for GpuDevices {
+    type Err = crate::Error;
+
+    /// Parses `all`, or device indices separated by commas (`0`, `0,2`).
+    ///
+    /// ```
+    /// use nq_worker::config::GpuDevices;
+    /// assert_eq!("all".parse::<GpuDevices>().unwrap(), GpuDevices::All);
+    /// assert_eq!("0,2".parse::<GpuDevices>().unwrap(), GpuDevices::List(vec![0, 2]));
+    /// assert!("0,0".parse::<GpuDevices>().is_err());
+    /// assert!("gpu1".parse::<GpuDevices>().is_err());
+    /// ```
+    fn from_str(input: &str) -> Result<GpuDevices> {
+        let input = input.trim();
+        if input.eq_ignore_ascii_case("all") {
+            return Ok(GpuDevices::All);
+        }
+        let bad = || crate::Error::GpuDevices {
+            input: input.to_owned(),
+        };
+        let mut list = vec![];
+        for part in input.split(',') {
+            let device: usize = part.trim().parse().map_err(|_| bad())?;
+            if list.contains(&device) {
+                return Err(bad());
+            }
+            list.push(device);
+        }
+        Ok(GpuDevices::List(list))
+    }
+}
+
+/// Jobs a `--gpu` worker keeps in flight at least, per GPU. The GPU counts every job
 /// queued while it was busy in one launch, so this bounds how much work one
 /// launch sees (with the coordinator's usual jobs, hundreds of thousands of
 /// sub-problems, before the host expands them further into tasks).

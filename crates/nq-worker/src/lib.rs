@@ -66,6 +66,14 @@ pub enum Error {
     /// no compiler, or a failed startup check. The message names which.
     #[error(transparent)]
     Gpu(nq_gpu::Error),
+    /// A `--gpu` value that is not `all` or distinct device indices.
+    #[error(
+        "invalid GPU list {input:?}: expected `all` or distinct device indices separated by commas, such as 0 or 0,2"
+    )]
+    GpuDevices {
+        /// What was given.
+        input: String,
+    },
     /// A duration that cannot be parsed.
     #[error(transparent)]
     Duration(#[from] nq_proto::duration::DurationError),
@@ -273,7 +281,13 @@ pub async fn run(
     // The GPU and its own check first, before anything is logged or leased:
     // a machine without a usable GPU stops here with one line naming what is
     // missing.
-    let gpu = config.gpu.map(gpu::GpuRunner::start).transpose()?;
+    let gpu = config.gpu.as_ref().map(gpu::GpuRunner::start).transpose()?;
+    let mut config = config;
+    if let Some(gpu) = &gpu {
+        // `--gpu all` is resolved only now: each GPU keeps its own jobs.
+        let jobs = config::GPU_MAX_JOBS.saturating_mul(gpu.devices().len());
+        config.max_jobs = config.max_jobs.max(jobs);
+    }
     tracing::info!(
         threads = config.threads.get(),
         kernel = config.kernel.resolved_name(),

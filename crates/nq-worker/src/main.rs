@@ -10,6 +10,7 @@ use clap::Parser;
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use nq_core::pool::MAX_THREADS;
 use nq_core::search::Kernel;
+use nq_worker::config::GpuDevices;
 
 /// Leases N-Queens jobs from an nq coordinator and solves them on all cores.
 ///
@@ -34,18 +35,23 @@ struct Args {
     /// shares no kernel code with the first.
     #[arg(long, default_value = "auto", env = "NQ_KERNEL", value_parser = kernel_parser())]
     kernel: Kernel,
-    /// Count on an NVIDIA GPU as well (needs the NVIDIA driver; NVRTC is used
-    /// when installed, else a PTX built into the binary). Jobs that leave the
-    /// kernel to the worker run on the GPU and are reported as kernel `cuda`;
-    /// jobs that name a CPU kernel, and solution listings, stay on the CPU
-    /// threads. Before leasing, the GPU counts N = 12 against the CPU;
-    /// without a usable GPU, or on any difference, the worker exits 1 with one
-    /// line saying why. Needs `--kernel auto`.
-    #[arg(long, env = "NQ_GPU")]
-    gpu: bool,
-    /// The CUDA device for --gpu, numbered from 0.
-    #[arg(long, value_name = "I", env = "NQ_GPU_DEVICE", requires = "gpu")]
-    gpu_device: Option<usize>,
+    /// Count on NVIDIA GPUs as well: `--gpu` alone is device 0, `--gpu all`
+    /// every device, `--gpu 0,2` those devices (numbered from 0). Needs the
+    /// NVIDIA driver; NVRTC is used when installed, else a PTX built into the
+    /// binary. The GPUs share the jobs that leave the kernel to the worker
+    /// (each takes more as it finishes faster) and report them as kernel
+    /// `cuda`; jobs that name a CPU kernel, and solution listings, stay on
+    /// the CPU threads. Before leasing, each GPU counts N = 12 against the
+    /// CPU; without a usable GPU, or on any difference, the worker exits 1
+    /// with one line saying why. Needs `--kernel auto`.
+    #[arg(
+        long,
+        value_name = "all|I[,I...]",
+        env = "NQ_GPU",
+        num_args = 0..=1,
+        default_missing_value = "0"
+    )]
+    gpu: Option<GpuDevices>,
     /// Name shown in the coordinator's logs [default: the host name]. It is
     /// part of the worker's identity for verification only on the
     /// coordinator's own machine without a token (`name@127.0.0.1`);
@@ -87,7 +93,7 @@ impl TryFrom<Args> for nq_worker::Config {
             config = config.with_threads(threads);
         }
         config.kernel = args.kernel;
-        if args.gpu {
+        if let Some(devices) = args.gpu {
             // The GPU takes the jobs that leave the kernel to the worker; with
             // a CPU kernel forced it would never get one.
             anyhow::ensure!(
@@ -96,7 +102,7 @@ impl TryFrom<Args> for nq_worker::Config {
                  run on that CPU kernel and the GPU would stay idle",
                 args.kernel
             );
-            config = config.with_gpu(args.gpu_device.unwrap_or(0));
+            config = config.with_gpu(devices);
         }
         config.name = args.name.unwrap_or_else(host_name);
         config.grace = nq_worker::parse_duration(&args.grace)?;
@@ -177,16 +183,24 @@ mod tests {
     }
 
     #[test]
-    fn gpu_flags_need_each_other_and_the_auto_kernel() {
-        let err = Args::try_parse_from(["w", "--connect", "h", "--gpu-device", "1"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--gpu"), "{err}");
-        let args =
-            Args::try_parse_from(["w", "--connect", "h", "--gpu", "--gpu-device", "1"]);
-        let config = nq_worker::Config::try_from(args.unwrap()).unwrap();
-        assert_eq!(config.gpu, Some(1));
-        assert!(config.max_jobs >= nq_worker::config::GPU_MAX_JOBS);
+    fn gpu_lists_parse_and_need_the_auto_kernel() {
+        let config = |argv: &[&str]| {
+            let mut all = vec!["w", "--connect", "h"];
+            all.extend_from_slice(argv);
+            nq_worker::Config::try_from(Args::try_parse_from(all).unwrap()).unwrap()
+        };
+        assert_eq!(config(&[]).gpu, None);
+        assert_eq!(config(&["--gpu"]).gpu, Some(GpuDevices::List(vec![0])));
+        assert_eq!(config(&["--gpu", "all"]).gpu, Some(GpuDevices::All));
+        let two = config(&["--gpu", "0,2"]);
+        assert_eq!(two.gpu, Some(GpuDevices::List(vec![0, 2])));
+        assert!(two.max_jobs >= 2 * nq_worker::config::GPU_MAX_JOBS);
+        for bad in ["0,0", "first", "1,-2", ""] {
+            let err = Args::try_parse_from(["w", "--connect", "h", "--gpu", bad])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("all") && err.contains("0,2"), "{bad}: {err}");
+        }
         let forced =
             Args::try_parse_from(["w", "--connect", "h", "--gpu", "--kernel", "scalar"]);
         let err = nq_worker::Config::try_from(forced.unwrap()).unwrap_err();
