@@ -42,27 +42,41 @@
 //!   equal results. A class's votes are its distinct identities that are not
 //!   banned. The leader is the class with the most votes (ties: the class
 //!   seen first). A job is *settled* when its leader has strictly more votes
-//!   than any other class and at least the votes it needs: 2 when the job
-//!   was selected, when its valid copies disagree, when every voter of the
-//!   leader is suspect (has lost a conflict), or when every voter of the
-//!   leader is on probation and a second machine or the arbiter can check
-//!   it; 1 otherwise. An unsettled job gets another copy from an identity
-//!   that has not reported it yet.
+//!   than any other class and at least the votes it needs: 2 when its valid
+//!   copies disagree, when every voter of the leader is suspect (has lost a
+//!   conflict), or when the job was selected or every voter of the leader is
+//!   on probation and a second machine or the arbiter can check it; 1
+//!   otherwise. An unsettled job gets another copy from an identity that
+//!   has not reported it yet.
 //! * **Probation.** Every untrusted identity starts on probation, after
 //!   BOINC's adaptive replication: until [`PROBATION`] of its results were
 //!   confirmed by another identity (the job settled with its copy in the
 //!   leading class and a second, unsuspected voter there), each of its
 //!   results needs a second vote, whatever the selection says. After that it
-//!   is spot-checked at the selection's share like everyone else.
-//!   `--verify 0` turns probation off with every other check.
-//! * **One machine left.** A check needs a second machine at work. While
-//!   only one is (a lone worker under `--local-threads 0`, or the last worker
-//!   of a run whose others left) and no arbiter is available, a result that
-//!   needs a check only because its voters are on probation settles on its
-//!   one vote, so that the run does not wait for a machine that may never
-//!   come, and is marked *unchecked*: a run that ends with such jobs ends as
-//!   `unchecked`, never as `complete`. When a second machine starts work,
-//!   the unchecked jobs are judged again and get their check.
+//!   is spot-checked at the selection's share like everyone else, and its
+//!   results still waiting for a check only because it was on probation are
+//!   judged again (they count on its vote). `--verify 0` turns probation off
+//!   with every other check. Any two identities may confirm each other, two
+//!   bare addresses included: two addresses that agree on a lie are two
+//!   votes with or without probation, so refusing their confirmations would
+//!   stop no lie, and would double every job of an honest cluster that
+//!   shares one token. Credentials make a second voice cost what the
+//!   operator makes it cost; addresses make it free, probation or not.
+//! * **No wait for a voice that cannot come.** A check needs a second
+//!   machine at work, and a machine is at work only while it delivers:
+//!   heard from within a lease lifetime, with a copy delivered within its
+//!   progress window (`Allowances::without_progress`). A hoarder, or a
+//!   worker that has not delivered yet, is no second machine; a worker that
+//!   drains leaves at once; the coordinator's threads and the operator's own
+//!   workers (the [`LOCAL`] identity) are one machine. While only one
+//!   machine delivers and no arbiter is available, a result that needs a
+//!   check because the job was selected or its voters are on probation
+//!   settles on its one vote, so that the run does not wait for a machine
+//!   that may never come, and is marked *unchecked*: a run that ends with
+//!   such jobs ends as `unchecked`, never as `complete`. When a second
+//!   machine starts delivering, the unchecked jobs are judged again and get
+//!   their check. Disputes and suspect voters still wait: the rules cannot
+//!   settle them on one vote.
 //! * **Reputation.** When a job with disagreeing copies settles, every
 //!   identity in a losing class has lost a conflict. One loss makes an
 //!   identity suspect: each of its results needs a second vote, so everything
