@@ -831,6 +831,24 @@ mod tests {
     }
 
     #[test]
+    fn with_one_machine_at_work_a_selected_job_settles_alone_as_unchecked() {
+        // Out of probation: only the selection asks for the check (issue 26,
+        // case 2: `--verify 1` with one identity used to wait forever).
+        let (mut i, w) = ids(&["lone@1"]);
+        for _ in 0..PROBATION {
+            i.add_confirmation(w[0]);
+        }
+        let v = judge(&[vote(w[0], 0)], true, &i, rules(false));
+        assert!(v.settled && v.unchecked && v.votes == 1);
+        // With a second machine at work, the check is waited for.
+        let v = judge(&[vote(w[0], 0)], true, &i, rules(true));
+        assert!(!v.settled && !v.unchecked);
+        // Not selected: one vote settles, checked by nothing it needed.
+        let v = judge(&[vote(w[0], 0)], false, &i, rules(false));
+        assert!(v.settled && !v.unchecked);
+    }
+
+    #[test]
     fn the_coordinators_threads_are_trusted_from_the_start_and_nobody_else() {
         let (i, w) = ids(&["local:avx2", "local:avx2@127.0.0.1", "10.0.0.7", "local:"]);
         let v = judge(&[vote(w[0], 0)], false, &i, rules(true));

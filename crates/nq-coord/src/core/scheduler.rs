@@ -2312,18 +2312,18 @@ impl Scheduler {
 
     /// Removes remote worker `id` (its leases stay, to expire or be
     /// reported): it is no longer at work, nor counts towards its
-    /// identity's and address's registrations. False for an unknown worker.
-    fn forget_worker(&mut self, id: &WorkerId) -> bool {
+    /// identity's and address's registrations. An unknown worker is
+    /// ignored.
+    fn forget_worker(&mut self, id: &WorkerId) {
         // Presence lists only registered workers.
         let Some(w) = self.workers.remove(id) else {
-            return false;
+            return;
         };
         self.presence.forget(id, w.identity, w.last_seen);
         release_count(&mut self.registrations, w.identity);
         if let Some(ip) = w.address {
             release_count(&mut self.registrations_by_address, ip);
         }
-        true
     }
 
     /// Remote worker `id` drained and leaves the run (its `Release` says
@@ -3039,6 +3039,41 @@ mod tests {
         one.register("b", 1, lo, clock.now()).unwrap();
         assert!(!one.refresh_machines(clock.now()));
         assert!(!one.second_source());
+    }
+
+    #[test]
+    fn a_hoarder_is_no_second_machine_and_a_worker_that_leaves_is_gone_at_once() {
+        let mut clock = Clock(Instant::now());
+        let mut s = Scheduler::new(vec![1; 8], 1, TTL, policy(0.5));
+        let lo = Some(IpAddr::from([127, 0, 0, 1]));
+        let honest = s.register("honest", 1, lo, clock.now()).unwrap();
+        deliver(&mut s, &honest, clock.now());
+        // The hoarder leases and renews, but never delivers a copy.
+        let hoarder = s.register("hoarder", 1, lo, clock.now()).unwrap();
+        let held = s.lease(&hoarder, 1, &[], clock.now()).unwrap().jobs[0].lease;
+        for _ in 0..4 {
+            s.lease(&hoarder, 0, &[held], clock.advance(10)).unwrap();
+            s.lease(&honest, 0, &[], clock.now()).unwrap();
+            s.refresh_machines(clock.now());
+            assert!(!s.second_source(), "a hoarder is no second machine");
+        }
+        // A second worker delivers: two machines; then it leaves.
+        let other = s.register("other", 1, lo, clock.now()).unwrap();
+        deliver(&mut s, &other, clock.now());
+        s.refresh_machines(clock.now());
+        assert!(s.second_source());
+        let leased = s.live_leases().filter(|l| l.worker == other).count();
+        assert_eq!(
+            s.leave(&other, clock.now()).len(),
+            leased,
+            "its leases go back"
+        );
+        assert!(s.worker(&other).is_none(), "forgotten at once");
+        assert!(
+            s.refresh_machines(clock.now()),
+            "one machine again, at once"
+        );
+        assert!(!s.second_source());
     }
 
     #[test]
