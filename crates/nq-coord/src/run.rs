@@ -65,6 +65,40 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunReport> {
+    let bind = async move {
+        Ok(Listeners {
+            grpc: listener,
+            http: None,
+        })
+    };
+    run_binding(config, bind, shutdown).await
+}
+
+/// The ports a serving session listens on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// Where workers are served.
+    pub grpc: TcpListener,
+    /// The HTTP port (`--metrics`), if any; replaces
+    /// [`Config::http_listener`] when given.
+    pub http: Option<std::net::TcpListener>,
+}
+
+/// [`run`], binding its ports only when the run is to be served: `bind` is
+/// awaited once the data directory is open and holds a run that is not
+/// finished. A finished run returns its stored report without calling it,
+/// so that reprinting a result never takes a port another run may need
+/// (`nq-coord` binds `--listen` and `--metrics` this way, and prints
+/// `listening on` inside `bind`, once bound).
+///
+/// # Errors
+///
+/// As [`run`]; `bind`'s error, as it returns it.
+pub async fn run_binding(
+    config: Config,
+    bind: impl Future<Output = Result<Listeners>> + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunReport> {
     let started = Instant::now();
     config.validate()?;
     // Every caller's memory stays bounded, in-process runs included.
@@ -85,7 +119,7 @@ pub async fn run(
     };
     // A full disk or damaged files are reported with the directory to act on.
     let data_dir = config.data_dir.clone();
-    let result = session(config, listener, stop, started)
+    let result = session(config, bind, stop, started)
         .await
         .map_err(|e| e.with_data_dir(&data_dir));
     returned.cancel();
@@ -96,7 +130,7 @@ pub async fn run(
 /// The session proper; `stop` is the shutdown signal.
 async fn session(
     mut config: Config,
-    listener: TcpListener,
+    bind: impl Future<Output = Result<Listeners>> + Send,
     stop: CancellationToken,
     started: Instant,
 ) -> Result<RunReport> {
@@ -108,6 +142,13 @@ async fn session(
         }
         Setup::Ready(ready) => *ready,
     };
+    let Listeners {
+        grpc: listener,
+        http,
+    } = bind.await?;
+    if let Some(http) = http {
+        config.http_listener = Some(Arc::new(http));
+    }
     let Ready {
         store,
         manifest,

@@ -2,6 +2,7 @@
 //! finishing its creation), and restoring the scheduler from the store; or,
 //! for a run an earlier session finished, its report.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_store::{
-    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions,
+    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreKey,
+    StoreOptions,
 };
 use tracing::{info, warn};
 
@@ -52,6 +54,17 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     let store = Arc::new(Store::open(&config.data_dir, &options)?);
     let stored = store.manifest()?;
     let creating = store.creation()?;
+    let stored_board = (stored.as_ref().map(|m| m.key.board))
+        .or_else(|| creating.as_ref().map(|(c, _)| c.run.key.board));
+    if let Some(board) = stored_board
+        && board != config.board
+    {
+        return Err(Error::BoardMismatch {
+            dir: config.data_dir.clone(),
+            stored: board.n().into(),
+            given: config.board.n().into(),
+        });
+    }
     let spec = config
         .split
         .or(stored.as_ref().map(|m| m.key.spec))
@@ -167,6 +180,30 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         sched,
         elapsed_before,
     })))
+}
+
+/// The board size N of the run stored in `dir` (made, or being made,
+/// there), opened with `key`; `None` when `dir` holds no run. Creates
+/// nothing: a path without a data directory is not opened. For `nq-coord`
+/// without `--n`, which resumes the run it finds.
+///
+/// # Errors
+///
+/// The store's: locked by a running coordinator, damaged, or keyed with
+/// another key.
+pub fn stored_n(dir: &Path, key: Option<&StoreKey>) -> Result<Option<u8>> {
+    if !dir.join("db").is_file() && !dir.join(nq_store::MARKER_FILE).is_file() {
+        return Ok(None);
+    }
+    let options = StoreOptions {
+        key: key.cloned(),
+        ..StoreOptions::default()
+    };
+    let store = Store::open(dir, &options)?;
+    if let Some(m) = store.manifest()? {
+        return Ok(Some(m.key.board.n()));
+    }
+    Ok(store.creation()?.map(|(c, _)| c.run.key.board.n()))
 }
 
 /// The verification policy of the run: the configured share and ban limit,

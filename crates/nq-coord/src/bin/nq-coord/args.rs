@@ -39,7 +39,9 @@ pub(crate) struct Args {
 /// Flags of a run.
 #[derive(clap::Args, Debug)]
 pub(crate) struct RunArgs {
-    /// Board size N, 1 to 32. Required unless a subcommand is given.
+    /// Board size N, 1 to 32. Required for a new run; a run resumed from
+    /// its --data directory reads it from there (a different --n is
+    /// refused).
     #[arg(long, value_name = "N", env = "NQ_N")]
     n: Option<u64>,
     /// Address to serve workers on, HOST:PORT. Port 0 picks a free port; the
@@ -225,6 +227,22 @@ impl StoreKeyArgs {
                 .context("invalid --store-key (or NQ_STORE_KEY)"),
             (None, None) => Ok(None),
         }
+    }
+}
+
+impl RunArgs {
+    /// Without `--n`, takes N from the run stored in `--data`, which is then
+    /// resumed; with neither, or with a `--data` that holds no run, `--n`
+    /// stays missing and the conversion into a [`Config`] refuses it. A
+    /// `--n` that differs from the stored run's is refused when the run is
+    /// opened, naming both.
+    pub(crate) fn n_from_store(&mut self) -> anyhow::Result<()> {
+        let (None, Some(data)) = (self.n, &self.data) else {
+            return Ok(());
+        };
+        let key = self.store_key.load(data)?;
+        self.n = nq_coord::stored_n(data, key.as_ref())?.map(u64::from);
+        Ok(())
     }
 }
 
@@ -503,7 +521,8 @@ impl TryFrom<RunArgs> for Config {
         let n = a.n.ok_or(nq_coord::Error::Option {
             option: "--n",
             value: "(missing)".into(),
-            accepted: "given: the board size, 1 to 32",
+            accepted: "given for a new run: the board size, 1 to 32 (a run \
+                       resumed from its --data directory needs none)",
         })?;
         let data = a
             .data

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use nq_coord::config::parse_duration;
 use nq_coord::export::{ExportOptions, export_with_key};
 use nq_process::DialArgs;
-use nq_process::output::{stderr_line, stdout_line};
+use nq_process::output::{is_broken_pipe, stderr_line, stdout_line};
 use nq_proto::address::CoordinatorAddress;
 
 use crate::args::{
@@ -128,13 +128,27 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let report = nq_coord::audit::audit_with_key(
+    let audited = nq_coord::audit::audit_with_key(
         &args.data,
         key.as_ref(),
         &mut out,
         nq_coord::quorum::Fraction::Auto,
-    )?;
-    out.flush().context("cannot write the audit")?;
+    )
+    .and_then(|report| {
+        out.flush()
+            .map(|()| report)
+            .map_err(|source| nq_coord::Error::Io {
+                context: "cannot write the audit".into(),
+                source,
+            })
+    });
+    let report = match audited {
+        // A closed pipe (`| head`) is a normal way for a reader to stop.
+        Err(nq_coord::Error::Io { source, .. }) if is_broken_pipe(&source) => {
+            return Ok(());
+        }
+        r => r?,
+    };
     drop(out);
     let stored = |v: Option<u128>| {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())
