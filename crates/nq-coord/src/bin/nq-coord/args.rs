@@ -361,7 +361,9 @@ pub(crate) enum Command {
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their
     /// throughput and when each was last seen, conflicts, and the result
-    /// once known. Text for people, or --json for scripts.
+    /// once known. Text for people, or --json for scripts. When nothing
+    /// answers and --data is given, a finished run is shown from its
+    /// report.json.
     Status(StatusArgs),
     /// Writes a sealed backup of a run's store (SHA-256 over its content,
     /// with the run id, N, job count and time) to a file. A serving
@@ -426,6 +428,11 @@ pub(crate) struct StatusArgs {
     /// Print the status as one JSON document (counts as decimal strings).
     #[arg(long, env = "NQ_STATUS_JSON")]
     pub(crate) json: bool,
+    /// The run's data directory: when no coordinator answers, a run that is
+    /// over is shown from its DIR/report.json (the file itself with
+    /// --json), and one that is not is named as such.
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    pub(crate) data: Option<PathBuf>,
     /// Give up after this long (connection and answer).
     #[arg(
         long,
