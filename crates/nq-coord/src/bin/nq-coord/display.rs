@@ -63,12 +63,16 @@ async fn show_progress(bar: ProgressBar, mut rx: watch::Receiver<Progress>) {
         let eta = p
             .eta()
             .map_or("?".to_owned(), |d| format!("{}s", d.as_secs()));
+        let awaiting = match p.awaiting_check.0 {
+            0 => String::new(),
+            jobs => format!(" · {jobs} computed, awaiting a check"),
+        };
         bar.set_message(format!(
-            "jobs {}/{} · {:.1} jobs/s · ETA {eta} · workers {}",
+            "jobs {}/{}{awaiting} · {:.1} jobs/s · ETA {eta} · workers {}",
             p.counters.jobs_done,
             p.counters.jobs,
             p.jobs_per_second(),
-            p.counters.workers
+            p.workers_text()
         ));
         if p.counters.complete {
             break;
