@@ -218,22 +218,18 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         key.as_ref(),
         &mut out,
         nq_coord::quorum::Fraction::Auto,
-    )
-    .and_then(|report| {
-        out.flush()
-            .map(|()| report)
-            .map_err(|source| nq_coord::Error::Io {
-                context: "cannot write the audit".into(),
-                source,
-            })
-    });
+    );
+    // A closed pipe (`| head`) is a normal way for a reader to stop.
     let report = match audited {
-        // A closed pipe (`| head`) is a normal way for a reader to stop.
         Err(nq_coord::Error::Io { source, .. }) if is_broken_pipe(&source) => {
             return Ok(());
         }
         r => r?,
     };
+    match out.flush() {
+        Err(e) if is_broken_pipe(&e) => return Ok(()),
+        r => r.context("cannot write the audit")?,
+    }
     drop(out);
     let stored = |v: Option<u128>| {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())

@@ -118,9 +118,12 @@ async fn bind(
     let grpc = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(failed(addr, "--listen"))?;
-    let http = metrics
-        .map(|at| std::net::TcpListener::bind(at).map_err(failed(at, "--metrics")))
-        .transpose()?;
+    let http = match metrics {
+        Some(at) => {
+            Some(std::net::TcpListener::bind(at).map_err(failed(at, "--metrics"))?)
+        }
+        None => None,
+    };
     let io = |context: &str| {
         let context = context.to_owned();
         move |source| nq_coord::Error::Io { context, source }
