@@ -1990,9 +1990,7 @@ impl Scheduler {
                 self.note_settled(s.job);
                 self.attempts.remove(&s.job);
                 self.leases.remove_job(s.job);
-                if let Some(open) = self.open.remove(&s.job) {
-                    self.open_work -= u128::from(open.work);
-                }
+                self.close_open(s.job);
                 self.done_jobs += 1;
                 self.done_work += work;
                 if here {
@@ -2001,17 +1999,7 @@ impl Scheduler {
                 }
             }
         } else {
-            let before = self.open.insert(
-                s.job,
-                Open {
-                    reporters: s.reporters.clone(),
-                    kernels: s.kernels.clone(),
-                    trusted_only: s.needs_trusted,
-                    work: s.work,
-                },
-            );
-            self.open_work =
-                self.open_work + work - before.map_or(0, |o| u128::from(o.work));
+            self.hold_open(s);
             if was_done {
                 self.done_jobs -= 1;
                 self.done_work -= work;
@@ -2371,6 +2359,29 @@ impl Scheduler {
     /// runs none): they work as a worker does. O(1).
     pub fn local_threads(&self) -> u32 {
         self.local_threads
+    }
+
+    /// Holds the job of `s`, not settled, open for another copy, with its
+    /// reporters and kernels as `s` has them (its work counted once in the
+    /// open work).
+    fn hold_open(&mut self, s: &Settlement) {
+        let open = Open {
+            reporters: s.reporters.clone(),
+            kernels: s.kernels.clone(),
+            trusted_only: s.needs_trusted,
+            work: s.work,
+        };
+        if let Some(before) = self.open.insert(s.job, open) {
+            self.open_work -= u128::from(before.work);
+        }
+        self.open_work += u128::from(s.work);
+    }
+
+    /// Closes `job`'s entry in the open jobs, if it has one.
+    fn close_open(&mut self, job: JobId) {
+        if let Some(open) = self.open.remove(&job) {
+            self.open_work -= u128::from(open.work);
+        }
     }
 }
 
