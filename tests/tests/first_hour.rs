@@ -78,8 +78,9 @@ async fn a_finished_run_reprints_its_result_without_a_port() -> Result<()> {
     .await
 }
 
-/// A port that is taken is refused naming the address and `--listen`, and
-/// `listening on` is never printed; `--n` left out of a new run is refused
+/// A port that is taken is refused naming the address and `--listen`,
+/// before the data directory is created, and `listening on` is never
+/// printed; `--n` left out of a new run is refused
 /// naming it, before anything is created.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_port_is_refused_naming_listen() -> Result<()> {
@@ -102,6 +103,8 @@ async fn a_taken_port_is_refused_naming_listen() -> Result<()> {
             "{stderr}"
         );
         ensure!(!stdout.contains("listening on"), "{stdout}");
+        // Refused before anything was created.
+        ensure!(!data_dir(&tmp).exists(), "{data} was created");
         drop(taken);
 
         let fresh = tmp.path().join("fresh");

@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
 use crate::engine::{Engine, backup, commit, unix_ms};
 use crate::error::{Error, Result};
-use crate::report::{RunReport, Totals};
+use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::setup::{Ready, Setup, setup, shape_of};
 
 /// How long in-flight RPCs get to finish at shutdown before the server is
@@ -84,12 +84,13 @@ pub struct Listeners {
     pub http: Option<std::net::TcpListener>,
 }
 
-/// [`run`], binding its ports only when the run is to be served: `bind` is
-/// awaited once the data directory is open and holds a run that is not
-/// finished. A finished run returns its stored report without calling it,
-/// so that reprinting a result never takes a port another run may need
-/// (`nq-coord` binds `--listen` and `--metrics` this way, and prints
-/// `listening on` inside `bind`, once bound).
+/// [`run`], binding its ports only when the run is to be served: a
+/// finished run returns its stored report without awaiting `bind`, so that
+/// reprinting a result never takes a port another run may need. Any other
+/// run awaits `bind` before it opens the data directory (before a long
+/// creation, as [`run`]'s caller binds first). `nq-coord` binds `--listen`
+/// and `--metrics` this way, and prints `listening on` inside `bind`, once
+/// bound.
 ///
 /// # Errors
 ///
@@ -134,6 +135,15 @@ async fn session(
     stop: CancellationToken,
     started: Instant,
 ) -> Result<RunReport> {
+    // A finished run has its report.json (or, if it crashed just before
+    // writing it, its stored summary): it is reprinted without taking a
+    // port. Any other run binds first, so that a port it cannot have is
+    // refused before a long creation, and `listening on` comes first.
+    let binding = if config.data_dir.join(REPORT_FILE).exists() {
+        Binding::Later(bind)
+    } else {
+        Binding::Bound(bind.await?)
+    };
     let ready = match open(&config, &stop).await? {
         Setup::Finished(report) => {
             info!(dir = %config.data_dir.display(), "the run is already finished");
@@ -145,7 +155,10 @@ async fn session(
     let Listeners {
         grpc: listener,
         http,
-    } = bind.await?;
+    } = match binding {
+        Binding::Bound(listeners) => listeners,
+        Binding::Later(bind) => bind.await?,
+    };
     if let Some(http) = http {
         config.http_listener = Some(Arc::new(http));
     }
@@ -228,6 +241,13 @@ async fn session(
         );
     }
     Ok(report)
+}
+
+/// The ports of a session: bound before the data directory is opened, or
+/// to be bound once it is known not to hold a finished run.
+enum Binding<B> {
+    Bound(Listeners),
+    Later(B),
 }
 
 /// Opens the data directory off the async threads (see [`setup`]). A
