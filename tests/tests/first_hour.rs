@@ -119,6 +119,35 @@ async fn a_taken_port_is_refused_naming_listen() -> Result<()> {
     .await
 }
 
+/// A data directory in use by another coordinator is refused before the
+/// second one says `listening on`: the line means a run that will serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_directory_is_never_announced() -> Result<()> {
+    within(LIMIT, "locked directory", async {
+        let tmp = tempfile::tempdir()?;
+        let dir = data_dir(&tmp);
+        // No local threads and no worker: it serves until stopped.
+        let mut first =
+            Coord::ephemeral(&dir, &["--n", "12", "--local-threads", "0"]).await?;
+        first.proc.line_containing("serving workers").await?;
+        let data = dir.display().to_string();
+        let out =
+            nq_coord(&["--n", "12", "--data", &data, "--listen", "127.0.0.1:0"]).await?;
+        let (stdout, stderr) = text(&out);
+        ensure!(!out.status.success(), "{}: {stdout}{stderr}", out.status);
+        ensure!(stderr.contains("lock"), "{stderr}");
+        ensure!(!stdout.contains("listening on"), "{stdout}");
+        first.proc.signal(libc::SIGINT)?;
+        let status = first.proc.wait().await?;
+        ensure!(
+            status.code() == Some(3),
+            "interrupted run exited with {status}"
+        );
+        Ok(())
+    })
+    .await
+}
+
 /// `audit` on a path that does not exist fails naming it and creates
 /// nothing there; on a closed stdout (`| head`) it ends with exit 0 and no
 /// error.

@@ -37,7 +37,7 @@ use crate::engine::ticker::{Publish, ticker};
 use crate::engine::{Engine, backup, commit, unix_ms};
 use crate::error::{Error, Result};
 use crate::report::{REPORT_FILE, RunReport, Totals};
-use crate::setup::{Ready, Setup, setup, shape_of};
+use crate::setup::{Accepted, Opened, Ready, open, setup, shape_of};
 
 /// How long in-flight RPCs get to finish at shutdown before the server is
 /// dropped.
@@ -71,7 +71,7 @@ pub async fn run(
             http: None,
         })
     };
-    run_binding(config, bind, shutdown).await
+    run_binding(config, bind, |_| Ok(()), shutdown).await
 }
 
 /// The ports a serving session listens on.
@@ -87,17 +87,21 @@ pub struct Listeners {
 /// [`run`], binding its ports only when the run is to be served: a
 /// finished run returns its stored report without awaiting `bind`, so that
 /// reprinting a result never takes a port another run may need. Any other
-/// run awaits `bind` before it opens the data directory (before a long
-/// creation, as [`run`]'s caller binds first). `nq-coord` binds `--listen`
-/// and `--metrics` this way, and prints `listening on` inside `bind`, once
-/// bound.
+/// run awaits `bind` before it opens the data directory (so that a port it
+/// cannot have is refused first, as when [`run`]'s caller binds). Then,
+/// once the directory is accepted (not locked, damaged, keyed otherwise or
+/// holding another run) and before a new run's jobs are created,
+/// `announce` is called with the bound ports: `nq-coord` prints
+/// `listening on ADDR` there, so that the line means a run that will
+/// serve.
 ///
 /// # Errors
 ///
-/// As [`run`]; `bind`'s error, as it returns it.
+/// As [`run`]; `bind`'s and `announce`'s errors, as they return them.
 pub async fn run_binding(
     config: Config,
     bind: impl Future<Output = Result<Listeners>> + Send,
+    announce: impl FnOnce(&Listeners) -> Result<()> + Send,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunReport> {
     let started = Instant::now();
@@ -120,7 +124,7 @@ pub async fn run_binding(
     };
     // A full disk or damaged files are reported with the directory to act on.
     let data_dir = config.data_dir.clone();
-    let result = session(config, bind, stop, started)
+    let result = session(config, (bind, announce), stop, started)
         .await
         .map_err(|e| e.with_data_dir(&data_dir));
     returned.cancel();
@@ -131,37 +135,45 @@ pub async fn run_binding(
 /// The session proper; `stop` is the shutdown signal.
 async fn session(
     mut config: Config,
-    bind: impl Future<Output = Result<Listeners>> + Send,
+    (bind, announce): (
+        impl Future<Output = Result<Listeners>> + Send,
+        impl FnOnce(&Listeners) -> Result<()> + Send,
+    ),
     stop: CancellationToken,
     started: Instant,
 ) -> Result<RunReport> {
     // A finished run has its report.json (or, if it crashed just before
     // writing it, its stored summary): it is reprinted without taking a
     // port. Any other run binds first, so that a port it cannot have is
-    // refused before a long creation, and `listening on` comes first.
+    // refused before the directory is touched; it is announced once the
+    // directory is accepted, before a long creation.
     let binding = if config.data_dir.join(REPORT_FILE).exists() {
         Binding::Later(bind)
     } else {
         Binding::Bound(bind.await?)
     };
-    let ready = match open(&config, &stop).await? {
-        Setup::Finished(report) => {
+    let cfg = config.clone();
+    let accepted = match tokio::task::spawn_blocking(move || open(&cfg)).await?? {
+        Opened::Finished(report) => {
             info!(dir = %config.data_dir.display(), "the run is already finished");
             report.write_json(&config.data_dir)?;
             return Ok(report);
         }
-        Setup::Ready(ready) => *ready,
+        Opened::Accepted(accepted) => *accepted,
     };
-    let Listeners {
-        grpc: listener,
-        http,
-    } = match binding {
+    let listeners = match binding {
         Binding::Bound(listeners) => listeners,
         Binding::Later(bind) => bind.await?,
     };
+    announce(&listeners)?;
+    let Listeners {
+        grpc: listener,
+        http,
+    } = listeners;
     if let Some(http) = http {
         config.http_listener = Some(Arc::new(http));
     }
+    let ready = prepare(&config, accepted, &stop).await?;
     let Ready {
         store,
         manifest,
@@ -250,9 +262,14 @@ enum Binding<B> {
     Later(B),
 }
 
-/// Opens the data directory off the async threads (see [`setup`]). A
-/// shutdown during a long creation stops it between two batches.
-async fn open(config: &Config, stop: &CancellationToken) -> Result<Setup> {
+/// Creates or resumes the accepted run off the async threads (see
+/// [`setup`]). A shutdown during a long creation stops it between two
+/// batches.
+async fn prepare(
+    config: &Config,
+    accepted: Accepted,
+    stop: &CancellationToken,
+) -> Result<Ready> {
     let cfg = config.clone();
     let halt = Arc::new(AtomicBool::new(false));
     let watch = {
@@ -262,7 +279,7 @@ async fn open(config: &Config, stop: &CancellationToken) -> Result<Setup> {
             halt.store(true, Ordering::Relaxed);
         })
     };
-    let setup = tokio::task::spawn_blocking(move || setup(&cfg, &halt)).await?;
+    let setup = tokio::task::spawn_blocking(move || setup(&cfg, accepted, &halt)).await?;
     watch.abort();
     match setup {
         Err(Error::ShuttingDown) => Err(Error::CreationInterrupted),

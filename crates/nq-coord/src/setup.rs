@@ -27,12 +27,27 @@ use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::restore::{restore, restore_indexed, restore_leases};
 
-/// What setup found in the data directory.
-pub(crate) enum Setup {
+/// What opening the data directory found ([`open`]).
+pub(crate) enum Opened {
     /// The run was finished by an earlier session.
     Finished(RunReport),
-    /// Ready to serve.
-    Ready(Box<Ready>),
+    /// A run to serve, once [`setup`] has created or restored it.
+    Accepted(Box<Accepted>),
+}
+
+/// A data directory accepted for this run: its store is open and holds
+/// this run, part of it, or none yet. Everything that refuses a directory
+/// (locked, damaged, another key, another run, a lost summary) has been
+/// checked.
+pub(crate) struct Accepted {
+    store: Arc<Store>,
+    key: RunKey,
+    /// The stored run, when resuming.
+    resumed: Option<Manifest>,
+    /// A creation an earlier session began.
+    creating: Option<(Creation, Checkpoint)>,
+    /// When opening began.
+    opened: Instant,
 }
 
 pub(crate) struct Ready {
@@ -42,10 +57,10 @@ pub(crate) struct Ready {
     pub(crate) elapsed_before: Duration,
 }
 
-/// Opens the store, creates or resumes the run and rebuilds the scheduler.
-/// Blocking (sled I/O and, for a new run, the split); a creation stops
-/// between two batches once `stop` is set.
-pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
+/// Opens the store and checks that it may hold this run; for a run an
+/// earlier session finished, its report. Blocking (sled I/O), and short:
+/// the long part of a session's start is [`setup`]'s.
+pub(crate) fn open(config: &Config) -> Result<Opened> {
     let opened = Instant::now();
     let options = StoreOptions {
         cache_capacity: config.cache_bytes,
@@ -76,9 +91,46 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         spec,
         solutions: config.solutions,
     };
+    let resumed = store.resume(&key)?;
+    if let Some(m) = &resumed
+        && let Some(summary) = store.summary()?
+    {
+        return Ok(Opened::Finished(finished_report(
+            config, &store, m, &summary,
+        )?));
+    }
+    if config.data_dir.join(REPORT_FILE).exists() {
+        return Err(Error::SummaryLost {
+            dir: config.data_dir.clone(),
+        });
+    }
+    Ok(Opened::Accepted(Box::new(Accepted {
+        store,
+        key,
+        resumed,
+        creating,
+        opened,
+    })))
+}
+
+/// Creates or resumes the run of an [`Accepted`] directory and rebuilds
+/// the scheduler. Blocking (sled I/O and, for a new run, the split); a
+/// creation stops between two batches once `stop` is set.
+pub(crate) fn setup(
+    config: &Config,
+    accepted: Accepted,
+    stop: &AtomicBool,
+) -> Result<Ready> {
+    let Accepted {
+        store,
+        key,
+        resumed,
+        creating,
+        opened,
+    } = accepted;
     // A run created by this session has no record yet: nothing to check.
     let mut created = false;
-    let manifest = match store.resume(&key)? {
+    let manifest = match resumed {
         Some(m) => {
             info!(dir = %config.data_dir.display(), run = %m.run_id, jobs = m.jobs, "resuming run");
             if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
@@ -93,16 +145,6 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
             create(config, &store, key, creating, stop)?
         }
     };
-    if let Some(summary) = store.summary()? {
-        return Ok(Setup::Finished(finished_report(
-            config, &store, &manifest, &summary,
-        )?));
-    }
-    if config.data_dir.join(REPORT_FILE).exists() {
-        return Err(Error::SummaryLost {
-            dir: config.data_dir.clone(),
-        });
-    }
     let session_no = store.next_boot()?;
     let mut sched = scheduler(
         &store,
@@ -174,12 +216,12 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         session = session_no,
         "data directory ready"
     );
-    Ok(Setup::Ready(Box::new(Ready {
+    Ok(Ready {
         store,
         manifest,
         sched,
         elapsed_before,
-    })))
+    })
 }
 
 /// The board size N of the run stored in `dir` (made, or being made,

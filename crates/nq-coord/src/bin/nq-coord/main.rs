@@ -90,7 +90,7 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
         // Bound only for a run to serve: a finished one reprints its result
         // and takes no port.
         let bind = bind(addr, metrics);
-        let report = nq_coord::run_binding(config, bind, shutdown).await?;
+        let report = nq_coord::run_binding(config, bind, announce, shutdown).await?;
         if let Some(display) = display {
             let _ = display.await;
         }
@@ -107,8 +107,7 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
     })
 }
 
-/// Binds `--listen` (and `--metrics`), then prints where, in the lines that
-/// tests and scripts wait for: `listening on ADDR`, then `metrics on ADDR`.
+/// Binds `--listen` (and `--metrics`).
 async fn bind(
     addr: SocketAddr,
     metrics: Option<SocketAddr>,
@@ -124,23 +123,31 @@ async fn bind(
         }
         None => None,
     };
+    Ok(Listeners { grpc, http })
+}
+
+/// Prints where the run serves, once its data directory is accepted, in
+/// the lines that tests and scripts wait for: `listening on ADDR`, then
+/// `metrics on ADDR`.
+fn announce(listeners: &Listeners) -> nq_coord::Result<()> {
     let io = |context: &str| {
         let context = context.to_owned();
         move |source| nq_coord::Error::Io { context, source }
     };
-    let bound = grpc
+    let bound = listeners
+        .grpc
         .local_addr()
         .map_err(io("cannot read the bound --listen address"))?;
     stdout_line(format_args!("listening on {bound}"))
         .map_err(io("cannot write to stdout"))?;
-    if let Some(http) = &http {
+    if let Some(http) = &listeners.http {
         let bound = http
             .local_addr()
             .map_err(io("cannot read the bound --metrics address"))?;
         stdout_line(format_args!("metrics on {bound}"))
             .map_err(io("cannot write to stdout"))?;
     }
-    Ok(Listeners { grpc, http })
+    Ok(())
 }
 
 /// Parses `HOST:PORT` for `flag`, resolving a host name.
