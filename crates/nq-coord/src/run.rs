@@ -37,7 +37,7 @@ use crate::engine::ticker::{Publish, ticker};
 use crate::engine::{Engine, backup, commit, unix_ms};
 use crate::error::{Error, Result};
 use crate::report::{REPORT_FILE, RunReport, Totals};
-use crate::setup::{Accepted, Opened, Ready, open, setup, shape_of};
+use crate::setup::{Accepted, Opened, Ready, build, open, shape_of};
 
 /// How long in-flight RPCs get to finish at shutdown before the server is
 /// dropped.
@@ -97,11 +97,12 @@ pub struct Listeners {
 ///
 /// # Errors
 ///
-/// As [`run`]; `bind`'s and `announce`'s errors, as they return them.
+/// As [`run`]; `bind`'s error, as it returns it; [`Error::Io`] for
+/// `announce`'s.
 pub async fn run_binding(
     config: Config,
     bind: impl Future<Output = Result<Listeners>> + Send,
-    announce: impl FnOnce(&Listeners) -> Result<()> + Send,
+    announce: impl FnOnce(&Listeners) -> std::io::Result<()> + Send,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunReport> {
     let started = Instant::now();
@@ -137,7 +138,7 @@ async fn session(
     mut config: Config,
     (bind, announce): (
         impl Future<Output = Result<Listeners>> + Send,
-        impl FnOnce(&Listeners) -> Result<()> + Send,
+        impl FnOnce(&Listeners) -> std::io::Result<()> + Send,
     ),
     stop: CancellationToken,
     started: Instant,
@@ -165,7 +166,10 @@ async fn session(
         Binding::Bound(listeners) => listeners,
         Binding::Later(bind) => bind.await?,
     };
-    announce(&listeners)?;
+    announce(&listeners).map_err(|source| Error::Io {
+        context: "cannot announce the bound ports".into(),
+        source,
+    })?;
     let Listeners {
         grpc: listener,
         http,
@@ -263,7 +267,7 @@ enum Binding<B> {
 }
 
 /// Creates or resumes the accepted run off the async threads (see
-/// [`setup`]). A shutdown during a long creation stops it between two
+/// [`build`]). A shutdown during a long creation stops it between two
 /// batches.
 async fn prepare(
     config: &Config,
@@ -279,7 +283,7 @@ async fn prepare(
             halt.store(true, Ordering::Relaxed);
         })
     };
-    let setup = tokio::task::spawn_blocking(move || setup(&cfg, accepted, &halt)).await?;
+    let setup = tokio::task::spawn_blocking(move || build(&cfg, accepted, &halt)).await?;
     watch.abort();
     match setup {
         Err(Error::ShuttingDown) => Err(Error::CreationInterrupted),

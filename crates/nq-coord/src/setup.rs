@@ -113,10 +113,34 @@ pub(crate) fn open(config: &Config) -> Result<Opened> {
     })))
 }
 
+/// What setup found in the data directory ([`setup`]).
+#[cfg(test)]
+pub(crate) enum Setup {
+    /// The run was finished by an earlier session.
+    Finished(
+        #[expect(dead_code, reason = "the simulation only tells a finished run apart")]
+        RunReport,
+    ),
+    /// Ready to serve.
+    Ready(Box<Ready>),
+}
+
+/// [`open`] and [`build`] at once, for a caller that binds nothing between
+/// them (the simulation).
+#[cfg(test)]
+pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
+    Ok(match open(config)? {
+        Opened::Finished(report) => Setup::Finished(report),
+        Opened::Accepted(accepted) => {
+            Setup::Ready(Box::new(build(config, *accepted, stop)?))
+        }
+    })
+}
+
 /// Creates or resumes the run of an [`Accepted`] directory and rebuilds
 /// the scheduler. Blocking (sled I/O and, for a new run, the split); a
 /// creation stops between two batches once `stop` is set.
-pub(crate) fn setup(
+pub(crate) fn build(
     config: &Config,
     accepted: Accepted,
     stop: &AtomicBool,

@@ -129,23 +129,13 @@ async fn bind(
 /// Prints where the run serves, once its data directory is accepted, in
 /// the lines that tests and scripts wait for: `listening on ADDR`, then
 /// `metrics on ADDR`.
-fn announce(listeners: &Listeners) -> nq_coord::Result<()> {
-    let io = |context: &str| {
-        let context = context.to_owned();
-        move |source| nq_coord::Error::Io { context, source }
-    };
-    let bound = listeners
-        .grpc
-        .local_addr()
-        .map_err(io("cannot read the bound --listen address"))?;
-    stdout_line(format_args!("listening on {bound}"))
-        .map_err(io("cannot write to stdout"))?;
+fn announce(listeners: &Listeners) -> std::io::Result<()> {
+    stdout_line(format_args!(
+        "listening on {}",
+        listeners.grpc.local_addr()?
+    ))?;
     if let Some(http) = &listeners.http {
-        let bound = http
-            .local_addr()
-            .map_err(io("cannot read the bound --metrics address"))?;
-        stdout_line(format_args!("metrics on {bound}"))
-            .map_err(io("cannot write to stdout"))?;
+        stdout_line(format_args!("metrics on {}", http.local_addr()?))?;
     }
     Ok(())
 }
