@@ -18,6 +18,7 @@ mod chaos;
 mod creation;
 mod drain;
 mod faults;
+mod first_hour;
 mod hoarding;
 mod inprocess;
 mod input;

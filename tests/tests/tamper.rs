@@ -85,19 +85,25 @@ async fn a_tampered_store_is_refused_with_a_key_and_fails_the_audit_without() ->
         // (a) With a key: the attacker puts the forged value (CRCs and all,
         // as nq-store wrote it) in place of the real one.
         transplant_record_chunk(&plain, &keyed, 0)?;
-        let mut resume = Coord::start_with_env(
-            &keyed,
-            "127.0.0.1:0",
-            &[RUN, &["--store-key-file", &key_arg]].concat(),
-            LOG_ENV,
-        )
-        .await?;
-        let status = resume.proc.wait().await?;
-        let out = resume.proc.output();
+        let keyed_arg = keyed.display().to_string();
+        let args = [
+            RUN,
+            &["--data", &keyed_arg, "--listen", "127.0.0.1:0"],
+            &["--store-key-file", &key_arg],
+        ]
+        .concat()
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        let mut resume = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, LOG_ENV)?;
+        let status = resume.wait().await?;
+        let out = resume.output();
         ensure!(
             !status.success(),
             "resume accepted the tampered store:\n{out}"
         );
+        // Refused before it announced a port (issue 26).
+        ensure!(!out.contains("listening on"), "{out}");
         names_the_forged_record("resume", &out)?;
         let (status, out) = audit(&keyed, &[("NQ_STORE_KEY", KEY_HEX)]).await?;
         ensure!(

@@ -248,8 +248,10 @@ impl AuditReport {
 ///
 /// # Errors
 ///
-/// [`Error::NoRun`]; [`Error::DamagedResult`] or store corruption errors for
-/// a damaged directory; I/O errors writing `out`.
+/// [`Error::NoDataDir`] when `dir` does not exist and [`Error::NoRun`] when
+/// it holds no run (neither creates anything); [`Error::DamagedResult`] or
+/// store corruption errors for a damaged directory; I/O errors writing
+/// `out`.
 pub fn audit(dir: &Path, out: &mut dyn Write, verify: Fraction) -> Result<AuditReport> {
     audit_with_key(dir, None, out, verify)
 }
@@ -269,6 +271,17 @@ pub fn audit_with_key(
     out: &mut dyn Write,
     verify: Fraction,
 ) -> Result<AuditReport> {
+    // Opening creates a store: a mistyped path must not become one.
+    if !dir.exists() {
+        return Err(Error::NoDataDir {
+            dir: dir.to_path_buf(),
+        });
+    }
+    if !dir.join("db").is_file() && !dir.join(nq_store::MARKER_FILE).is_file() {
+        return Err(Error::NoRun {
+            dir: dir.to_path_buf(),
+        });
+    }
     let options = StoreOptions {
         key: key.cloned(),
         ..StoreOptions::default()

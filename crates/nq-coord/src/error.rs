@@ -265,6 +265,42 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An address to serve on cannot be bound (`--listen`, `--metrics`).
+    #[error("cannot listen on {addr} ({flag}): {}", listen_advice(source.kind(), flag))]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The flag that gave it.
+        flag: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `--data` path given to a tool that reads an existing run, where
+    /// nothing is.
+    #[error(
+        "{} does not exist; pass the --data directory of a coordinator run",
+        dir.display()
+    )]
+    NoDataDir {
+        /// The path.
+        dir: PathBuf,
+    },
+    /// `--n` differs from the board of the run stored in `--data`.
+    #[error(
+        "--n {given} does not match data directory {}, which holds a run of N={stored}: \
+         leave --n out (or give --n {stored}) to resume that run, or choose another \
+         --data for N={given}",
+        dir.display()
+    )]
+    BoardMismatch {
+        /// The data directory.
+        dir: PathBuf,
+        /// The board the directory's run counts.
+        stored: u32,
+        /// The `--n` given.
+        given: u32,
+    },
     /// A write into the data directory (outside the store, e.g. the
     /// `report.json`) found the disk full. Nothing is lost.
     #[error(
@@ -350,6 +386,22 @@ pub enum Error {
     /// `export` cannot write a solution in the requested notation.
     #[error("cannot write the solutions")]
     Format(#[from] nq_core::notation::FormatError),
+}
+
+/// What to do about an address that cannot be bound, by the OS's reason.
+fn listen_advice(kind: std::io::ErrorKind, flag: &str) -> String {
+    use std::io::ErrorKind;
+    let why = match kind {
+        ErrorKind::AddrInUse => {
+            "the address is already in use (another coordinator may be running there)"
+        }
+        ErrorKind::AddrNotAvailable => "this machine has no such address",
+        ErrorKind::PermissionDenied => {
+            "permission denied (ports below 1024 need privileges)"
+        }
+        _ => "the OS refused it",
+    };
+    format!("{why}; pick another address with {flag} HOST:PORT (port 0 picks a free one)")
 }
 
 /// The longest worker name the coordinator accepts, in bytes.

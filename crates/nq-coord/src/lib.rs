@@ -91,4 +91,5 @@ pub use error::{Error, Refusal, RegistrationLimit, ReportFault, Result};
 pub use nq_store::JobId;
 pub use plan::MAX_SUBS_PER_JOB;
 pub use report::RunReport;
-pub use run::run;
+pub use run::{Listeners, run, run_binding};
+pub use setup::stored_n;

@@ -270,9 +270,10 @@ impl RunReport {
                 "every job is settled, but {} of {} jobs counted one copy that needed a \
                  check: no second machine was at work to give it (a lone worker under \
                  --local-threads 0, or workers still on probation when the others \
-                 left); run again with a second worker or local threads attached to \
-                 check them, or recount with --verify 1",
-                self.unchecked, self.jobs
+                 left). {}",
+                self.unchecked,
+                self.jobs,
+                self.unchecked_advice()
             ),
             RunStatus::PublishedMismatch => {
                 let (q, _) = published(self.n).unwrap_or_default();
@@ -285,6 +286,24 @@ impl RunReport {
             }
         };
         what + &faulty
+    }
+
+    /// What checks the jobs of an unchecked run, which is final: running
+    /// again on its data directory only prints the stored result, so the
+    /// check comes from a recount elsewhere or from the audit.
+    fn unchecked_advice(&self) -> String {
+        let dir = self.data_dir.display();
+        format!(
+            "A finished run is final: running again on {dir} only prints this \
+             result. To check these jobs, solve every job again on this machine \
+             from the audit (`nq-coord audit --data {dir} --output audit.csv`, \
+             then `nq recheck audit.csv --sample {jobs} --seed 0 --kernel \
+             scalar`), or recount in a new --data directory with a second voice \
+             at work until the end: the coordinator's own threads (leave out \
+             --local-threads 0) or a second machine with its own identity (its \
+             own token in --worker-tokens)",
+            jobs = self.jobs
+        )
     }
 
     /// Whether the counts match OEIS A000170 / A002562: `None` when N is not in
@@ -520,7 +539,18 @@ mod tests {
         assert_eq!(v["status"], "unchecked");
         assert_eq!(v["exit_code"], 6);
         assert_eq!(v["unchecked"], 3);
-        assert!(v["why"].as_str().unwrap().contains("3 of 10 jobs"));
+        let why = v["why"].as_str().unwrap();
+        assert!(why.contains("3 of 10 jobs"), "{why}");
+        // The advice works on a finished run: the same directory only
+        // reprints it, so it names a recount elsewhere or a recheck of
+        // every job from the audit, never "run again" there.
+        assert!(!why.contains("run again"), "{why}");
+        assert!(
+            why.contains("--sample 10 --seed 0")
+                && why.contains("new --data directory")
+                && why.contains("only prints this result"),
+            "{why}"
+        );
         // A wrong total is the stronger news.
         r.total = 93;
         assert_eq!(r.status(), RunStatus::PublishedMismatch);

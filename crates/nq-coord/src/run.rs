@@ -36,8 +36,8 @@ use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
 use crate::engine::{Engine, backup, commit, unix_ms};
 use crate::error::{Error, Result};
-use crate::report::{RunReport, Totals};
-use crate::setup::{Ready, Setup, setup, shape_of};
+use crate::report::{REPORT_FILE, RunReport, Totals};
+use crate::setup::{Accepted, Opened, Ready, build, open, shape_of};
 
 /// How long in-flight RPCs get to finish at shutdown before the server is
 /// dropped.
@@ -65,6 +65,46 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<RunReport> {
+    let bind = async move {
+        Ok(Listeners {
+            grpc: listener,
+            http: None,
+        })
+    };
+    run_binding(config, bind, |_| Ok(()), shutdown).await
+}
+
+/// The ports a serving session listens on.
+#[derive(Debug)]
+pub struct Listeners {
+    /// Where workers are served.
+    pub grpc: TcpListener,
+    /// The HTTP port (`--metrics`), if any; replaces
+    /// [`Config::http_listener`] when given.
+    pub http: Option<std::net::TcpListener>,
+}
+
+/// [`run`], binding its ports only when the run is to be served: a
+/// finished run returns its stored report without awaiting `bind`, so that
+/// reprinting a result never takes a port another run may need. Any other
+/// run awaits `bind` before it opens the data directory (so that a port it
+/// cannot have is refused first, as when [`run`]'s caller binds). Then,
+/// once the directory is accepted (not locked, damaged, keyed otherwise or
+/// holding another run) and before a new run's jobs are created,
+/// `announce` is called with the bound ports: `nq-coord` prints
+/// `listening on ADDR` there, so that the line means a run that will
+/// serve.
+///
+/// # Errors
+///
+/// As [`run`]; `bind`'s error, as it returns it; [`Error::Io`] for
+/// `announce`'s.
+pub async fn run_binding(
+    config: Config,
+    bind: impl Future<Output = Result<Listeners>> + Send,
+    announce: impl FnOnce(&Listeners) -> std::io::Result<()> + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<RunReport> {
     let started = Instant::now();
     config.validate()?;
     // Every caller's memory stays bounded, in-process runs included.
@@ -85,7 +125,7 @@ pub async fn run(
     };
     // A full disk or damaged files are reported with the directory to act on.
     let data_dir = config.data_dir.clone();
-    let result = session(config, listener, stop, started)
+    let result = session(config, (bind, announce), stop, started)
         .await
         .map_err(|e| e.with_data_dir(&data_dir));
     returned.cancel();
@@ -96,18 +136,48 @@ pub async fn run(
 /// The session proper; `stop` is the shutdown signal.
 async fn session(
     mut config: Config,
-    listener: TcpListener,
+    (bind, announce): (
+        impl Future<Output = Result<Listeners>> + Send,
+        impl FnOnce(&Listeners) -> std::io::Result<()> + Send,
+    ),
     stop: CancellationToken,
     started: Instant,
 ) -> Result<RunReport> {
-    let ready = match open(&config, &stop).await? {
-        Setup::Finished(report) => {
+    // A finished run has its report.json (or, if it crashed just before
+    // writing it, its stored summary): it is reprinted without taking a
+    // port. Any other run binds first, so that a port it cannot have is
+    // refused before the directory is touched; it is announced once the
+    // directory is accepted, before a long creation.
+    let binding = if config.data_dir.join(REPORT_FILE).exists() {
+        Binding::Later(bind)
+    } else {
+        Binding::Bound(bind.await?)
+    };
+    let cfg = config.clone();
+    let accepted = match tokio::task::spawn_blocking(move || open(&cfg)).await?? {
+        Opened::Finished(report) => {
             info!(dir = %config.data_dir.display(), "the run is already finished");
             report.write_json(&config.data_dir)?;
             return Ok(report);
         }
-        Setup::Ready(ready) => *ready,
+        Opened::Accepted(accepted) => *accepted,
     };
+    let listeners = match binding {
+        Binding::Bound(listeners) => listeners,
+        Binding::Later(bind) => bind.await?,
+    };
+    announce(&listeners).map_err(|source| Error::Io {
+        context: "cannot announce the bound ports".into(),
+        source,
+    })?;
+    let Listeners {
+        grpc: listener,
+        http,
+    } = listeners;
+    if let Some(http) = http {
+        config.http_listener = Some(Arc::new(http));
+    }
+    let ready = prepare(&config, accepted, &stop).await?;
     let Ready {
         store,
         manifest,
@@ -189,9 +259,21 @@ async fn session(
     Ok(report)
 }
 
-/// Opens the data directory off the async threads (see [`setup`]). A
-/// shutdown during a long creation stops it between two batches.
-async fn open(config: &Config, stop: &CancellationToken) -> Result<Setup> {
+/// The ports of a session: bound before the data directory is opened, or
+/// to be bound once it is known not to hold a finished run.
+enum Binding<B> {
+    Bound(Listeners),
+    Later(B),
+}
+
+/// Creates or resumes the accepted run off the async threads (see
+/// [`build`]). A shutdown during a long creation stops it between two
+/// batches.
+async fn prepare(
+    config: &Config,
+    accepted: Accepted,
+    stop: &CancellationToken,
+) -> Result<Ready> {
     let cfg = config.clone();
     let halt = Arc::new(AtomicBool::new(false));
     let watch = {
@@ -201,7 +283,7 @@ async fn open(config: &Config, stop: &CancellationToken) -> Result<Setup> {
             halt.store(true, Ordering::Relaxed);
         })
     };
-    let setup = tokio::task::spawn_blocking(move || setup(&cfg, &halt)).await?;
+    let setup = tokio::task::spawn_blocking(move || build(&cfg, accepted, &halt)).await?;
     watch.abort();
     match setup {
         Err(Error::ShuttingDown) => Err(Error::CreationInterrupted),

@@ -2,6 +2,7 @@
 //! finishing its creation), and restoring the scheduler from the store; or,
 //! for a run an earlier session finished, its report.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_store::{
-    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreOptions,
+    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreKey,
+    StoreOptions,
 };
 use tracing::{info, warn};
 
@@ -25,12 +27,27 @@ use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::restore::{restore, restore_indexed, restore_leases};
 
-/// What setup found in the data directory.
-pub(crate) enum Setup {
+/// What opening the data directory found ([`open`]).
+pub(crate) enum Opened {
     /// The run was finished by an earlier session.
     Finished(RunReport),
-    /// Ready to serve.
-    Ready(Box<Ready>),
+    /// A run to serve, once [`setup`] has created or restored it.
+    Accepted(Box<Accepted>),
+}
+
+/// A data directory accepted for this run: its store is open and holds
+/// this run, part of it, or none yet. Everything that refuses a directory
+/// (locked, damaged, another key, another run, a lost summary) has been
+/// checked.
+pub(crate) struct Accepted {
+    store: Arc<Store>,
+    key: RunKey,
+    /// The stored run, when resuming.
+    resumed: Option<Manifest>,
+    /// A creation an earlier session began.
+    creating: Option<(Creation, Checkpoint)>,
+    /// When opening began.
+    opened: Instant,
 }
 
 pub(crate) struct Ready {
@@ -40,10 +57,10 @@ pub(crate) struct Ready {
     pub(crate) elapsed_before: Duration,
 }
 
-/// Opens the store, creates or resumes the run and rebuilds the scheduler.
-/// Blocking (sled I/O and, for a new run, the split); a creation stops
-/// between two batches once `stop` is set.
-pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
+/// Opens the store and checks that it may hold this run; for a run an
+/// earlier session finished, its report. Blocking (sled I/O), and short:
+/// the long part of a session's start is [`setup`]'s.
+pub(crate) fn open(config: &Config) -> Result<Opened> {
     let opened = Instant::now();
     let options = StoreOptions {
         cache_capacity: config.cache_bytes,
@@ -52,6 +69,17 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
     let store = Arc::new(Store::open(&config.data_dir, &options)?);
     let stored = store.manifest()?;
     let creating = store.creation()?;
+    let stored_board = (stored.as_ref().map(|m| m.key.board))
+        .or_else(|| creating.as_ref().map(|(c, _)| c.run.key.board));
+    if let Some(board) = stored_board
+        && board != config.board
+    {
+        return Err(Error::BoardMismatch {
+            dir: config.data_dir.clone(),
+            stored: board.n().into(),
+            given: config.board.n().into(),
+        });
+    }
     let spec = config
         .split
         .or(stored.as_ref().map(|m| m.key.spec))
@@ -63,9 +91,70 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         spec,
         solutions: config.solutions,
     };
+    let resumed = store.resume(&key)?;
+    if let Some(m) = &resumed
+        && let Some(summary) = store.summary()?
+    {
+        return Ok(Opened::Finished(finished_report(
+            config, &store, m, &summary,
+        )?));
+    }
+    if config.data_dir.join(REPORT_FILE).exists() {
+        return Err(Error::SummaryLost {
+            dir: config.data_dir.clone(),
+        });
+    }
+    Ok(Opened::Accepted(Box::new(Accepted {
+        store,
+        key,
+        resumed,
+        creating,
+        opened,
+    })))
+}
+
+/// What setup found in the data directory ([`setup`]).
+#[cfg(test)]
+pub(crate) enum Setup {
+    /// The run was finished by an earlier session.
+    Finished(
+        #[expect(dead_code, reason = "the simulation only tells a finished run apart")]
+        RunReport,
+    ),
+    /// Ready to serve.
+    Ready(Box<Ready>),
+}
+
+/// [`open`] and [`build`] at once, for a caller that binds nothing between
+/// them (the simulation).
+#[cfg(test)]
+pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
+    Ok(match open(config)? {
+        Opened::Finished(report) => Setup::Finished(report),
+        Opened::Accepted(accepted) => {
+            Setup::Ready(Box::new(build(config, *accepted, stop)?))
+        }
+    })
+}
+
+/// Creates or resumes the run of an [`Accepted`] directory and rebuilds
+/// the scheduler. Blocking (sled I/O and, for a new run, the split); a
+/// creation stops between two batches once `stop` is set.
+pub(crate) fn build(
+    config: &Config,
+    accepted: Accepted,
+    stop: &AtomicBool,
+) -> Result<Ready> {
+    let Accepted {
+        store,
+        key,
+        resumed,
+        creating,
+        opened,
+    } = accepted;
     // A run created by this session has no record yet: nothing to check.
     let mut created = false;
-    let manifest = match store.resume(&key)? {
+    let manifest = match resumed {
         Some(m) => {
             info!(dir = %config.data_dir.display(), run = %m.run_id, jobs = m.jobs, "resuming run");
             if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
@@ -80,16 +169,6 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
             create(config, &store, key, creating, stop)?
         }
     };
-    if let Some(summary) = store.summary()? {
-        return Ok(Setup::Finished(finished_report(
-            config, &store, &manifest, &summary,
-        )?));
-    }
-    if config.data_dir.join(REPORT_FILE).exists() {
-        return Err(Error::SummaryLost {
-            dir: config.data_dir.clone(),
-        });
-    }
     let session_no = store.next_boot()?;
     let mut sched = scheduler(
         &store,
@@ -167,12 +246,36 @@ pub(crate) fn setup(config: &Config, stop: &AtomicBool) -> Result<Setup> {
         session = session_no,
         "data directory ready"
     );
-    Ok(Setup::Ready(Box::new(Ready {
+    Ok(Ready {
         store,
         manifest,
         sched,
         elapsed_before,
-    })))
+    })
+}
+
+/// The board size N of the run stored in `dir` (made, or being made,
+/// there), opened with `key`; `None` when `dir` holds no run. Creates
+/// nothing: a path without a data directory is not opened. For `nq-coord`
+/// without `--n`, which resumes the run it finds.
+///
+/// # Errors
+///
+/// The store's: locked by a running coordinator, damaged, or keyed with
+/// another key.
+pub fn stored_n(dir: &Path, key: Option<&StoreKey>) -> Result<Option<u8>> {
+    if !dir.join("db").is_file() && !dir.join(nq_store::MARKER_FILE).is_file() {
+        return Ok(None);
+    }
+    let options = StoreOptions {
+        key: key.cloned(),
+        ..StoreOptions::default()
+    };
+    let store = Store::open(dir, &options)?;
+    if let Some(m) = store.manifest()? {
+        return Ok(Some(m.key.board.n()));
+    }
+    Ok(store.creation()?.map(|(c, _)| c.run.key.board.n()))
 }
 
 /// The verification policy of the run: the configured share and ban limit,

@@ -504,6 +504,8 @@ struct Open {
     kernels: Vec<String>,
     /// True when only a trusted computation may give the next copy.
     trusted_only: bool,
+    /// The job's estimated work ([`Scheduler::awaiting_check`]).
+    work: u64,
 }
 
 /// One bit per job, allocated on first use: the jobs settled without the
@@ -562,6 +564,8 @@ pub struct Scheduler {
     checks: VecDeque<JobId>,
     /// Jobs that have copies but are not settled.
     open: HashMap<JobId, Open>,
+    /// The estimated work of the jobs in `open`.
+    open_work: u128,
     /// Open jobs whose valid copies disagree.
     disputed: std::collections::HashSet<JobId>,
     /// Solutions mode: jobs whose stored solutions are not the counted
@@ -597,6 +601,8 @@ pub struct Scheduler {
     /// The coordinator's own threads registered: one machine, always at
     /// work, never forgotten.
     locals: usize,
+    /// The CPU threads of those registrations.
+    local_threads: u32,
     /// Live registrations per identity and per address (bounded by
     /// [`MAX_REGISTRATIONS_PER_IDENTITY`] and
     /// [`MAX_REGISTRATIONS_PER_ADDRESS`]); entries leave with their workers.
@@ -701,6 +707,7 @@ impl Scheduler {
             requeued: VecDeque::new(),
             checks: VecDeque::new(),
             open: HashMap::new(),
+            open_work: 0,
             disputed: std::collections::HashSet::new(),
             solutions_missing: std::collections::HashSet::new(),
             unchecked: JobBits::default(),
@@ -712,6 +719,7 @@ impl Scheduler {
             workers: HashMap::new(),
             presence: Presence::new(ttl),
             locals: 0,
+            local_threads: 0,
             registrations: HashMap::new(),
             registrations_by_address: HashMap::new(),
             allowances: Allowances::new(ttl),
@@ -1326,6 +1334,7 @@ impl Scheduler {
     pub fn register_local(&mut self, threads: u32, now: Instant) -> WorkerId {
         let identity = self.identities.intern(LOCAL);
         self.local_arbiter = true;
+        self.local_threads = self.local_threads.saturating_add(threads);
         self.add_worker("local", None, identity, threads, now, "local")
     }
 
@@ -1983,7 +1992,7 @@ impl Scheduler {
                 self.note_settled(s.job);
                 self.attempts.remove(&s.job);
                 self.leases.remove_job(s.job);
-                self.open.remove(&s.job);
+                self.close_open(s.job);
                 self.done_jobs += 1;
                 self.done_work += work;
                 if here {
@@ -1992,14 +2001,7 @@ impl Scheduler {
                 }
             }
         } else {
-            self.open.insert(
-                s.job,
-                Open {
-                    reporters: s.reporters.clone(),
-                    kernels: s.kernels.clone(),
-                    trusted_only: s.needs_trusted,
-                },
-            );
+            self.hold_open(s);
             if was_done {
                 self.done_jobs -= 1;
                 self.done_work -= work;
@@ -2370,6 +2372,44 @@ impl Scheduler {
             complete: self.is_complete(),
             jobs_done_here: self.done_here,
             work_done_here: self.work_here,
+        }
+    }
+
+    // Read-only views for `crate::core::status` (issue 26's display points).
+
+    /// Jobs computed and waiting for a check (with copies, not settled),
+    /// and their estimated work: work done that the run does not count as
+    /// settled yet. O(1).
+    pub fn awaiting_check(&self) -> (u64, u128) {
+        (self.open.len() as u64, self.open_work)
+    }
+
+    /// CPU threads of the coordinator's own registered threads (0 when it
+    /// runs none): they work as a worker does. O(1).
+    pub fn local_threads(&self) -> u32 {
+        self.local_threads
+    }
+
+    /// Holds the job of `s`, not settled, open for another copy, with its
+    /// reporters and kernels as `s` has them (its work counted once in the
+    /// open work).
+    fn hold_open(&mut self, s: &Settlement) {
+        let open = Open {
+            reporters: s.reporters.clone(),
+            kernels: s.kernels.clone(),
+            trusted_only: s.needs_trusted,
+            work: s.work,
+        };
+        if let Some(before) = self.open.insert(s.job, open) {
+            self.open_work -= u128::from(before.work);
+        }
+        self.open_work += u128::from(s.work);
+    }
+
+    /// Closes `job`'s entry in the open jobs, if it has one.
+    fn close_open(&mut self, job: JobId) {
+        if let Some(open) = self.open.remove(&job) {
+            self.open_work -= u128::from(open.work);
         }
     }
 }

@@ -126,8 +126,12 @@ pub struct Snapshot {
     pub jobs_pending: u64,
     /// Jobs under a live lease.
     pub jobs_leased: u64,
-    /// Jobs with copies that wait for another (also pending or leased).
+    /// Jobs with copies that wait for another (also pending or leased):
+    /// computed, awaiting a check.
     pub jobs_in_check: u64,
+    /// The estimated work of those jobs: done, but not settled until
+    /// checked (a run on probation shows its work here, not as stalled).
+    pub work_awaiting_check: u128,
     /// Jobs whose copies disagree, waiting for a deciding copy.
     pub jobs_disputed: u64,
     /// Estimated time to completion; `None` when unknown.
@@ -338,6 +342,11 @@ pub struct Progress {
     pub counters: Counters,
     /// The pace.
     pub pace: Pace,
+    /// Jobs computed and awaiting a check, and their estimated work (not
+    /// in the counters' settled work).
+    pub awaiting_check: (u64, u128),
+    /// The coordinator's own threads at work (0 when it runs none).
+    pub local_threads: u32,
 }
 
 impl Progress {
@@ -347,7 +356,21 @@ impl Progress {
         Progress {
             pace: history.pace(&counters, now),
             counters,
+            awaiting_check: sched.awaiting_check(),
+            local_threads: sched.local_threads(),
         }
+    }
+
+    /// The fraction of the estimated work computed and awaiting a check,
+    /// 0.0 to 1.0, beside [`Progress::fraction`]'s settled work.
+    pub fn fraction_awaiting_check(&self) -> f64 {
+        fraction_of(self.awaiting_check.1, self.counters.work_total, false)
+    }
+
+    /// Who is at work, for progress lines: `local (4 threads) + 2 remote`,
+    /// or `2 remote` in a run without local threads.
+    pub fn workers_text(&self) -> String {
+        workers_text(self.local_threads, self.counters.workers)
     }
 
     /// The fraction of the estimated work done, 0.0 to 1.0 (see
@@ -446,6 +469,7 @@ impl Snapshot {
             jobs_pending: sched.jobs_pending(),
             jobs_leased: p.jobs_leased,
             jobs_in_check: sched.jobs_in_check(),
+            work_awaiting_check: sched.awaiting_check().1,
             jobs_disputed: sched.jobs_disputed(),
             eta_seconds: pace.eta_seconds,
             work_per_second: pace.work_per_second,
@@ -473,6 +497,20 @@ impl Snapshot {
         )
     }
 
+    /// The fraction of the estimated work computed and awaiting a check,
+    /// 0.0 to 1.0, beside [`Snapshot::fraction`]'s settled work.
+    pub fn fraction_awaiting_check(&self) -> f64 {
+        fraction_of(self.work_awaiting_check, self.work_total, false)
+    }
+
+    /// The CPU threads of the coordinator's own rows in the worker table.
+    pub fn local_threads(&self) -> u32 {
+        self.workers
+            .iter()
+            .filter(|w| w.local)
+            .fold(0u32, |sum, w| sum.saturating_add(w.threads))
+    }
+
     /// The wire form.
     pub fn to_pb(&self) -> pb::StatusResponse {
         let state = match self.state {
@@ -496,6 +534,7 @@ impl Snapshot {
             jobs_pending: self.jobs_pending,
             jobs_leased: self.jobs_leased,
             jobs_in_check: self.jobs_in_check,
+            work_awaiting_check: Some(self.work_awaiting_check.into()),
             jobs_disputed: self.jobs_disputed,
             eta_seconds: self.eta_seconds,
             work_per_second: self.work_per_second,
@@ -589,6 +628,8 @@ impl Snapshot {
                 "work_done": self.work_done.to_string(),
                 "work_total": self.work_total.to_string(),
                 "fraction": self.fraction(),
+                "work_awaiting_check": self.work_awaiting_check.to_string(),
+                "fraction_awaiting_check": self.fraction_awaiting_check(),
             },
             "jobs": {
                 "total": self.jobs,
@@ -606,6 +647,7 @@ impl Snapshot {
             },
             "session_seconds": self.session_seconds,
             "workers_connected": self.workers_connected,
+            "local_threads": self.local_threads(),
             "workers": workers,
             "confirmations": self.confirmations,
             "conflicts": self.conflicts,
@@ -638,21 +680,29 @@ impl Snapshot {
         line(
             "progress",
             format!(
-                "{:.1}% of the estimated work ({} of {})",
+                "{:.1}% of the estimated work settled ({} of {}){}",
                 self.fraction() * 100.0,
                 self.work_done,
-                self.work_total
+                self.work_total,
+                if self.work_awaiting_check > 0 {
+                    format!(
+                        ", {:.1}% more computed, awaiting a check",
+                        self.fraction_awaiting_check() * 100.0
+                    )
+                } else {
+                    String::new()
+                }
             ),
         );
         line(
             "jobs",
             format!(
-                "{} of {} done, {} leased, {} pending, {} in check{}",
+                "{} of {} done, {} computed awaiting a check, {} leased, {} pending{}",
                 self.jobs_done,
                 self.jobs,
+                self.jobs_in_check,
                 self.jobs_leased,
                 self.jobs_pending,
-                self.jobs_in_check,
                 if self.jobs_disputed > 0 {
                     format!(", {} disputed", self.jobs_disputed)
                 } else {
@@ -701,7 +751,10 @@ impl Snapshot {
             ),
             None => line("counted", format!("{} solutions so far", self.total_so_far)),
         }
-        line("workers", format!("{} connected", self.workers_connected));
+        line(
+            "workers",
+            workers_text(self.local_threads(), self.workers_connected as usize),
+        );
         out.push('\n');
         self.workers_table(&mut out);
         out
@@ -760,6 +813,17 @@ impl Snapshot {
                 .collect();
             let _ = writeln!(out, "{}", cells.join("  ").trim_end());
         }
+    }
+}
+
+/// Who is at work: the coordinator's own threads, which work as a worker
+/// does, then the remote workers heard from within a lease lifetime.
+fn workers_text(local_threads: u32, remote: usize) -> String {
+    let remote = format!("{remote} remote connected");
+    match local_threads {
+        0 => remote,
+        1 => format!("local (1 thread) + {remote}"),
+        t => format!("local ({t} threads) + {remote}"),
     }
 }
 
@@ -882,6 +946,8 @@ impl TryFrom<pb::StatusResponse> for Snapshot {
             jobs_pending: r.jobs_pending,
             jobs_leased: r.jobs_leased,
             jobs_in_check: r.jobs_in_check,
+            // Absent from an older coordinator, which did not count it.
+            work_awaiting_check: r.work_awaiting_check.map_or(0, u128::from),
             jobs_disputed: r.jobs_disputed,
             eta_seconds: r.eta_seconds,
             work_per_second: r.work_per_second,
@@ -1065,6 +1131,90 @@ mod tests {
         );
         let row = text.lines().find(|l| l.starts_with("w1")).expect(&text);
         assert!(row.contains("10.0.0.1"), "{row}");
+    }
+
+    /// A job computed but waiting for a check is shown as work done apart
+    /// from the settled work (issue 26: a probation run read "0.0 %" while
+    /// most jobs were computed), in every form and across the wire; the
+    /// coordinator's own threads are counted as workers at work.
+    #[test]
+    fn work_awaiting_a_check_and_local_threads_are_shown() {
+        let t0 = Instant::now();
+        let (mut s, w) = setup(t0);
+        let local = s.register_local(4, t0);
+        assert!(!local.0.is_empty());
+        let history = History::new(&s, t0);
+        let mut waiting = Settlement {
+            job: JobId(0),
+            lease: None,
+            counted_before: None,
+            counted: None,
+            work: 30,
+            attempts: 1,
+            votes: 1,
+            settled: false,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        };
+        s.settle(&waiting, true).unwrap();
+        // A second copy that still waits does not count its work twice.
+        s.settle(&waiting, true).unwrap();
+        assert_eq!(s.awaiting_check(), (1, 30));
+        let progress = Progress::of(&s, &history, t0);
+        assert_eq!(progress.fraction(), 0.0);
+        assert_eq!(progress.fraction_awaiting_check(), 0.75);
+        assert_eq!(progress.local_threads, 4);
+        assert_eq!(
+            progress.workers_text(),
+            "local (4 threads) + 1 remote connected"
+        );
+
+        let snap = Snapshot::build(&shape(), "r", &s, &history, t0);
+        assert_eq!((snap.jobs_in_check, snap.work_awaiting_check), (1, 30));
+        assert_eq!(snap.local_threads(), 4);
+        let back = Snapshot::try_from(snap.to_pb()).unwrap();
+        assert_eq!(back, snap);
+        let json = snap.to_json();
+        assert_eq!(json["progress"]["work_awaiting_check"], "30");
+        assert_eq!(json["progress"]["fraction_awaiting_check"], 0.75);
+        assert_eq!(json["local_threads"], 4);
+        let text = snap.to_text();
+        assert!(
+            text.contains("0.0% of the estimated work settled (0 of 40), 75.0% more computed, awaiting a check"),
+            "{text}"
+        );
+        assert!(text.contains("1 computed awaiting a check"), "{text}");
+        assert!(
+            text.contains("workers    local (4 threads) + 1 remote connected"),
+            "{text}"
+        );
+        let row = text.lines().find(|l| l.starts_with("local")).expect(&text);
+        assert!(row.contains("(local)") && row.contains(" 4 "), "{row}");
+
+        // Settled at last: the work moves from awaiting to done.
+        waiting.settled = true;
+        waiting.votes = 2;
+        waiting.counted = Some(Tally {
+            total: 50,
+            burnside: 48,
+        });
+        s.settle(&waiting, true).unwrap();
+        assert_eq!(s.awaiting_check(), (0, 0));
+        let snap = Snapshot::build(&shape(), "r", &s, &history, t0);
+        assert_eq!(snap.fraction(), 0.75);
+        assert!(
+            !snap.to_text().contains("more computed"),
+            "{}",
+            snap.to_text()
+        );
+        let _ = w;
     }
 
     #[test]

@@ -53,7 +53,14 @@ pub(crate) async fn ticker(
     let mut last_prune = Instant::now();
     loop {
         tokio::select! {
-            () = token.cancelled() => return,
+            () = token.cancelled() => {
+                // The last word on how far the run got: a run shorter than
+                // the interval logs its progress this once.
+                if publish.log_every.is_some() {
+                    log_progress(&engine.progress());
+                }
+                return;
+            }
             _ = interval.tick() => {}
         }
         let now = Instant::now();
@@ -86,15 +93,12 @@ pub(crate) async fn ticker(
                 error!(error = %e, "cannot record the time spent");
             }
         }
-        let (progress, in_check) = {
-            let core = engine.core();
-            (core.progress(now), core.sched.jobs_in_check())
-        };
+        let progress = engine.core().progress(now);
         if let Some(every) = publish.log_every
             && last_log.elapsed() >= every
         {
             last_log = now;
-            log_progress(&progress, in_check);
+            log_progress(&progress);
         }
         if let Some(tx) = &publish.progress {
             tx.send_replace(progress);
@@ -132,18 +136,26 @@ fn log_reclaimed(r: &Reclaimed) {
     }
 }
 
-fn log_progress(p: &Progress, in_check: u64) {
+/// One progress line: settled work, then the work computed and awaiting a
+/// check (so that a run whose copies wait for checks does not read as
+/// stalled), and who is at work (`workers` counts remote workers;
+/// `local_threads` the coordinator's own).
+fn log_progress(p: &Progress) {
     let c = &p.counters;
+    let (in_check, _) = p.awaiting_check;
     info!(
         jobs_done = c.jobs_done,
         jobs = c.jobs,
         percent = (p.fraction() * 1000.0).round() / 10.0,
+        // Jobs computed, waiting for a check copy by another machine, and
+        // their share of the work.
+        in_check,
+        awaiting_check_percent = (p.fraction_awaiting_check() * 1000.0).round() / 10.0,
         jobs_per_s = (p.jobs_per_second() * 10.0).round() / 10.0,
         eta_s = p.eta().map(|d| d.as_secs()),
         workers = c.workers,
+        local_threads = p.local_threads,
         leased = c.jobs_leased,
-        // Jobs waiting for a check copy by another worker.
-        in_check,
         "progress"
     );
 }

@@ -39,7 +39,9 @@ pub(crate) struct Args {
 /// Flags of a run.
 #[derive(clap::Args, Debug)]
 pub(crate) struct RunArgs {
-    /// Board size N, 1 to 32. Required unless a subcommand is given.
+    /// Board size N, 1 to 32. Required for a new run; a run resumed from
+    /// its --data directory reads it from there (a different --n is
+    /// refused).
     #[arg(long, value_name = "N", env = "NQ_N")]
     n: Option<u64>,
     /// Address to serve workers on, HOST:PORT. Port 0 picks a free port; the
@@ -228,6 +230,22 @@ impl StoreKeyArgs {
     }
 }
 
+impl RunArgs {
+    /// Without `--n`, takes N from the run stored in `--data`, which is then
+    /// resumed; with neither, or with a `--data` that holds no run, `--n`
+    /// stays missing and the conversion into a [`Config`] refuses it. A
+    /// `--n` that differs from the stored run's is refused when the run is
+    /// opened, naming both.
+    pub(crate) fn n_from_store(&mut self) -> anyhow::Result<()> {
+        let (None, Some(data)) = (self.n, &self.data) else {
+            return Ok(());
+        };
+        let key = self.store_key.load(data)?;
+        self.n = nq_coord::stored_n(data, key.as_ref())?.map(u64::from);
+        Ok(())
+    }
+}
+
 /// Who may join the run. Without --token and TLS, workers on this machine
 /// only (protected mode; see --insecure-open-port).
 #[derive(clap::Args, Debug, Default)]
@@ -343,7 +361,9 @@ pub(crate) enum Command {
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their
     /// throughput and when each was last seen, conflicts, and the result
-    /// once known. Text for people, or --json for scripts.
+    /// once known. Text for people, or --json for scripts. When nothing
+    /// answers and --data is given, a finished run is shown from its
+    /// report.json.
     Status(StatusArgs),
     /// Writes a sealed backup of a run's store (SHA-256 over its content,
     /// with the run id, N, job count and time) to a file. A serving
@@ -408,6 +428,11 @@ pub(crate) struct StatusArgs {
     /// Print the status as one JSON document (counts as decimal strings).
     #[arg(long, env = "NQ_STATUS_JSON")]
     pub(crate) json: bool,
+    /// The run's data directory: when no coordinator answers, a run that is
+    /// over is shown from its DIR/report.json (the file itself with
+    /// --json), and one that is not is named as such.
+    #[arg(long, value_name = "DIR", env = "NQ_DATA")]
+    pub(crate) data: Option<PathBuf>,
     /// Give up after this long (connection and answer).
     #[arg(
         long,
@@ -503,7 +528,8 @@ impl TryFrom<RunArgs> for Config {
         let n = a.n.ok_or(nq_coord::Error::Option {
             option: "--n",
             value: "(missing)".into(),
-            accepted: "given: the board size, 1 to 32",
+            accepted: "given for a new run: the board size, 1 to 32 (a run \
+                       resumed from its --data directory needs none)",
         })?;
         let data = a
             .data

@@ -8,8 +8,9 @@ use std::io::Write;
 use anyhow::{Context, bail};
 use nq_coord::config::parse_duration;
 use nq_coord::export::{ExportOptions, export_with_key};
+use nq_coord::report::REPORT_FILE;
 use nq_process::DialArgs;
-use nq_process::output::{stderr_line, stdout_line};
+use nq_process::output::{is_broken_pipe, stderr_line, stdout_line};
 use nq_proto::address::CoordinatorAddress;
 
 use crate::args::{
@@ -45,10 +46,14 @@ pub(crate) fn health(args: HealthArgs) -> anyhow::Result<()> {
 
     let (endpoint, bearer) = endpoint(&args.connect, &args.timeout, &args.dial)?;
     runtime()?.block_on(async {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+        let channel = endpoint.connect().await.map_err(|e| {
+            anyhow::anyhow!(
+                "no coordinator answers at {} ({}): is it running, and on this \
+                 address and port (--connect HOST:PORT)?",
+                args.connect,
+                connect_failure(&e)
+            )
+        })?;
         let request = HealthCheckRequest {
             service: nq_proto::pb::coordinator_server::SERVICE_NAME.to_owned(),
         };
@@ -78,11 +83,13 @@ pub(crate) fn status(args: StatusArgs) -> anyhow::Result<()> {
     use nq_proto::pb::coordinator_client::CoordinatorClient;
 
     let (endpoint, bearer) = endpoint(&args.connect, &args.timeout, &args.dial)?;
-    let answer = runtime()?.block_on(async {
-        let channel = endpoint
-            .connect()
-            .await
-            .with_context(|| format!("no coordinator answers at {}", args.connect))?;
+    // One runtime: the channel's tasks live on the one that connected it.
+    let runtime = runtime()?;
+    let channel = match runtime.block_on(endpoint.connect()) {
+        Ok(channel) => channel,
+        Err(e) => return not_running(&args, &e),
+    };
+    let answer = runtime.block_on(async {
         let answer = CoordinatorClient::with_interceptor(channel, bearer)
             .status(nq_proto::pb::StatusRequest {})
             .await
@@ -106,13 +113,91 @@ pub(crate) fn status(args: StatusArgs) -> anyhow::Result<()> {
     } else {
         snapshot.to_text()
     };
+    write_stdout(&text)
+}
+
+/// Why a connection failed, in the OS's words where it gave some
+/// (`connection refused`), without the transport's repeated wrappers.
+fn connect_failure(e: &tonic::transport::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    loop {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return io.kind().to_string();
+        }
+        match cause.source() {
+            Some(next) => cause = next,
+            None => return cause.to_string(),
+        }
+    }
+}
+
+/// `nq-coord status` when no coordinator answers: a run that is over
+/// leaves its result in `DATA/report.json`, which is shown instead (the
+/// summary, or the file itself with `--json`); otherwise an error that
+/// says where to look.
+fn not_running(args: &StatusArgs, e: &tonic::transport::Error) -> anyhow::Result<()> {
+    let nobody = format!(
+        "no coordinator answers at {} ({})",
+        args.connect,
+        connect_failure(e)
+    );
+    let Some(data) = &args.data else {
+        bail!(
+            "{nobody}: it is not running, or listens elsewhere (--connect \
+             HOST:PORT); a run that is over leaves its result in its data \
+             directory's {REPORT_FILE} (pass --data DIR to show it)"
+        );
+    };
+    let path = data.join(REPORT_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{nobody}, and the run in {} is not finished (it has no {REPORT_FILE}): \
+             the coordinator is not running, or listens elsewhere (--connect \
+             HOST:PORT); run `nq-coord --data {}` to resume the run",
+            data.display(),
+            data.display()
+        ),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("{nobody}; cannot read {}", path.display()));
+        }
+    };
+    if args.json {
+        return write_stdout(&format!("{}\n", text.trim_end()));
+    }
+    let report: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{nobody}; {} is not valid JSON", path.display()))?;
+    let field = |key: &str| {
+        report.get(key).map_or_else(
+            || "?".to_owned(),
+            |v| v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+        )
+    };
+    write_stdout(&format!(
+        "the run is over: the coordinator is not running ({nobody})\n\
+         result    n={} status={} total={} unique={} jobs={}\n\
+         why       {}\n\
+         report    {}\n",
+        field("n"),
+        field("status"),
+        field("total"),
+        field("unique"),
+        field("jobs"),
+        field("why"),
+        path.display()
+    ))
+}
+
+/// Writes `text` to stdout; a closed pipe (`| head`) is a normal way to
+/// read it.
+fn write_stdout(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
     {
-        // `| head` is a normal way to read it.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) if is_broken_pipe(&e) => Ok(()),
         r => r.context("cannot write to stdout"),
     }
 }
@@ -128,13 +213,23 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let report = nq_coord::audit::audit_with_key(
+    let audited = nq_coord::audit::audit_with_key(
         &args.data,
         key.as_ref(),
         &mut out,
         nq_coord::quorum::Fraction::Auto,
-    )?;
-    out.flush().context("cannot write the audit")?;
+    );
+    // A closed pipe (`| head`) is a normal way for a reader to stop.
+    let report = match audited {
+        Err(nq_coord::Error::Io { source, .. }) if is_broken_pipe(&source) => {
+            return Ok(());
+        }
+        r => r?,
+    };
+    match out.flush() {
+        Err(e) if is_broken_pipe(&e) => return Ok(()),
+        r => r.context("cannot write the audit")?,
+    }
     drop(out);
     let stored = |v: Option<u128>| {
         v.map_or("none (the run is not finished)".into(), |v| v.to_string())

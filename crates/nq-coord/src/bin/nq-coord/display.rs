@@ -48,21 +48,31 @@ pub(crate) fn start(
 }
 
 /// Draws progress snapshots until the run is complete or the channel closes.
+/// Nothing is drawn before the first snapshot, which the run sends once it
+/// serves (after `listening on`); a finished run sends none.
 async fn show_progress(bar: ProgressBar, mut rx: watch::Receiver<Progress>) {
-    bar.set_draw_target(ProgressDrawTarget::stderr());
-    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut drawing = false;
     while rx.changed().await.is_ok() {
+        if !drawing {
+            drawing = true;
+            bar.set_draw_target(ProgressDrawTarget::stderr());
+            bar.enable_steady_tick(Duration::from_millis(200));
+        }
         let p = rx.borrow_and_update().clone();
         bar.set_position((p.fraction() * 1000.0) as u64);
         let eta = p
             .eta()
             .map_or("?".to_owned(), |d| format!("{}s", d.as_secs()));
+        let awaiting = match p.awaiting_check.0 {
+            0 => String::new(),
+            jobs => format!(" · {jobs} computed, awaiting a check"),
+        };
         bar.set_message(format!(
-            "jobs {}/{} · {:.1} jobs/s · ETA {eta} · workers {}",
+            "jobs {}/{}{awaiting} · {:.1} jobs/s · ETA {eta} · workers {}",
             p.counters.jobs_done,
             p.counters.jobs,
             p.jobs_per_second(),
-            p.counters.workers
+            p.workers_text()
         ));
         if p.counters.complete {
             break;

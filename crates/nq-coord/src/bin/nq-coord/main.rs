@@ -13,13 +13,12 @@ mod display;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 use indicatif::ProgressBar;
-use nq_coord::Config;
 use nq_coord::report::RunStatus;
+use nq_coord::{Config, Listeners};
 use nq_process::output::{stderr_line, stdout_line};
 
 use crate::args::{Args, BadCommandLine, Command, RunArgs};
@@ -66,6 +65,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 /// (`RunStatus::exit_code`: 0 only for a complete run that matches the
 /// published count where one is known).
 fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
+    args.n_from_store()?;
     let listen = args.listen.clone();
     let security = std::mem::take(&mut args.security);
     let store_key = std::mem::take(&mut args.store_key);
@@ -74,38 +74,23 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
     security.apply(&mut config)?;
     config.store_key = store_key.load(&config.data_dir)?;
     let addr = resolve(&listen, "--listen", "0.0.0.0:50051 or 127.0.0.1:0")?;
-    if let Some(metrics) = metrics {
-        let at = resolve(&metrics, "--metrics", "127.0.0.1:9464 or 0.0.0.0:0")?;
-        let listener = std::net::TcpListener::bind(at)
-            .with_context(|| format!("cannot listen on {at} (--metrics)"))?;
-        config.http_listener = Some(Arc::new(listener));
-    }
+    let metrics = metrics
+        .map(|m| resolve(&m, "--metrics", "127.0.0.1:9464 or 0.0.0.0:0"))
+        .transpose()?;
     let runtime =
         tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let shutdown =
             nq_process::shutdown_signal().context("cannot install signal handlers")?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let bound = listener
-            .local_addr()
-            .context("cannot read the bound address")?;
-        // Tests and scripts wait for exactly this line.
-        stdout_line(format_args!("listening on {bound}"))?;
-        // Printed after `listening on`, which scripts wait for first.
-        if let Some(http) = &config.http_listener {
-            let bound = http
-                .local_addr()
-                .context("cannot read the bound --metrics address")?;
-            stdout_line(format_args!("metrics on {bound}"))?;
-        }
         let display = bar.map(|bar| {
             let (progress, task) = display::start(bar);
             config.progress = Some(progress);
             task
         });
-        let report = nq_coord::run(config, listener, shutdown).await?;
+        // Bound only for a run to serve: a finished one reprints its result
+        // and takes no port.
+        let bind = bind(addr, metrics);
+        let report = nq_coord::run_binding(config, bind, announce, shutdown).await?;
         if let Some(display) = display {
             let _ = display.await;
         }
@@ -120,6 +105,39 @@ fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Resul
         }
         Ok(status.exit_code())
     })
+}
+
+/// Binds `--listen` (and `--metrics`).
+async fn bind(
+    addr: SocketAddr,
+    metrics: Option<SocketAddr>,
+) -> nq_coord::Result<Listeners> {
+    let failed =
+        |addr, flag| move |source| nq_coord::Error::Listen { addr, flag, source };
+    let grpc = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(failed(addr, "--listen"))?;
+    let http = match metrics {
+        Some(at) => {
+            Some(std::net::TcpListener::bind(at).map_err(failed(at, "--metrics"))?)
+        }
+        None => None,
+    };
+    Ok(Listeners { grpc, http })
+}
+
+/// Prints where the run serves, once its data directory is accepted, in
+/// the lines that tests and scripts wait for: `listening on ADDR`, then
+/// `metrics on ADDR`.
+fn announce(listeners: &Listeners) -> std::io::Result<()> {
+    stdout_line(format_args!(
+        "listening on {}",
+        listeners.grpc.local_addr()?
+    ))?;
+    if let Some(http) = &listeners.http {
+        stdout_line(format_args!("metrics on {}", http.local_addr()?))?;
+    }
+    Ok(())
 }
 
 /// Parses `HOST:PORT` for `flag`, resolving a host name.
