@@ -198,11 +198,16 @@ async fn a_liar_is_overruled_by_a_trusted_machine_banned_and_its_solutions_repla
         config.linger = Duration::from_millis(200);
         let (addr, coord) = start(config).await;
 
+        // The trusted `b` registers first: with a trusted computation
+        // available, the liar's copies wait for their checks. (Without one,
+        // and with no second machine delivering, they would settle
+        // unchecked at once: issue 26, a run waits for no voice that cannot
+        // come.)
+        let mut b = Lister::connect(addr, "honest-b", false).await;
         let mut liar = Lister::connect(addr, "liar", true).await;
         liar.work(true).await;
 
         let mut a = Lister::connect(addr, "honest-a", false).await;
-        let mut b = Lister::connect(addr, "honest-b", false).await;
         // `a` checks the liar's jobs; the disputes wait for `b`, which
         // settles them: the liar loses and is banned at once.
         a.work(true).await;
