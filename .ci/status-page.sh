@@ -6,8 +6,8 @@
 #
 # The running run: the debug nq-coord for N = 18 with no local threads and
 # `--metrics 127.0.0.1:0`, and one nq-worker with one thread (about a minute
-# of work with the faster kernels, far more than the check needs). The complete one: N = 12, held
-# open after its last job by the coordinator's linger. Every wait is on a
+# of work with the faster kernels, far more than the check needs). The complete one: N = 16 in two sessions, held
+# open after its last job by the coordinator's linger for the first session's worker. Every wait is on a
 # real signal: the coordinator's `metrics on ADDR` and `every job is done`
 # lines, the workers' `registered` and `job reported` lines, exits. Installs Chromium from Debian's packages when it is missing (needs
 # root then). Everything listens on 127.0.0.1; the processes it started are
@@ -117,38 +117,49 @@ kill "$worker" "$coord"
 wait "$worker" "$coord" 2>/dev/null || true
 pids=()
 
-# A complete run, held open so the page can show its result: the
-# coordinator lingers after the last job while a worker heard from within
-# one lease lifetime was not told that the run is over (here a worker that
-# drained before the end), up to --linger. No verification: a check copy
-# would wait for a second machine, and the drained worker is gone.
+# A complete run, held open so the page can show its result: after the last
+# job the coordinator lingers, up to --linger, for the identities that voted
+# in an earlier session of the run and have not come back to hear that it is
+# over. So the run has two sessions: in the first, worker `early` computes a
+# few jobs and drains (it leaves at once, since issue 26), and the
+# coordinator is stopped; the second, resumed, is finished by `finisher`
+# while it waits for `early`. No verification: a check copy would wait for
+# a second machine.
 echo "== a complete run"
-RUST_LOG=info NO_COLOR=1 "$bin/nq-coord" --n 12 --local-threads 0 --verify 0 --lease-ttl 60s \
-    --linger 60s --listen 127.0.0.1:0 --metrics 127.0.0.1:0 --data "$work/run12" \
-    >"$work/coord12.out" 2>"$work/coord12.log" &
-coord=$!
-pids+=("$coord")
-wait_line "$work/coord12.out" '^metrics on ' "$coord"
-grpc=$(sed -n 's/^listening on //p' "$work/coord12.out")
-http=$(sed -n 's/^metrics on //p' "$work/coord12.out")
-RUST_LOG=info NO_COLOR=1 "$bin/nq-worker" --connect "$grpc" --threads 1 --grace 0s \
-    --name drained >"$work/drained.out" 2>"$work/drained.log" &
-drained=$!
-pids+=("$drained")
-wait_line "$work/drained.log" 'registered' "$drained"
-kill -TERM "$drained"
-wait "$drained" || fail "the drained worker did not exit cleanly"
-RUST_LOG=info NO_COLOR=1 "$bin/nq-worker" --connect "$grpc" --threads 1 \
+start_run16() {
+    RUST_LOG=info NO_COLOR=1 "$bin/nq-coord" --n 16 --local-threads 0 --verify 0 \
+        --lease-ttl 60s --linger 60s --listen 127.0.0.1:0 --metrics 127.0.0.1:0 \
+        --data "$work/run16" >"$work/coord16-$1.out" 2>"$work/coord16-$1.log" &
+    coord=$!
+    pids+=("$coord")
+    wait_line "$work/coord16-$1.out" '^metrics on ' "$coord"
+    grpc=$(sed -n 's/^listening on //p' "$work/coord16-$1.out")
+    http=$(sed -n 's/^metrics on //p' "$work/coord16-$1.out")
+}
+start_run16 first
+RUST_LOG=info,nq_worker=debug NO_COLOR=1 "$bin/nq-worker" --connect "$grpc" --threads 1 \
+    --grace 0s --name early >"$work/early.out" 2>"$work/early.log" &
+early=$!
+pids+=("$early")
+wait_line "$work/early.log" 'job reported' "$early"
+kill -TERM "$early"
+wait "$early" || fail "the early worker did not drain cleanly"
+kill -TERM "$coord"
+wait "$coord" || true
+grep -q 'status=interrupted' "$work/coord16-first.out" ||
+    fail "the first session did not stop before the end: $(cat "$work/coord16-first.out")"
+start_run16 second
+RUST_LOG=info NO_COLOR=1 "$bin/nq-worker" --connect "$grpc" --threads 2 \
     --name finisher >"$work/finisher.out" 2>"$work/finisher.log" &
 pids+=("$!")
-wait_line "$work/coord12.log" 'every job is done' "$coord"
+wait_line "$work/coord16-second.log" 'every job is done' "$coord"
 "${chrome[@]}" --dump-dom "http://$http/" >"$work/dom.html" 2>"$work/chrome-dom.log" \
     || fail "chromium --dump-dom failed"
 check "complete state" 'id="state" class="badge complete">complete<'
 check "100% progress" 'id="percent">100\.0%<'
 check "result" '<section id="result" class="card">'
-check "Q(12)" 'id="total" class="mono">14200<'
-check "U(12)" 'id="unique" class="mono">1787<'
+check "Q(16)" 'id="total" class="mono">14772512<'
+check "U(16)" 'id="unique" class="mono">1846955<'
 check "published match" 'id="published">matches OEIS A000170<'
 check "finisher row" '<tr class="worker"><td>finisher</td>'
 "${chrome[@]}" --screenshot="$DONE_SHOT" "http://$http/" >"$work/chrome-shot.log" 2>&1 \
