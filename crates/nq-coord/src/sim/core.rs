@@ -1238,7 +1238,12 @@ impl Sim {
             self.now(),
         )
         .map_err(|e| format!("restore failed: {e}"))?;
-        self.model.apply(&writes);
+        // A finished run does not serve again, nor write: setup answers
+        // with its report. Only a run that goes on keeps the restore's
+        // writes (a record moved to the copy that counts).
+        if !self.core.sched.is_complete() {
+            self.model.apply(&writes);
+        }
         Ok(fresh)
     }
 
