@@ -952,8 +952,8 @@ mod tests {
     use nq_core::split::SplitSpec;
     use tokio_util::sync::CancellationToken;
 
-    use crate::testutil::{Fake, listener};
-    use crate::{Config, Error, Silence, run};
+    use crate::testutil::{Fake, gave_up_after_the_coordinator_left, listener};
+    use crate::{Config, run};
 
     /// The log lines written while it is the thread's subscriber, as a user
     /// reads them.
@@ -1019,21 +1019,7 @@ mod tests {
         // The coordinator leaves without telling the worker.
         token.cancel();
         server.await.unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(60), worker)
-            .await
-            .expect("the worker gives up in time")
-            .unwrap()
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::GaveUp {
-                    silence: Silence::SinceLastAnswer,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        gave_up_after_the_coordinator_left(worker, Duration::from_secs(60)).await;
         let text = logs.text();
         let lost = format!("lost the coordinator at http://{addr} (");
         // Said once, however many retries the two seconds held (a hundred

@@ -318,7 +318,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::testutil::{Fake, Slot, listener};
+    use crate::testutil::{Fake, Slot, gave_up_after_the_coordinator_left, listener};
 
     const LIMIT: Duration = Duration::from_secs(60);
 
@@ -813,20 +813,6 @@ mod tests {
         // The coordinator leaves without telling the worker.
         token.cancel();
         server.await.unwrap();
-        let err = tokio::time::timeout(LIMIT, worker)
-            .await
-            .expect("the worker gives up in time")
-            .unwrap()
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::GaveUp {
-                    silence: Silence::SinceLastAnswer,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        gave_up_after_the_coordinator_left(worker, LIMIT).await;
     }
 }

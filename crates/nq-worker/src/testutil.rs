@@ -261,6 +261,30 @@ impl Fake {
     }
 }
 
+/// Waits at most `limit` for the worker task to end, and asserts that it
+/// gave up on a coordinator that had answered before and then went away
+/// ([`crate::Silence::SinceLastAnswer`]).
+pub(crate) async fn gave_up_after_the_coordinator_left(
+    worker: tokio::task::JoinHandle<crate::Result<crate::Summary>>,
+    limit: Duration,
+) {
+    let err = tokio::time::timeout(limit, worker)
+        .await
+        .expect("the worker gives up in time")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            crate::Error::GaveUp {
+                silence: crate::Silence::SinceLastAnswer,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
 /// Binds an ephemeral loopback port.
 pub(crate) async fn listener() -> (TcpListener, SocketAddr) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
