@@ -32,9 +32,13 @@ pub struct Config {
     /// the shutdown signal before it cancels them and hands them back.
     pub grace: Duration,
     /// Jobs kept outstanding at most: those being computed plus the prefetch
-    /// queued behind them, so that threads never wait for the network. The
-    /// worker asks for more as soon as fewer than `threads + 1` remain.
+    /// queued behind them, so that threads never wait for the network. On
+    /// the CPU threads alone the prefetch is measured (see [`Prefetch`]),
+    /// and this only limits it; the worker asks for more as soon as fewer
+    /// than `threads + 1` remain.
     pub max_jobs: usize,
+    /// How deep the queue behind the running jobs is.
+    pub prefetch: Prefetch,
     /// First delay before retrying a failed call; doubles on each further
     /// failure up to [`Config::backoff_max`], with random jitter.
     pub backoff_initial: Duration,
@@ -71,6 +75,7 @@ impl Config {
             name: "nq-worker".to_owned(),
             grace: Duration::from_secs(30),
             max_jobs: default_max_jobs(threads),
+            prefetch: Prefetch::Measured,
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             rpc_timeout: Duration::from_secs(10),
@@ -90,6 +95,7 @@ impl Config {
             GpuDevices::List(list) => list.len(),
         };
         self.max_jobs = self.max_jobs.max(GPU_MAX_JOBS.saturating_mul(known));
+        self.prefetch = Prefetch::Full;
         self.gpu = Some(devices);
         self
     }
@@ -100,6 +106,20 @@ impl Config {
         self.max_jobs = default_max_jobs(threads);
         self
     }
+}
+
+/// How many jobs a worker queues behind the ones it computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// The jobs its threads finish while a refill is on its way, measured
+    /// (finishing rate times two lease round trips), none before the first
+    /// measurement: short jobs never leave a thread waiting for the
+    /// network, and a long job never waits behind another while a second
+    /// machine runs dry (issue 26).
+    Measured,
+    /// Always [`Config::max_jobs`]: a GPU needs many jobs in flight to fill
+    /// its batches.
+    Full,
 }
 
 /// The GPUs a worker counts on: `--gpu all` or `--gpu 0,2`.
@@ -197,7 +217,7 @@ pub(crate) fn human(d: Duration) -> String {
     }
 }
 
-/// Two jobs per thread: one running, one queued behind it.
+/// Two jobs per thread at most: one running, one queued behind it.
 fn default_max_jobs(threads: NonZeroUsize) -> usize {
     threads.get().saturating_mul(2).max(2)
 }

@@ -41,6 +41,8 @@ use crate::client::{
     Backoff, Batcher, Client, Failure, JobEnd, JobId, JobRef, LeaseId, Outage, ReportCtx,
     ReportGate, Session, SharedOutage, WorkerId, lock, lost, outcome_name, report_job,
 };
+use crate::config::Prefetch;
+use crate::pace::Pace;
 use crate::pool::WorkerPool;
 use crate::{Config, Error, Exit, Result, Summary};
 
@@ -138,6 +140,8 @@ pub(crate) struct LeaseLoop<'a> {
     last_progress: Instant,
     /// When the loop started: the clock of the logged node rate.
     started: Instant,
+    /// The measured job rate and round trip that size the prefetch.
+    pace: Pace,
 }
 
 impl std::fmt::Debug for LeaseLoop<'_> {
@@ -202,6 +206,7 @@ impl<'a> LeaseLoop<'a> {
             },
             last_progress: now,
             started: now,
+            pace: Pace::default(),
         }
     }
 
@@ -420,8 +425,12 @@ impl<'a> LeaseLoop<'a> {
             .map(|(id, _)| id.0)
             .collect();
         let connection = self.client.connection();
+        let asked = Instant::now();
         let response = match self.client.lease(&worker, want, held).await {
-            Ok(response) => response,
+            Ok(response) => {
+                self.pace.answered(asked.elapsed());
+                response
+            }
             Err(status) => {
                 match Failure::of(&status) {
                     Failure::Retry => {
@@ -674,6 +683,7 @@ impl<'a> LeaseLoop<'a> {
                 nodes,
                 solutions,
             } => {
+                self.pace.job_ended(Instant::now());
                 self.summary.jobs += 1;
                 self.summary.subproblems += held.subproblems.len() as u64;
                 self.summary.nodes += nodes;
@@ -912,12 +922,18 @@ impl<'a> LeaseLoop<'a> {
             .count()
     }
 
-    /// How many new jobs to ask for.
+    /// How many new jobs to ask for, up to the configured [`Prefetch`].
     fn want(&self) -> u32 {
         if self.draining.is_some() {
             return 0;
         }
-        let want = self.config.max_jobs.saturating_sub(self.computing());
+        let outstanding = match self.config.prefetch {
+            Prefetch::Full => self.config.max_jobs,
+            Prefetch::Measured => {
+                (self.pace).outstanding(self.config.threads.get(), self.config.max_jobs)
+            }
+        };
+        let want = outstanding.saturating_sub(self.computing());
         u32::try_from(want).unwrap_or(u32::MAX)
     }
 

@@ -42,6 +42,7 @@ mod client;
 pub mod config;
 mod gpu;
 mod lease;
+mod pace;
 mod pool;
 
 #[cfg(test)]
@@ -332,6 +333,15 @@ mod tests {
         c
     }
 
+    /// [`config`] with a full queue behind the running jobs at once (a
+    /// measured prefetch queues nothing behind the long jobs these tests
+    /// use).
+    fn queueing_config(addr: std::net::SocketAddr, threads: usize) -> Config {
+        let mut c = config(addr, threads);
+        c.prefetch = crate::config::Prefetch::Full;
+        c
+    }
+
     /// Serves `fake` and runs one worker against it to the end.
     async fn run_against(fake: &Fake, threads: usize) -> Result<Summary> {
         let (listener, addr) = listener().await;
@@ -371,7 +381,7 @@ mod tests {
         let server_token = CancellationToken::new();
         let server = tokio::spawn(fake.clone().serve(listener, server_token.clone()));
         let shutdown = CancellationToken::new();
-        let mut cfg = config(addr, 1);
+        let mut cfg = queueing_config(addr, 1);
         cfg.grace = grace.unwrap_or(cfg.grace);
         let worker = tokio::spawn(run(cfg, shutdown.clone().cancelled_owned()));
         until(fake, |s| s.leased >= 2).await;
@@ -459,6 +469,27 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_job_is_not_queued_behind_another() {
+        // Sub-problems of N=21 run for seconds: nothing was measured yet,
+        // so the worker holds one job per thread and, renewing it, asks for
+        // no second one to queue behind it.
+        let fake = Fake::new(21, SplitSpec::new(1, 0).unwrap(), 1, false);
+        fake.state().ttl = Duration::from_millis(400);
+        let (listener, addr) = listener().await;
+        let token = CancellationToken::new();
+        let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
+        let worker = tokio::spawn(run(config(addr, 1), token.clone().cancelled_owned()));
+        until(&fake, |s| s.last_held == 1).await;
+        {
+            let s = fake.state();
+            assert_eq!((s.leased, s.last_want), (1, 0));
+        }
+        token.cancel();
+        let _ = tokio::time::timeout(LIMIT, worker).await.unwrap();
+        server.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn revoked_leases_are_stopped_and_no_longer_renewed() {
         // Sub-problems of N=21 run for seconds, far longer than the test.
         let fake = Fake::new(21, SplitSpec::new(1, 0).unwrap(), 1, false);
@@ -466,7 +497,10 @@ mod tests {
         let (listener, addr) = listener().await;
         let token = CancellationToken::new();
         let server = tokio::spawn(fake.clone().serve(listener, token.clone()));
-        let worker = tokio::spawn(run(config(addr, 1), token.clone().cancelled_owned()));
+        let worker = tokio::spawn(run(
+            queueing_config(addr, 1),
+            token.clone().cancelled_owned(),
+        ));
         // One thread, so two jobs fill the queue and the worker wants no more.
         until(&fake, |s| {
             s.leased == 2 && s.last_want == 0 && s.last_held == 2

@@ -1472,7 +1472,12 @@ impl Scheduler {
         };
         let want = (want.min(MAX_GRANT) as usize).min(room);
         self.fill(worker, identity, local, want, now, &mut grant)?;
-        if grant.jobs.is_empty() && want > 0 && self.take_back_excess(identity, now) {
+        // A stalled identity claims no share of the others' leases.
+        if grant.jobs.is_empty()
+            && want > 0
+            && (local || !self.allowances.is_stalled(identity))
+            && self.take_back_excess(identity, now)
+        {
             self.fill(worker, identity, local, want, now, &mut grant)?;
         }
         Ok(grant)
@@ -1689,9 +1694,14 @@ impl Scheduler {
     ) -> Result<Option<(JobId, IdentityId, KernelRequest)>> {
         let trusted = local || self.identities.is_trusted(identity);
         let arbiter = self.arbiter();
+        // A stalled identity (a lease was taken back from it while it
+        // delivered nothing) gets no check: its copy is unlikely to come,
+        // and two of them would pass the job to and fro between them by
+        // fair share while the copy it waits for never comes.
+        let may_check = trusted || !self.allowances.is_stalled(identity);
         let mut scanned = 0;
         let mut i = 0;
-        while i < self.checks.len() && scanned < CHECK_SCAN {
+        while may_check && i < self.checks.len() && scanned < CHECK_SCAN {
             let job = self.checks[i];
             let Some(open) = self.open.get(&job) else {
                 self.checks.remove(i); // settled meanwhile
@@ -1718,7 +1728,8 @@ impl Scheduler {
             }
             i += 1;
         }
-        while let Some(job) = self.next_pending()? {
+        let smallest = !trusted && self.checked_from_the_small_end(identity);
+        while let Some(job) = self.next_pending(smallest)? {
             if self.table.phase(job) != Phase::Pending || self.open.contains_key(&job) {
                 continue; // done by a late result, or waiting in `checks`
             }
@@ -1727,12 +1738,32 @@ impl Scheduler {
         Ok(None)
     }
 
+    /// True when the untrusted `identity` should take its jobs from the
+    /// small end of the hand-out order: while it is on probation and another
+    /// voice could check it (the trusted side, or another identity
+    /// registered that is not stalled). Every copy of a probationer waits
+    /// for a second one, and its first copies are those checked: from the
+    /// large end, two new machines would compute the run's heaviest jobs
+    /// twice (at N = 18 the first dozen jobs hold most of the work), where
+    /// probation is meant to cost a few small checks (issue 26, item 3).
+    /// Alone it keeps the large end, since nobody can check it and its
+    /// largest jobs should not be the run's tail.
+    fn checked_from_the_small_end(&self, identity: IdentityId) -> bool {
+        let probation = self.policy.probation();
+        probation > 0
+            && self.identities.on_probation(identity, probation)
+            && (self.arbiter()
+                || self.registrations.iter().any(|(&other, &n)| {
+                    other != identity && n > 0 && !self.allowances.is_stalled(other)
+                }))
+    }
+
     /// The next candidate for a fresh grant: a requeued job, else the next
-    /// job of the hand-out order (read from the source a batch at a time).
-    /// The first fresh pending jobs of a restarted session are set aside
-    /// (see [`Scheduler::defer_unrecorded`]) and come only once no other is
-    /// left.
-    fn next_pending(&mut self) -> Result<Option<JobId>> {
+    /// job of the hand-out order (read from the source a batch at a time),
+    /// from the small end of what was read when `smallest`. The first fresh
+    /// pending jobs of a restarted session are set aside (see
+    /// [`Scheduler::defer_unrecorded`]) and come only once no other is left.
+    fn next_pending(&mut self, smallest: bool) -> Result<Option<JobId>> {
         if let Some(job) = self.requeued.pop_front() {
             return Ok(Some(job));
         }
@@ -1742,11 +1773,22 @@ impl Scheduler {
                 self.source_drained = batch.is_empty();
                 self.window.extend(batch);
             }
-            let Some(job) = self.window.pop_front() else {
+            let next = if smallest {
+                self.window.pop_back()
+            } else {
+                self.window.pop_front()
+            };
+            let Some(job) = next else {
                 return Ok(self.deferred.pop_front());
             };
             let pending = self.table.phase(job) == Phase::Pending;
-            if self.defer_left > 0 && pending && !self.open.contains_key(&job) {
+            // The jobs set aside are the first of the order: the small end
+            // holds none of them.
+            if !smallest
+                && self.defer_left > 0
+                && pending
+                && !self.open.contains_key(&job)
+            {
                 self.defer_left -= 1;
                 self.deferred.push_back(job);
                 continue;
