@@ -25,7 +25,7 @@
 //!
 //! * *Look-ahead.* The free mask of the next column is computed when a queen is
 //!   placed, and a placement that leaves the next column empty is never pushed.
-//! * *Closed-form leaves.* The last two free columns are counted by [`pairs`]
+//! * *Closed-form leaves.* The last two free columns are counted by `pairs`
 //!   (a few popcounts) instead of placing queens in them.
 //! * *No stack for the deepest levels.* The three columns before those are
 //!   walked by nested loops, and the stack keeps only ancestors with rows

@@ -303,7 +303,7 @@ impl Batch {
 /// Packs `subs` into the kernel's buffers for one launch, with tail control:
 ///
 /// 1. every sub-problem is expanded on the host to the first depth (at most
-///    [`MAX_HOST_DEPTH`]) that gives at least `min_tasks` tasks, and always
+///    `MAX_HOST_DEPTH`) that gives at least `min_tasks` tasks, and always
 ///    far enough that no task leaves more than [`MAX_TASK_COLUMNS`] free
 ///    columns;
 /// 2. each task's work is estimated (Knuth's estimator: a few random probes
