@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-/// Identifies one grant of one job. Distinct from [`JobId`], so the two cannot
+/// Identifies one grant of one job. Distinct from [`JobId`](crate::JobId), so the two cannot
 /// be mixed up:
 ///
 /// ```compile_fail

@@ -25,7 +25,7 @@
 //!
 //! * *Look-ahead.* The free mask of the next column is computed when a queen is
 //!   placed, and a placement that leaves the next column empty is never pushed.
-//! * *Closed-form leaves.* The last two free columns are counted by [`pairs`]
+//! * *Closed-form leaves.* The last two free columns are counted by `pairs`
 //!   (a few popcounts) instead of placing queens in them.
 //! * *No stack for the deepest levels.* The three columns before those are
 //!   walked by nested loops, and the stack keeps only ancestors with rows
@@ -374,6 +374,41 @@ impl fmt::Display for KernelUnavailable {
 
 impl std::error::Error for KernelUnavailable {}
 
+/// The rows of free column `col` that a search of `prefix` may not use: the
+/// rows a queen of the prefix attacks along a diagonal, and the rows in
+/// `forbidden` (a row mask, such as the border split's strict lines give one
+/// column in [`SubProblem::forbidden`](crate::split::SubProblem::forbidden)),
+/// both within the rows the prefix leaves free.
+///
+/// The rows the prefix's queens hold are not in the mask: a search removes
+/// them from every column at once (they are outside
+/// `board.full_mask() & !prefix.used_rows()`). This is the one rule for the
+/// `blocked` mask of every search plan: the CPU kernels' plan here and the
+/// GPU kernel's table (`nq-gpu`'s `pack`) both build theirs with it, so the
+/// two cannot disagree about which squares a prefix takes away.
+///
+/// `col` must be a column of the board that holds no queen of `prefix`.
+pub fn blocked_rows(prefix: &Prefix, col: u8, forbidden: u32) -> u32 {
+    let board = prefix.board();
+    let n = board.n();
+    debug_assert!(
+        col < n && prefix.get(col).is_none(),
+        "column {col} is not free"
+    );
+    let mut blocked = forbidden;
+    for (c, r) in prefix.queens() {
+        // A queen at (c, r) attacks rows r ± d in the column d away.
+        let d = c.abs_diff(col);
+        if u32::from(r) + u32::from(d) < u32::from(n) {
+            blocked |= 1 << (r + d);
+        }
+        if r >= d {
+            blocked |= 1 << (r - d);
+        }
+    }
+    blocked & board.full_mask() & !prefix.used_rows()
+}
+
 /// The search problem of one prefix, prepared for the kernels.
 struct Plan {
     /// Rows not used by the prefix: the only rows the search may use.
@@ -413,20 +448,9 @@ impl Plan {
         let mut prev = 0u8;
         for x in (0..n).filter(|&x| prefix.get(x).is_none()) {
             let j = plan.free;
-            let mut blocked = 0u32;
-            for (c, r) in prefix.queens() {
-                // A queen at (c, r) attacks rows r ± d in the column d away.
-                let d = c.abs_diff(x);
-                if u32::from(r) + u32::from(d) < u32::from(n) {
-                    blocked |= 1 << (r + d);
-                }
-                if r >= d {
-                    blocked |= 1 << (r - d);
-                }
-            }
             plan.cols[j] = x;
             plan.shift[j] = u32::from(x - prev);
-            plan.blocked[j] = blocked & plan.full;
+            plan.blocked[j] = blocked_rows(prefix, x, 0);
             prev = x;
             plan.free += 1;
         }
@@ -1127,6 +1151,41 @@ mod tests {
             e.contains("`gpu`") && e.contains("auto") && e.contains("scalar"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn blocked_rows_are_the_squares_the_prefix_attacks_or_forbids() {
+        // Checked square by square against `Prefix::allows` (the pairwise
+        // attack rule), on every prefix of two queens in columns 0 and N-1
+        // (the split's border columns) and 2, with and without a forbidden
+        // mask, for N = 4..=12.
+        for n in 4..=12u8 {
+            let b = Board::new(u64::from(n)).unwrap();
+            for (r0, r1) in (0..n).flat_map(|a| (0..n).map(move |c| (a, c))) {
+                let mut p = Prefix::empty(b);
+                if p.place(0, r0).is_err() || p.place(2, r1).is_err() {
+                    continue;
+                }
+                let last = n - 1;
+                let _ = p.place(last, (r0 + r1) % n);
+                for col in (0..n).filter(|&c| p.get(c).is_none()) {
+                    for forbidden in [0, 0b1010_0101 & b.full_mask()] {
+                        let got = blocked_rows(&p, col, forbidden);
+                        for row in 0..n {
+                            let free_row = p.used_rows() & 1 << row == 0;
+                            let want = free_row
+                                && (forbidden & 1 << row != 0 || !p.allows(col, row));
+                            assert_eq!(
+                                got & 1 << row != 0,
+                                want,
+                                "n={n} {p:?} col={col} row={row} forbidden={forbidden:#b}"
+                            );
+                        }
+                        assert_eq!(got & !b.full_mask(), 0, "off-board rows in {got:#b}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

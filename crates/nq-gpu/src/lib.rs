@@ -18,7 +18,7 @@
 //! # Exactness
 //!
 //! Each task's count is a `u64` on the GPU, bounded below `2^64` by
-//! construction ([`pack`]); the host folds them into `u128` with checked adds,
+//! construction ([`mod@pack`]); the host folds them into `u128` with checked adds,
 //! and the worker checks every sub-problem's counts with
 //! `SubProblem::check` before they count, as on the CPU path. Before any
 //! work, [`Gpu::self_test`] counts N = 12 on the GPU against nq-core's

@@ -33,7 +33,7 @@
 //! own single completion and needs no task.
 
 use nq_core::board::{Board, MAX_N};
-use nq_core::search::CountStats;
+use nq_core::search::{CountStats, blocked_rows};
 use nq_core::split::SubProblem;
 
 use crate::{Error, Result};
@@ -80,7 +80,8 @@ struct Table {
 impl Table {
     /// The plan of nq-core's masked count (`search::count_masked`), built the
     /// same way: the prefix's rows leave `full`, and the squares its queens
-    /// attack and the forbidden squares are folded into `blocked`.
+    /// attack and the forbidden squares are folded into `blocked` by nq-core's
+    /// own rule ([`blocked_rows`]).
     fn of(sub: &SubProblem) -> Table {
         let prefix = sub.prefix();
         let forbidden = sub.forbidden();
@@ -97,19 +98,8 @@ impl Table {
         };
         let mut prev = 0u8;
         for x in (0..n).filter(|&x| prefix.get(x).is_none()) {
-            let mut blocked = forbidden[usize::from(x)];
-            for (c, r) in prefix.queens() {
-                // A queen at (c, r) attacks rows r ± d in the column d away.
-                let d = c.abs_diff(x);
-                if u32::from(r) + u32::from(d) < u32::from(n) {
-                    blocked |= 1 << (r + d);
-                }
-                if r >= d {
-                    blocked |= 1 << (r - d);
-                }
-            }
             t.shift[t.free] = u32::from(x - prev);
-            t.blocked[t.free] = blocked & full;
+            t.blocked[t.free] = blocked_rows(prefix, x, forbidden[usize::from(x)]);
             prev = x;
             t.free += 1;
         }
@@ -313,7 +303,7 @@ impl Batch {
 /// Packs `subs` into the kernel's buffers for one launch, with tail control:
 ///
 /// 1. every sub-problem is expanded on the host to the first depth (at most
-///    [`MAX_HOST_DEPTH`]) that gives at least `min_tasks` tasks, and always
+///    `MAX_HOST_DEPTH`) that gives at least `min_tasks` tasks, and always
 ///    far enough that no task leaves more than [`MAX_TASK_COLUMNS`] free
 ///    columns;
 /// 2. each task's work is estimated (Knuth's estimator: a few random probes

@@ -1,6 +1,6 @@
 //! The gRPC adapter: [`CoordinatorService`] implements
 //! `pb::coordinator_server::Coordinator` by translating each call for the
-//! [`Engine`], and [`start`] serves it with the health and reflection
+//! `Engine`, and `start` serves it with the health and reflection
 //! services.
 //!
 //! Errors become `tonic::Status` in ONE place, `impl From<Error> for Status`
@@ -10,10 +10,10 @@
 //! busy job or a shutdown `UNAVAILABLE` (retryable), and everything else
 //! `INTERNAL`, logged first.
 //!
-//! A report takes the engine's one pipeline: [`Engine::admit`] (bound to a
-//! lease of this session, this worker, this job, this run), [`receive`]
+//! A report takes the engine's one pipeline: `Engine::admit` (bound to a
+//! lease of this session, this worker, this job, this run), `receive`
 //! here (the stream, with solutions checked and stored as they come), then
-//! [`Engine::accept`] (checked, judged against the job's other copies, made
+//! `Engine::accept` (checked, judged against the job's other copies, made
 //! durable, acknowledged). A `ReportBatch` item takes the same pipeline
 //! without the stream: each item alone, so that a refused item is answered
 //! in its own ack and changes nothing, while the commits of one call overlap

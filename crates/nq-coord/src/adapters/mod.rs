@@ -1,4 +1,4 @@
-//! The thin adapters over the [`crate::engine`]: each translates one way in
+//! The thin adapters over the engine (`crate::engine`): each translates one way in
 //! (gRPC calls, the coordinator's own threads, HTTP requests, backup
 //! requests on the data directory's socket) into the
 //! engine's calls, and owns no judgement of its own.

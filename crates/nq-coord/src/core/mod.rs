@@ -1,16 +1,16 @@
 //! The coordinator's pure core: everything that decides, and nothing that
 //! waits.
 //!
-//! [`Core`] holds the state of one session: the [`scheduler::Scheduler`]
+//! `Core` holds the state of one session: the [`scheduler::Scheduler`]
 //! (jobs, leases, workers and their verification identities), the jobs whose
 //! solutions a report is writing (claims), and the history of counters
 //! behind the rates. The rule book is [`quorum`], the judging of a job's
-//! copies [`ledger`] (which returns its decision as data), and what a run
+//! copies `ledger` (which returns its decision as data), and what a run
 //! looks like from outside [`status`].
 //!
 //! Nothing here uses tokio, tonic, a sled-backed `Store` or the wall clock:
 //! time is passed in, and a decision is data that the engine
-//! ([`crate::engine`]) carries out. The test `tests/layout.rs` holds that
+//! (`crate::engine`) carries out. The test `tests/layout.rs` holds that
 //! line, so that it survives the next feature.
 
 pub mod allowance;

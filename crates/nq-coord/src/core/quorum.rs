@@ -112,7 +112,7 @@ pub const DEFAULT_BAN_AFTER: u32 = 3;
 /// costs. Each result on probation is computed twice, so a run pays about
 /// `PROBATION` extra jobs per machine, plus the jobs the machine leased before
 /// its tenth confirmation came back, about two rounds of its threads
-/// (BENCHMARKS.md §9: at 1,000 machines, 10,000 to 32,000 extra jobs against
+/// (BENCHMARKS.md §10: at 1,000 machines, 10,000 to 32,000 extra jobs against
 /// the half million of a run at N = 27, where a cluster of that size is worth
 /// having; a small run on a few machines pays much more). Against that,
 /// a machine that lies on every result never leaves probation, so none of

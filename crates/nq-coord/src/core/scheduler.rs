@@ -1140,7 +1140,7 @@ impl Scheduler {
     /// registration (the credential, else [`remote_identity`]), with the
     /// name and threads of its recorded registration
     /// ([`Scheduler::expect_recorded`]), else its id for a name (the call
-    /// carries none) and [`RECOGNIZED_THREADS`]. Returns true when it was
+    /// carries none) and `RECOGNIZED_THREADS`. Returns true when it was
     /// registered again; false, changing nothing, for a worker already
     /// registered, an id that does not check, or an id of this session (a
     /// worker forgotten after a silence registers again, as before).

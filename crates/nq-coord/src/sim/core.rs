@@ -1458,7 +1458,7 @@ impl Sim {
         // truth when every job a lie reached also got one honest copy: the
         // dispute that copy starts is settled by the trusted computation.
         // (Liars that agree on a job no honest worker ever computes are
-        // beyond any vote; see the README's threat model.)
+        // beyond any vote; see docs/trust.md, "Threat model".)
         if self.arbiter && contested {
             self.stats.arbiter_checked += 1;
             if self.core.sched.tally().total != truth {

@@ -174,9 +174,9 @@ pub(crate) struct RunArgs {
 
 /// The store key: with one, every value in the data directory is sealed
 /// with an HMAC-SHA256 tag, so that a value edited or moved by someone who
-/// can write the directory but has not the key is refused (see the README's
-/// trust section). A store is made with a key or without one, and is
-/// opened the same way ever after.
+/// can write the directory but has not the key is refused (see
+/// docs/trust.md, "A store key"). A store is made with a key or without
+/// one, and is opened the same way ever after.
 #[derive(clap::Args, Debug, Default)]
 pub(crate) struct StoreKeyArgs {
     /// Seal the data directory with the key in this file: 16 to 64 bytes

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// The exit status of a failure, as the README's table gives it.
+/// The exit status of a failure, as docs/operations.md's table gives it.
 fn exit_code(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<BadCommandLine>().is_some() {
         return 2;
