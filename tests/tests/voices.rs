@@ -266,3 +266,55 @@ async fn probation_costs_a_few_checks_on_a_two_machine_cluster() -> Result<()> {
     })
     .await
 }
+
+/// `--verify 1` with one trusted remote machine as the only voice (no local
+/// threads): every job is selected for a check, and the trusted machine
+/// checks its own copy on another kernel, as the coordinator's threads do,
+/// instead of the run waiting for a second machine that never comes. The
+/// run ends `complete`, each job confirmed by the second kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trusted_machine_checks_itself_with_verify_1() -> Result<()> {
+    within(LIMIT, "--verify 1 with one trusted machine, n=12", async {
+        let tmp = tempfile::tempdir()?;
+        let tokens = tmp.path().join("worker-tokens");
+        std::fs::write(&tokens, "lab token-of-machine-lab-0123456789\n")?;
+        let tokens = tokens.display().to_string();
+        let args = [
+            "--n",
+            "12",
+            "--local-threads",
+            "0",
+            "--verify",
+            "1",
+            "--worker-tokens",
+            &tokens,
+            "--trust",
+            "token:lab",
+            "--lease-ttl",
+            LONG_TTL,
+        ];
+        let mut coord = Coord::ephemeral(&data_dir(&tmp), &args).await?;
+        let addr = coord.addr.to_string();
+        let mut w = worker(
+            "lab",
+            &addr,
+            &[
+                "--token",
+                "token-of-machine-lab-0123456789",
+                "--threads",
+                "1",
+            ],
+        )?;
+        let report = coord.finish().await?;
+        report.check_published()?;
+        w.success().await?;
+        ensure!(
+            report.json["confirmations"] == report.json["jobs"]
+                && report.json["unchecked"] == 0,
+            "every job needed a check, and the trusted machine gave it: {}",
+            report.json
+        );
+        Ok(())
+    })
+    .await
+}

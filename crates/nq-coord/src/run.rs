@@ -439,7 +439,7 @@ impl Tasks {
         mut fatal: Option<Error>,
     ) -> Option<Error> {
         // 1. Stop granting leases.
-        engine.core().sched.close();
+        engine.close();
         grpc::not_serving(&mut self.health).await;
         // 2. Stop the local threads; they release their leases.
         self.local_token.cancel();

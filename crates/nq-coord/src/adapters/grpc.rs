@@ -68,6 +68,12 @@ impl CoordinatorService {
         u64::try_from(self.engine.ttl.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// How long an idle worker waits before it asks again: a poll's time,
+    /// well inside a heartbeat (a third of the lease lifetime).
+    fn retry_after(&self) -> Duration {
+        Duration::from_millis(RETRY_AFTER_MS.min(self.ttl_ms() / 3).max(1))
+    }
+
     /// The stages of one `ReportBatch` item before its commit: admission
     /// under the call's worker and run ids, the job's definition, and the
     /// check of its counts ([`Engine::check`]).
@@ -200,10 +206,22 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         self.engine
             .recognize(&worker, &caller, &[])
             .inspect_err(|e| refused(e, peer))?;
-        let (grant, definitions) = self
+        let (mut grant, mut definitions) = self
             .engine
             .grant(&worker, req.want, &held, Instant::now())
             .inspect_err(|e| refused(e, peer))?;
+        let idle = grant.jobs.is_empty() && !grant.run_complete && req.want > 0;
+        if idle {
+            // An idle worker's call is held until the run ends, for a poll's
+            // time at most: it hears of the end at once, so the linger that
+            // waits for it to be told ends with the last job instead of up
+            // to a poll later (a quarter of a second in a two-second run).
+            self.engine.until_the_end_or(self.retry_after()).await;
+            (grant, definitions) = self
+                .engine
+                .grant(&worker, req.want, &held, Instant::now())
+                .inspect_err(|e| refused(e, peer))?;
+        }
         let mut jobs = Vec::with_capacity(grant.jobs.len());
         for (g, stored) in grant.jobs.iter().zip(definitions) {
             jobs.push(pb::Job {
@@ -220,10 +238,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             });
         }
         // Idle workers poll twice a second at most: often enough to pick up
-        // expired jobs promptly and to hear of the end within the linger,
-        // rarely enough that a thousand idle workers cost nothing.
-        let retry_after_ms = if jobs.is_empty() && !grant.run_complete {
-            RETRY_AFTER_MS.min(self.ttl_ms() / 3).max(1)
+        // expired jobs promptly, rarely enough that a thousand idle workers
+        // cost nothing. A call already held for a poll's time asks again
+        // at once.
+        let retry_after_ms = if jobs.is_empty() && !grant.run_complete && !idle {
+            u64::try_from(self.retry_after().as_millis()).unwrap_or(u64::MAX)
+        } else if jobs.is_empty() && !grant.run_complete {
+            1
         } else {
             0
         };

@@ -263,6 +263,21 @@ pub fn other_kernel(ran: &[String]) -> KernelRequest {
     }
 }
 
+/// The kernel a trusted remote machine runs to check its own copy of a job
+/// whose copies ran `ran`: the scalar kernel, which every CPU has, unless a
+/// copy ran it. A trusted machine is the operator's, as the coordinator's
+/// threads are, and checks itself on a kernel no copy ran as they do
+/// ([`local_choice`]): without it, a run whose one trusted machine is its
+/// only voice waited for a check nobody could give. The coordinator does
+/// not know which SIMD kernels a remote CPU has, and a worker asked for one
+/// it lacks runs its own, a copy that adds no vote: hence the scalar
+/// kernel. Where the scalar kernel ran already, the machine has nothing new
+/// to add.
+fn self_check(ran: &[String]) -> Option<KernelRequest> {
+    let scalar = Kernel::Scalar;
+    (!ran.iter().any(|r| r == scalar.name())).then_some(KernelRequest::Named(scalar))
+}
+
 /// The kernel the coordinator's own threads run to check a job whose copies
 /// ran `ran`: the cheapest kernel of this CPU that none of them ran (its
 /// fastest, else the other SIMD kernel, else the scalar one), so that a
@@ -1717,8 +1732,10 @@ impl Scheduler {
                 None
             } else if local {
                 local_choice(&open.kernels, reported)
+            } else if trusted && reported {
+                self_check(&open.kernels)
             } else if trusted {
-                (!reported).then(|| other_kernel(&open.kernels))
+                Some(other_kernel(&open.kernels))
             } else {
                 (!reported).then_some(KernelRequest::Any)
             };

@@ -100,6 +100,9 @@ pub(crate) struct Engine {
     /// Cancelled by the commit loop once the last job is settled; `run`
     /// then lingers and shuts down.
     pub(crate) complete: CancellationToken,
+    /// Cancelled when the session stops granting leases
+    /// ([`Engine::close`]), the first step of the shutdown order.
+    closed: CancellationToken,
     /// Cancelled once the stored copies of earlier sessions are all checked
     /// and counted: at once, unless this session serves before it checked
     /// them (see [`restoring`]).
@@ -190,6 +193,7 @@ impl Engine {
             records_workers: Mutex::new(Vec::new()),
             write_gate: tokio::sync::Mutex::new(()),
             complete,
+            closed: CancellationToken::new(),
             checked,
             machines_changed: Notify::new(),
             warned_alone: std::sync::atomic::AtomicBool::new(false),
@@ -226,6 +230,23 @@ impl Engine {
     /// # Errors
     ///
     /// The scheduler's refusals; store errors.
+    /// Stops granting leases, for good: the first step of the shutdown
+    /// order. Wakes the calls held by [`Engine::until_the_end_or`].
+    pub(crate) fn close(&self) {
+        self.core().sched.close();
+        self.closed.cancel();
+    }
+
+    /// Returns when the run is complete or the session closes, or after
+    /// `wait` at the latest.
+    pub(crate) async fn until_the_end_or(&self, wait: Duration) {
+        tokio::select! {
+            () = self.complete.cancelled() => {}
+            () = self.closed.cancelled() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+
     pub(crate) fn grant(
         &self,
         worker: &WorkerId,
