@@ -123,6 +123,52 @@ async fn the_printed_configuration_is_taken_back() -> Result<()> {
     .await
 }
 
+/// Each option takes its value from the highest layer that sets it: flag,
+/// then `NQ_*` variable, then file, then default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flag_beats_the_environment_which_beats_the_file() -> Result<()> {
+    within(LIMIT, "precedence of the layers", async {
+        let tmp = tempfile::tempdir()?;
+        let file = write(
+            tmp.path(),
+            "layers.toml",
+            "n = 9\nverify = 0.2\nban-after = 4\nlease-ttl = \"7s\"\n",
+        )?;
+        let args = [
+            "--config".to_owned(),
+            file.display().to_string(),
+            "--ban-after".to_owned(),
+            "6".to_owned(),
+            "--print-config".to_owned(),
+        ];
+        let env = [LOG_ENV, &[("NQ_VERIFY", "0.5"), ("NQ_BAN_AFTER", "5")]].concat();
+        let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, &env)?;
+        let status = proc.wait().await?;
+        let out = proc.output();
+        ensure!(status.success(), "exit {status}:\n{out}");
+        for (line, why) in [
+            (
+                "ban-after = 6",
+                "the flag beats the environment and the file",
+            ),
+            ("verify = \"0.5\"", "the environment beats the file"),
+            ("lease-ttl = \"7s\"", "the file beats the default"),
+            ("n = 9", "the file sets what nothing above it sets"),
+            (
+                "# cache-mib = 16 (default)",
+                "the default, where nothing sets it",
+            ),
+        ] {
+            ensure!(
+                out.lines().any(|l| l == line),
+                "{why}: no `{line}` in\n{out}"
+            );
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// Bad files are refused before anything is created, exit 2, with the
 /// file, the line, the key and the accepted form; a missing file is named.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,7 +257,8 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
 
         let resume = ["--data", &data, "--listen", "127.0.0.1:0", "--local-threads", "2"];
         let (code, out) = refused(&[&resume[..], &["--verify", "auto"]].concat()).await?;
-        ensure!(code == Some(1), "exit {code:?}:\n{out}");
+        // Exit 2, as for other refused options: a retry would only repeat it.
+        ensure!(code == Some(2), "exit {code:?}:\n{out}");
         ensure!(
             out.contains("--verify: stored 0, given auto") && out.contains("--change-settings"),
             "the refusal does not name both values and the way out:\n{out}"

@@ -79,6 +79,8 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<nq_coord::Error>() {
         // Interrupted like a run stopped midway: resume to finish.
         Some(nq_coord::Error::CreationInterrupted) => RunStatus::Interrupted.exit_code(),
+        // Options the run refuses: a retry would only repeat the refusal.
+        Some(nq_coord::Error::SettingsDiffer { .. }) => 2,
         _ => 1,
     }
 }
