@@ -348,7 +348,7 @@ pub fn audit_store(
     let works = store.job_works()?;
     // Judged by the settings stored with the run (`verify` for a run from
     // before they were stored), so that trusted copies read as settled.
-    let (policy, trusted) = crate::setup::judging(store, verify)?;
+    let (policy, trusted) = crate::settings::judging(store, verify)?;
     let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
     sched.trust(trusted.iter().map(String::as_str));
     restore(store, &shape, &mut sched, Instant::now())?;

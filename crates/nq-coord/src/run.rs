@@ -269,7 +269,7 @@ impl Ended<'_> {
                 totals.summary(core.sched.jobs(), unix_ms(SystemTime::now())),
             )
         };
-        report.setting_changes = crate::setup::setting_changes(self.store)?;
+        report.setting_changes = crate::settings::changes(self.store)?;
         if let Some(tx) = progress {
             tx.send_replace(self.engine.progress());
         }

@@ -3,9 +3,7 @@
 //! for a run an earlier session finished, its report.
 //!
 //! The settings that decide what counts travel with the run: see
-//! [`settings`].
-
-mod settings;
+//! [`crate::settings`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,9 +29,7 @@ use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::restore::{restore, restore_indexed, restore_leases};
-
-use settings::Deciding;
-pub(crate) use settings::{changes as setting_changes, judging};
+use crate::settings::{self, Deciding};
 
 /// What opening the data directory found ([`open`]).
 pub(crate) enum Opened {
