@@ -380,6 +380,8 @@ pub(crate) enum Command {
     /// The CSV (format `nq-audit v2`) also names the board, the split and
     /// each job's sub-problems, and ends with its own SHA-256, the `audit=`
     /// of the run's final line: `nq recheck` re-computes a sample of it.
+    /// Copies are judged by the verify, trust and ban-after stored with the
+    /// run.
     Audit(AuditArgs),
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their

@@ -79,11 +79,14 @@ where
     let mut argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
     let command = Args::command();
     let first = command.clone().try_get_matches_from(&argv)?;
-    let file = match first.get_one::<PathBuf>("config") {
-        Some(path) => Some(ConfigFile::read(path, &command)?),
-        None => None,
+    // A subcommand takes its own flags: a file (or NQ_CONFIG) is the run's.
+    let mut file = match first.get_one::<PathBuf>("config") {
+        Some(path) if first.subcommand().is_none() => {
+            Some(ConfigFile::read(path, &command)?)
+        }
+        _ => None,
     };
-    let matches = match &file {
+    let matches = match &mut file {
         Some(file) => {
             argv.extend(file.flags_below(&first, &command));
             command.try_get_matches_from(&argv)?
@@ -188,22 +191,26 @@ impl ConfigFile {
 
     /// The flags that give the file's values to the options that neither
     /// the command line nor the environment set in `first`, nor any option
-    /// they conflict with.
-    fn flags_below(&self, first: &ArgMatches, command: &Command) -> Vec<OsString> {
+    /// they conflict with. The values overridden so are dropped: what is
+    /// left is what the file decides.
+    fn flags_below(&mut self, first: &ArgMatches, command: &Command) -> Vec<OsString> {
         let set_above = |id: &str| is_given(first, id);
         let mut flags = Vec::new();
         for arg in file_options(command) {
-            let Some(value) = self.values.get(arg.get_id().as_str()) else {
+            let id = arg.get_id().as_str();
+            if !self.values.contains_key(id) {
                 continue;
-            };
-            if set_above(arg.get_id().as_str())
+            }
+            if set_above(id)
                 || command
                     .get_arg_conflicts_with(arg)
                     .iter()
                     .any(|other| set_above(other.get_id().as_str()))
             {
+                self.values.remove(id);
                 continue;
             }
+            let value = &self.values[id];
             for v in &value.flags {
                 let mut flag = OsString::from(format!("--{}", value.key));
                 if !matches!(arg.get_action(), ArgAction::SetTrue) {
@@ -607,6 +614,14 @@ mod tests {
             text.starts_with(&format!("{path}:2: the value of `lease-ttl`")),
             "{text}"
         );
+        // A value the flag gave is not blamed on the file's line.
+        let p = parse(&["--config", path, "--lease-ttl", "5s", "--verify", "3"]).unwrap();
+        let file = p.file.unwrap();
+        let err = nq_coord::Config::try_from(p.args.run)
+            .map_err(|e| file.locate(e.into()))
+            .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.starts_with("invalid --verify: 3"), "{text}");
     }
 
     /// `--print-config` prints what `--config` takes back, to the same

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if parsed.args.run.print_config {
+    if parsed.args.run.print_config && parsed.args.command.is_none() {
         return match stdout_line(parsed.print_config().trim_end()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
