@@ -114,7 +114,7 @@ pub struct Config {
     /// set: then ANYONE who reaches the port can register and report counts.
     pub insecure_open_port: bool,
     /// A bound listener on which to serve the HTTP port (`--metrics`):
-    /// `/metrics`, `/status.json` and the status page (see [`crate::http`]).
+    /// `/metrics`, `/status.json` and the status page (served by `adapters::http`).
     /// Bound by the caller, so that it knows the address before the run
     /// starts. `None` serves no HTTP.
     pub http_listener: Option<Arc<std::net::TcpListener>>,
