@@ -265,6 +265,21 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
         );
         ensure!(!out.contains("listening on"), "the refused resume listened:\n{out}");
 
+        // Left out, the setting is the stored one (not the default, auto).
+        // Logged before `listening on`, which `start` waits for.
+        let mut kept = start(&dir, &resume).await?;
+        let judged = kept
+            .proc
+            .lines_containing("judging by the settings stored with the run");
+        ensure!(
+            judged.len() == 1 && nq_e2e::log_field(&judged[0], "verify") == Some("0"),
+            "the resume without --verify does not judge by the stored 0:\n{}",
+            kept.proc.output()
+        );
+        kept.proc.signal(libc::SIGINT)?;
+        let status = kept.proc.wait().await?;
+        ensure!(status.code() == Some(3), "interrupted resume exited with {status}");
+
         let changed = [&resume[..], &["--verify", "auto", "--change-settings"]].concat();
         let mut coord = start(&dir, &changed).await?;
         let report = coord.finish().await?;

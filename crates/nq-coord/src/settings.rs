@@ -122,6 +122,15 @@ impl Deciding {
             .collect()
     }
 
+    /// Says which settings a resumed run judges by.
+    fn log_kept(&self) {
+        let [verify, trust, ban_after] = self.values().map(|(_, value)| value);
+        info!(
+            verify,
+            trust, ban_after, "judging by the settings stored with the run"
+        );
+    }
+
     /// The verification policy these settings make, keyed by the run's
     /// stored secret (drawn on its first session).
     pub(crate) fn policy(&self, store: &Store) -> Result<Policy> {
@@ -160,6 +169,7 @@ pub(crate) fn resume(config: &Config, store: &Store) -> Result<Deciding> {
     let wanted = kept.with_given(config);
     let differences = kept.differences(&wanted);
     if differences.is_empty() {
+        kept.log_kept();
         return Ok(kept);
     }
     if !config.change_settings {
@@ -192,6 +202,7 @@ pub(crate) fn resume(config: &Config, store: &Store) -> Result<Deciding> {
     }
     store.set_run_settings(&wanted.to_stored(changes))?;
     store.flush()?;
+    wanted.log_kept();
     Ok(wanted)
 }
 
