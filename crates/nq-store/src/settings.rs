@@ -99,7 +99,8 @@ impl RunSettings {
             .filter(|&k| k > 0)
             .ok_or_else(|| field(&r, "run_settings.ban_after"))?;
         let count = r.varint_u64()?;
-        let mut changes = Vec::with_capacity(r.remaining().min(count as usize));
+        // A change takes at least 11 bytes: three lengths and its time.
+        let mut changes = Vec::with_capacity((r.remaining() / 11).min(count as usize));
         for _ in 0..count {
             changes.push(SettingChange {
                 setting: r.str()?,
@@ -146,6 +147,9 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
     use super::*;
     use crate::Error;
 
@@ -217,5 +221,54 @@ mod tests {
         let mut truncated = sample().encode();
         truncated.truncate(truncated.len() - 6);
         assert!(RunSettings::decode(&truncated).is_err());
+    }
+
+    fn settings() -> impl Strategy<Value = RunSettings> {
+        let change =
+            (".*", ".*", ".*", any::<u64>()).prop_map(|(setting, from, to, unix_ms)| {
+                SettingChange {
+                    setting,
+                    from,
+                    to,
+                    unix_ms,
+                }
+            });
+        (
+            proptest::option::of(0.0..=1.0f64),
+            vec(".*", 0..4),
+            1..=u32::MAX,
+            vec(change, 0..4),
+        )
+            .prop_map(|(verify, trust, ban_after, changes)| RunSettings {
+                verify,
+                trust,
+                ban_after,
+                changes,
+            })
+    }
+
+    proptest! {
+        /// Every valid value reads back as written.
+        #[test]
+        fn settings_round_trip(s in settings()) {
+            prop_assert_eq!(RunSettings::decode(&s.encode()).unwrap(), s);
+        }
+
+        /// Arbitrary bytes decode to a value or to `Corrupt`, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in vec(any::<u8>(), 0..256)) {
+            if let Err(e) = RunSettings::decode(&bytes) {
+                prop_assert!(matches!(e, Error::Corrupt { tree: "meta", .. }), "{}", e);
+            }
+        }
+
+        /// A flipped bit anywhere in a stored value is refused.
+        #[test]
+        fn a_flipped_bit_is_refused(s in settings(), at in any::<prop::sample::Index>(), bit in 0..8u8) {
+            let mut bytes = s.encode();
+            let i = at.index(bytes.len());
+            bytes[i] ^= 1 << bit;
+            prop_assert!(RunSettings::decode(&bytes).is_err());
+        }
     }
 }
