@@ -15,6 +15,7 @@
 mod backup;
 mod batch;
 mod chaos;
+mod config_file;
 mod creation;
 mod drain;
 mod faults;

@@ -57,7 +57,7 @@ use nq_proto::convert::RunShape;
 use nq_store::{JobState, Scan, Store, StoreKey, StoreOptions};
 use sha2::{Digest, Sha256};
 
-use crate::core::quorum::{Fraction, Policy};
+use crate::core::quorum::Fraction;
 use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
 use crate::restore::restore;
@@ -346,12 +346,11 @@ pub fn audit_store(
         solutions: manifest.key.solutions,
     };
     let works = store.job_works()?;
-    let policy = Policy {
-        secret: store.verify_secret(rand::random())?,
-        fraction: verify,
-        ban_after: crate::core::quorum::DEFAULT_BAN_AFTER,
-    };
+    // Judged by the settings stored with the run (`verify` for a run from
+    // before they were stored), so that trusted copies read as settled.
+    let (policy, trusted) = crate::settings::judging(store, verify)?;
     let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
+    sched.trust(trusted.iter().map(String::as_str));
     restore(store, &shape, &mut sched, Instant::now())?;
     let io = |source| Error::Io {
         context: "cannot write the audit".into(),

@@ -122,6 +122,30 @@ pub struct Config {
     /// (`--backup-every`, `--backup-to`). `None` takes none; `nq-coord
     /// backup` takes one on request either way.
     pub backup: Option<PeriodicBackup>,
+    /// Which of the settings that decide what counts ([`Config::verify`],
+    /// [`Config::trusted`], [`Config::ban_after`]) the caller gave. They are
+    /// stored with the run when it is created; a resume takes the stored
+    /// value of each setting not given, and refuses a given one that
+    /// differs unless [`Config::change_settings`] is set.
+    /// [`Config::new`] gives none.
+    pub given: GivenSettings,
+    /// `--change-settings`: a resume may change the stored settings that
+    /// decide what counts to the given ones. Each change is logged as a
+    /// warning, stored with the run and listed in `report.json`.
+    pub change_settings: bool,
+}
+
+/// Which of the settings that decide what counts a session gives (see
+/// [`Config::given`]): on a flag, in the environment or in a config file,
+/// as opposed to left at their defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GivenSettings {
+    /// `--verify` ([`Config::verify`]).
+    pub verify: bool,
+    /// `--trust` ([`Config::trusted`]).
+    pub trust: bool,
+    /// `--ban-after` ([`Config::ban_after`]).
+    pub ban_after: bool,
 }
 
 /// Periodic backups (see [`Config::backup`]).
@@ -169,6 +193,8 @@ impl Config {
             insecure_open_port: false,
             http_listener: None,
             backup: None,
+            given: GivenSettings::default(),
+            change_settings: false,
         })
     }
 

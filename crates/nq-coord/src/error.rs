@@ -301,6 +301,23 @@ pub enum Error {
         /// The `--n` given.
         given: u32,
     },
+    /// A resume gives a setting that decides what counts (`--verify`,
+    /// `--trust`, `--ban-after`) other than the one stored with the run,
+    /// without `--change-settings`.
+    #[error(
+        "the run in {} keeps the settings that decide what counts, and this resume \
+         gives others: {differences}. Leave these options out to resume with the \
+         stored values, or add --change-settings to change them (the change is \
+         logged and listed in report.json)",
+        dir.display()
+    )]
+    SettingsDiffer {
+        /// The data directory.
+        dir: PathBuf,
+        /// Each setting that differs, with the stored and the given value:
+        /// `--verify: stored 0, given 1`, joined by `; `.
+        differences: String,
+    },
     /// A write into the data directory (outside the store, e.g. the
     /// `report.json`) found the disk full. Nothing is lost.
     #[error(

@@ -48,6 +48,9 @@
 //!   run (`plan`: the split, work estimates and grouping into jobs), and
 //!   `restore`: the core rebuilt from the stored copies, nothing cached
 //!   trusted.
+//! * `settings` (private): the settings that decide what counts (verify,
+//!   trust, ban-after), stored with the run, held to on a resume, read by
+//!   the audit.
 //! * `run` (private): [`run`] itself, wiring and the shutdown order only.
 //! * [`report`]: [`RunReport`] (built in one place), its stdout line and
 //!   `report.json`.
@@ -79,6 +82,7 @@ mod plan;
 pub mod report;
 mod restore;
 mod run;
+mod settings;
 mod setup;
 #[cfg(test)]
 mod sim;

@@ -10,7 +10,7 @@ pub use crate::core::report::FaultyWorker;
 use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
 use nq_core::published::published;
-use nq_store::{Manifest, RunSummary};
+use nq_store::{Manifest, RunSummary, SettingChange};
 
 /// Name of the JSON report in the data directory.
 pub const REPORT_FILE: &str = "report.json";
@@ -59,6 +59,10 @@ pub struct RunReport {
     /// The digest of the run's audit ([`crate::audit::digest`]), the last
     /// line of what `nq-coord audit` writes: set when the run is complete.
     pub audit_digest: Option<AuditDigest>,
+    /// The changes made to the settings that decide what counts
+    /// (`--verify`, `--trust`, `--ban-after`) after the run was created,
+    /// with `--change-settings`, oldest first.
+    pub setting_changes: Vec<SettingChange>,
 }
 
 /// How a run ended, and the exit code `nq-coord` gives it.
@@ -208,6 +212,7 @@ impl RunReport {
             unchecked: t.unchecked,
             // Set where the run is complete: it reads the whole store.
             audit_digest: None,
+            setting_changes: Vec::new(),
         }
     }
 }
@@ -369,8 +374,12 @@ impl RunReport {
     /// {"n":16,"total":14772512,"unique":1846955,"seconds":1.234,"jobs":256,
     ///  "split":{"version":1,"ring":1,"extra":0},"published_match":true,
     ///  "conflicts":0,"confirmations":0,"complete":true,"jobs_done":256,
-    ///  "run_id":"16-…"}
+    ///  "run_id":"16-…", …,
+    ///  "setting_changes":[{"setting":"verify","from":"0","to":"auto","unix_ms":1700000000000}]}
     /// ```
+    ///
+    /// `setting_changes` lists the changes `--change-settings` made to the
+    /// settings stored with the run, oldest first (empty when none).
     pub fn to_json(&self) -> String {
         let published_match = match self.published_match() {
             Some(b) => b.to_string(),
@@ -397,6 +406,19 @@ impl RunReport {
             })
             .collect();
         let faulty = serde_json::Value::Array(faulty).to_string();
+        let changes: Vec<serde_json::Value> = self
+            .setting_changes
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "setting": c.setting,
+                    "from": c.from,
+                    "to": c.to,
+                    "unix_ms": c.unix_ms,
+                })
+            })
+            .collect();
+        let changes = serde_json::Value::Array(changes).to_string();
         let audit_digest = self
             .audit_digest
             .map_or_else(|| "null".to_owned(), |d| format!("\"{d}\""));
@@ -406,7 +428,8 @@ impl RunReport {
              \"published_match\":{published_match},\"conflicts\":{},\
              \"confirmations\":{},\"complete\":{},\"jobs_done\":{},\"run_id\":{run_id},\
              \"status\":\"{}\",\"exit_code\":{},\"why\":{why},\"faulty_workers\":{faulty},\
-             \"disputed\":{},\"unchecked\":{},\"audit_digest\":{audit_digest}}}\n",
+             \"disputed\":{},\"unchecked\":{},\"audit_digest\":{audit_digest},\
+             \"setting_changes\":{changes}}}\n",
             self.n,
             self.total,
             self.unique,
@@ -469,6 +492,12 @@ mod tests {
             disputed: 0,
             unchecked: 0,
             audit_digest: Some(AuditDigest([0xab; 32])),
+            setting_changes: vec![SettingChange {
+                setting: "verify".into(),
+                from: "0".into(),
+                to: "auto".into(),
+                unix_ms: 1_700_000_000_000,
+            }],
         }
     }
 
@@ -490,6 +519,10 @@ mod tests {
         assert_eq!(v["faulty_workers"][0]["address"], "127.0.0.1");
         assert_eq!(v["faulty_workers"][0]["banned"], true);
         assert_eq!(v["audit_digest"], format!("sha256:{}", "ab".repeat(32)));
+        assert_eq!(v["setting_changes"][0]["setting"], "verify");
+        assert_eq!(v["setting_changes"][0]["from"], "0");
+        assert_eq!(v["setting_changes"][0]["to"], "auto");
+        assert_eq!(v["setting_changes"][0]["unix_ms"], 1_700_000_000_000u64);
         let ok = report(8, 92, 12);
         let v: serde_json::Value = serde_json::from_str(&ok.to_json()).unwrap();
         assert_eq!(v["published_match"], true);

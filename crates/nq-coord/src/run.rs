@@ -143,47 +143,16 @@ async fn session(
     stop: CancellationToken,
     started: Instant,
 ) -> Result<RunReport> {
-    // A finished run has its report.json (or, if it crashed just before
-    // writing it, its stored summary): it is reprinted without taking a
-    // port. Any other run binds first, so that a port it cannot have is
-    // refused before the directory is touched; it is announced once the
-    // directory is accepted, before a long creation.
-    let binding = if config.data_dir.join(REPORT_FILE).exists() {
-        Binding::Later(bind)
-    } else {
-        Binding::Bound(bind.await?)
+    let (accepted, listener) = match accept(&mut config, bind, announce).await? {
+        Accept::Finished(report) => return Ok(*report),
+        Accept::Serve(accepted, listener) => (*accepted, listener),
     };
-    let cfg = config.clone();
-    let accepted = match tokio::task::spawn_blocking(move || open(&cfg)).await?? {
-        Opened::Finished(report) => {
-            info!(dir = %config.data_dir.display(), "the run is already finished");
-            report.write_json(&config.data_dir)?;
-            return Ok(report);
-        }
-        Opened::Accepted(accepted) => *accepted,
-    };
-    let listeners = match binding {
-        Binding::Bound(listeners) => listeners,
-        Binding::Later(bind) => bind.await?,
-    };
-    announce(&listeners).map_err(|source| Error::Io {
-        context: "cannot announce the bound ports".into(),
-        source,
-    })?;
-    let Listeners {
-        grpc: listener,
-        http,
-    } = listeners;
-    if let Some(http) = http {
-        config.http_listener = Some(Arc::new(http));
-    }
-    let ready = prepare(&config, accepted, &stop).await?;
     let Ready {
         store,
         manifest,
         sched,
         elapsed_before,
-    } = ready;
+    } = prepare(&config, accepted, &stop).await?;
     let (engine, commits) = Engine::new(
         Arc::clone(&store),
         sched,
@@ -211,34 +180,115 @@ async fn session(
         let _ = store.flush_async().await;
         return Err(e);
     }
-
-    // 5. The report.
-    let (mut report, summary) = {
-        let core = engine.core();
-        let totals = Totals::of_scheduler(&core.sched, elapsed_ms)?;
-        let report = RunReport::new(
-            &manifest,
-            &config.data_dir,
-            totals,
-            crate::core::report::faulty_workers(&core.sched),
-        );
-        (
-            report,
-            totals.summary(core.sched.jobs(), unix_ms(SystemTime::now())),
-        )
+    let ended = Ended {
+        engine: &engine,
+        store: &store,
+        manifest: &manifest,
+        elapsed_ms,
     };
-    if let Some(tx) = &progress {
-        tx.send_replace(engine.progress());
+    ended.report(&config, progress.as_ref()).await
+}
+
+/// What opening the data directory decided ([`accept`]).
+enum Accept {
+    /// The run was finished by an earlier session: its report.
+    Finished(Box<RunReport>),
+    /// A run to serve, on this listener.
+    Serve(Box<Accepted>, TcpListener),
+}
+
+/// Opens the data directory; for a run to serve, binds and announces the
+/// ports. A finished run has its report.json (or, if it crashed just
+/// before writing it, its stored summary): it is reprinted without taking
+/// a port. Any other run binds first, so that a port it cannot have is
+/// refused before the directory is touched; it is announced once the
+/// directory is accepted, before a long creation.
+async fn accept(
+    config: &mut Config,
+    bind: impl Future<Output = Result<Listeners>> + Send,
+    announce: impl FnOnce(&Listeners) -> std::io::Result<()> + Send,
+) -> Result<Accept> {
+    let binding = if config.data_dir.join(REPORT_FILE).exists() {
+        Binding::Later(bind)
+    } else {
+        Binding::Bound(bind.await?)
+    };
+    let cfg = config.clone();
+    let accepted = match tokio::task::spawn_blocking(move || open(&cfg)).await?? {
+        Opened::Finished(report) => {
+            info!(dir = %config.data_dir.display(), "the run is already finished");
+            report.write_json(&config.data_dir)?;
+            return Ok(Accept::Finished(report));
+        }
+        Opened::Accepted(accepted) => accepted,
+    };
+    let listeners = match binding {
+        Binding::Bound(listeners) => listeners,
+        Binding::Later(bind) => bind.await?,
+    };
+    announce(&listeners).map_err(|source| Error::Io {
+        context: "cannot announce the bound ports".into(),
+        source,
+    })?;
+    if let Some(http) = listeners.http {
+        config.http_listener = Some(Arc::new(http));
     }
-    if let Some(summary) = &summary {
-        store.set_summary(summary)?;
-    }
-    // One flush makes the time spent and the summary durable, before the
-    // report file says that the run is finished.
-    store.flush_async().await?;
-    if summary.is_some() {
+    Ok(Accept::Serve(accepted, listeners.grpc))
+}
+
+/// A session whose tasks have ended without a fatal error: what step 5 of
+/// the shutdown order reports.
+struct Ended<'a> {
+    engine: &'a Engine,
+    store: &'a Arc<nq_store::Store>,
+    manifest: &'a nq_store::Manifest,
+    /// Time spent on the run, over all its sessions.
+    elapsed_ms: u64,
+}
+
+impl Ended<'_> {
+    /// Step 5 of the shutdown order, the report: a complete run stores its
+    /// summary, then writes its report.json (with the audit's digest); an
+    /// interrupted one says how far it got.
+    async fn report(
+        self,
+        config: &Config,
+        progress: Option<&tokio::sync::watch::Sender<crate::Progress>>,
+    ) -> Result<RunReport> {
+        let (mut report, summary) = {
+            let core = self.engine.core();
+            let totals = Totals::of_scheduler(&core.sched, self.elapsed_ms)?;
+            let report = RunReport::new(
+                self.manifest,
+                &config.data_dir,
+                totals,
+                crate::core::report::faulty_workers(&core.sched),
+            );
+            (
+                report,
+                totals.summary(core.sched.jobs(), unix_ms(SystemTime::now())),
+            )
+        };
+        report.setting_changes = crate::settings::changes(self.store)?;
+        if let Some(tx) = progress {
+            tx.send_replace(self.engine.progress());
+        }
+        if let Some(summary) = &summary {
+            self.store.set_summary(summary)?;
+        }
+        // One flush makes the time spent and the summary durable, before the
+        // report file says that the run is finished.
+        self.store.flush_async().await?;
+        if summary.is_none() {
+            info!(
+                done = report.jobs_done,
+                jobs = report.jobs,
+                "run interrupted; run again to resume"
+            );
+            return Ok(report);
+        }
         // Read back as `nq-coord audit` reads it, so that the two agree.
-        let store = Arc::clone(&store);
+        let store = Arc::clone(self.store);
         let digest = tokio::task::spawn_blocking(move || crate::audit::digest(&store));
         report.audit_digest = Some(digest.await??);
         let path = report.write_json(&config.data_dir)?;
@@ -249,14 +299,8 @@ async fn session(
                 "the run recorded conflicting results"
             );
         }
-    } else {
-        info!(
-            done = report.jobs_done,
-            jobs = report.jobs,
-            "run interrupted; run again to resume"
-        );
+        Ok(report)
     }
-    Ok(report)
 }
 
 /// The ports of a session: bound before the data directory is opened, or

@@ -1,6 +1,9 @@
 //! Setting a session up: opening the data directory, creating the run (or
 //! finishing its creation), and restoring the scheduler from the store; or,
 //! for a run an earlier session finished, its report.
+//!
+//! The settings that decide what counts travel with the run: see
+//! [`crate::settings`].
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_store::{
-    Checkpoint, Creation, Manifest, NewRun, RunKey, RunSummary, Store, StoreKey,
-    StoreOptions,
+    Checkpoint, Creation, Manifest, NewRun, PlanParams, RunKey, RunSummary, Store,
+    StoreKey, StoreOptions,
 };
 use tracing::{info, warn};
 
@@ -26,11 +29,12 @@ use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::restore::{restore, restore_indexed, restore_leases};
+use crate::settings::{self, Deciding};
 
 /// What opening the data directory found ([`open`]).
 pub(crate) enum Opened {
     /// The run was finished by an earlier session.
-    Finished(RunReport),
+    Finished(Box<RunReport>),
     /// A run to serve, once [`setup`] has created or restored it.
     Accepted(Box<Accepted>),
 }
@@ -46,6 +50,9 @@ pub(crate) struct Accepted {
     resumed: Option<Manifest>,
     /// A creation an earlier session began.
     creating: Option<(Creation, Checkpoint)>,
+    /// The settings that decide what counts: the run's stored ones (with
+    /// the changes the session may make), or the session's for a new run.
+    deciding: Deciding,
     /// When opening began.
     opened: Instant,
 }
@@ -95,20 +102,28 @@ pub(crate) fn open(config: &Config) -> Result<Opened> {
     if let Some(m) = &resumed
         && let Some(summary) = store.summary()?
     {
-        return Ok(Opened::Finished(finished_report(
+        return Ok(Opened::Finished(Box::new(finished_report(
             config, &store, m, &summary,
-        )?));
+        )?)));
     }
     if config.data_dir.join(REPORT_FILE).exists() {
         return Err(Error::SummaryLost {
             dir: config.data_dir.clone(),
         });
     }
+    // Checked here, before the session is announced: a resume under other
+    // settings is refused without serving.
+    let deciding = if resumed.is_some() || creating.is_some() {
+        settings::resume(config, &store)?
+    } else {
+        Deciding::of_config(config)
+    };
     Ok(Opened::Accepted(Box::new(Accepted {
         store,
         key,
         resumed,
         creating,
+        deciding,
         opened,
     })))
 }
@@ -119,7 +134,7 @@ pub(crate) enum Setup {
     /// The run was finished by an earlier session.
     Finished(
         #[expect(dead_code, reason = "the simulation only tells a finished run apart")]
-        RunReport,
+        Box<RunReport>,
     ),
     /// Ready to serve.
     Ready(Box<Ready>),
@@ -150,10 +165,11 @@ pub(crate) fn build(
         key,
         resumed,
         creating,
+        deciding,
         opened,
     } = accepted;
     // A run created by this session has no record yet: nothing to check.
-    let mut created = false;
+    let created = resumed.is_none();
     let manifest = match resumed {
         Some(m) => {
             info!(dir = %config.data_dir.display(), run = %m.run_id, jobs = m.jobs, "resuming run");
@@ -164,10 +180,7 @@ pub(crate) fn build(
             }
             m
         }
-        None => {
-            created = true;
-            create(config, &store, key, creating, stop)?
-        }
+        None => create(config, &store, key, creating, &deciding, stop)?,
     };
     let session_no = store.next_boot()?;
     let mut sched = scheduler(
@@ -175,27 +188,59 @@ pub(crate) fn build(
         &manifest,
         session_no,
         config.lease_ttl,
-        policy(config, &store)?,
+        deciding.policy(&store)?,
     )?;
     sched.expect_local_threads(config.local_threads > 0);
-    sched.trust(config.trusted.iter().map(String::as_str));
-    // Totals are derived again from the stored counts, never from a cached
-    // sum: before serving for a store without a state index (and the index
-    // is built then), else in the background while serving (see
-    // `restore_indexed`).
-    let leased = if store.is_indexed()? {
+    sched.trust(deciding.trusted.iter().map(String::as_str));
+    let leased = restore_results(&store, &manifest, &mut sched, created)?;
+    restore_previous_leases(&store, leased, &mut sched)?;
+    log_restored(&sched);
+    let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
+    info!(
+        setup_ms = opened.elapsed().as_millis() as u64,
+        session = session_no,
+        "data directory ready"
+    );
+    Ok(Ready {
+        store,
+        manifest,
+        sched,
+        elapsed_before,
+    })
+}
+
+/// Restores the stored results into `sched` and returns the records of
+/// the jobs leased when the last session ended. Totals are derived again
+/// from the stored counts, never from a cached sum: before serving for a
+/// store without a state index (and the index is built then), else in the
+/// background while serving (see `restore_indexed`).
+fn restore_results(
+    store: &Store,
+    manifest: &Manifest,
+    sched: &mut Scheduler,
+    created: bool,
+) -> Result<Vec<(nq_store::JobId, nq_store::JobRecord)>> {
+    if store.is_indexed()? {
         if !created {
             // Even with no job marked restoring: the index may have missed
             // a result (see `nq_store::states`).
             sched.begin_store_check();
         }
-        restore_indexed(&store, &mut sched, Instant::now())?
-    } else {
-        restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
-        info!("building the state index of a store written before it existed");
-        store.rebuild_indexes()?;
-        store.leased_records()?
-    };
+        return restore_indexed(store, sched, Instant::now());
+    }
+    restore(store, &shape_of(manifest), sched, Instant::now())?;
+    info!("building the state index of a store written before it existed");
+    store.rebuild_indexes()?;
+    Ok(store.leased_records()?)
+}
+
+/// Gives the leases of the previous session back to their workers, or
+/// their jobs back to the pending ones.
+fn restore_previous_leases(
+    store: &Store,
+    leased: Vec<(nq_store::JobId, nq_store::JobRecord)>,
+    sched: &mut Scheduler,
+) -> Result<()> {
     // Leases granted in the second before a crash have no record; their
     // jobs are set aside, so that their holders report them first (issue
     // 17). The recorded registrations bound how many there can be.
@@ -210,13 +255,7 @@ pub(crate) fn build(
     sched.defer_unrecorded(caps, Instant::now());
     // A worker recognised by its id keeps its recorded name and identity.
     sched.expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
-    let kept = restore_leases(
-        &store,
-        leased,
-        &mut sched,
-        SystemTime::now(),
-        Instant::now(),
-    )?;
+    let kept = restore_leases(store, leased, sched, SystemTime::now(), Instant::now())?;
     if kept.restored > 0 || kept.requeued > 0 {
         info!(
             restored = kept.restored,
@@ -225,6 +264,11 @@ pub(crate) fn build(
             "leases of the previous session: kept with their workers, or their jobs pending again"
         );
     }
+    Ok(())
+}
+
+/// Logs what the restored scheduler holds.
+fn log_restored(sched: &Scheduler) {
     if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
         info!(
             done = sched.jobs_done(),
@@ -240,18 +284,6 @@ pub(crate) fn build(
             "done jobs found in the state index: not handed out; their stored copies are checked and counted in the background"
         );
     }
-    let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
-    info!(
-        setup_ms = opened.elapsed().as_millis() as u64,
-        session = session_no,
-        "data directory ready"
-    );
-    Ok(Ready {
-        store,
-        manifest,
-        sched,
-        elapsed_before,
-    })
 }
 
 /// The board size N of the run stored in `dir` (made, or being made,
@@ -276,16 +308,6 @@ pub fn stored_n(dir: &Path, key: Option<&StoreKey>) -> Result<Option<u8>> {
         return Ok(Some(m.key.board.n()));
     }
     Ok(store.creation()?.map(|(c, _)| c.run.key.board.n()))
-}
-
-/// The verification policy of the run: the configured share and ban limit,
-/// keyed by the run's stored secret (drawn on its first session).
-fn policy(config: &Config, store: &Store) -> Result<Policy> {
-    Ok(Policy {
-        secret: store.verify_secret(rand::random())?,
-        fraction: config.verify,
-        ban_after: config.ban_after.get(),
-    })
 }
 
 /// The shape of a stored run.
@@ -338,64 +360,21 @@ fn scheduler(
 
 /// Creates the run, or finishes the creation an earlier session began:
 /// splits the board and streams the jobs into the store (see
-/// [`crate::plan`]).
+/// [`crate::plan`]). A new run stores `deciding` with it.
 fn create(
     config: &Config,
     store: &Store,
     key: RunKey,
     creating: Option<(Creation, Checkpoint)>,
+    deciding: &Deciding,
     stop: &AtomicBool,
 ) -> Result<Manifest> {
     let t = Instant::now();
     let (params, at) = match creating {
-        Some((c, at)) => {
-            if c.run.key != key || c.plan.format != PLAN_FORMAT {
-                return Err(Error::CreationMismatch {
-                    dir: config.data_dir.clone(),
-                    stored: format!("{} (plan format {})", c.run.key, c.plan.format),
-                    requested: format!("{key} (plan format {PLAN_FORMAT})"),
-                });
-            }
-            if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
-                warn!(
-                    "--jobs and --job-size apply to new runs only; the creation goes on with its own"
-                );
-            }
-            info!(
-                run = %c.run.run_id,
-                done = at.subproblems,
-                subproblems = c.plan.subproblems,
-                jobs = at.jobs,
-                "resuming the creation of the run's jobs"
-            );
-            (c.plan, at)
-        }
+        Some(creation) => go_on_creating(config, key, creation)?,
         None => {
-            let target = config
-                .target_jobs
-                .unwrap_or_else(|| default_target_jobs(config.board));
-            let params =
-                plan::params(config.board, key.spec, target, config.max_job_size);
-            let now = SystemTime::now();
-            let run = NewRun {
-                key,
-                run_id: format!(
-                    "{}-{:x}-{:x}",
-                    config.board.n(),
-                    unix_ms(now),
-                    std::process::id()
-                ),
-                program_version: env!("CARGO_PKG_VERSION").to_owned(),
-                created_unix_ms: unix_ms(now),
-            };
-            info!(
-                run = %run.run_id,
-                subproblems = params.subproblems,
-                target_jobs = target,
-                "creating the run's jobs"
-            );
-            store.begin_creation(&Creation { run, plan: params })?;
-            (params, Checkpoint::default())
+            store.set_run_settings(&deciding.to_stored(Vec::new()))?;
+            begin_creating(config, store, key)?
         }
     };
     let manifest = plan::build(store, config.board, key.spec, params, at, stop)?;
@@ -412,6 +391,68 @@ fn create(
     Ok(manifest)
 }
 
+/// The plan and checkpoint of the creation an earlier session began, once
+/// it is known to make the run asked for.
+fn go_on_creating(
+    config: &Config,
+    key: RunKey,
+    (c, at): (Creation, Checkpoint),
+) -> Result<(PlanParams, Checkpoint)> {
+    if c.run.key != key || c.plan.format != PLAN_FORMAT {
+        return Err(Error::CreationMismatch {
+            dir: config.data_dir.clone(),
+            stored: format!("{} (plan format {})", c.run.key, c.plan.format),
+            requested: format!("{key} (plan format {PLAN_FORMAT})"),
+        });
+    }
+    if config.target_jobs.is_some() || config.max_job_size != MAX_SUBS_PER_JOB {
+        warn!(
+            "--jobs and --job-size apply to new runs only; the creation goes on with its own"
+        );
+    }
+    info!(
+        run = %c.run.run_id,
+        done = at.subproblems,
+        subproblems = c.plan.subproblems,
+        jobs = at.jobs,
+        "resuming the creation of the run's jobs"
+    );
+    Ok((c.plan, at))
+}
+
+/// Plans a new run and records the beginning of its creation; returns the
+/// plan and the first checkpoint.
+fn begin_creating(
+    config: &Config,
+    store: &Store,
+    key: RunKey,
+) -> Result<(PlanParams, Checkpoint)> {
+    let target = config
+        .target_jobs
+        .unwrap_or_else(|| default_target_jobs(config.board));
+    let params = plan::params(config.board, key.spec, target, config.max_job_size);
+    let now = SystemTime::now();
+    let run = NewRun {
+        key,
+        run_id: format!(
+            "{}-{:x}-{:x}",
+            config.board.n(),
+            unix_ms(now),
+            std::process::id()
+        ),
+        program_version: env!("CARGO_PKG_VERSION").to_owned(),
+        created_unix_ms: unix_ms(now),
+    };
+    info!(
+        run = %run.run_id,
+        subproblems = params.subproblems,
+        target_jobs = target,
+        "creating the run's jobs"
+    );
+    store.begin_creation(&Creation { run, plan: params })?;
+    Ok((params, Checkpoint::default()))
+}
+
 /// The report of a run an earlier session finished. The workers that lost
 /// conflicts are found again in the stored copies.
 fn finished_report(
@@ -420,6 +461,8 @@ fn finished_report(
     m: &Manifest,
     s: &RunSummary,
 ) -> Result<RunReport> {
+    // Judged by the settings the run was judged by.
+    let deciding = settings::finished(config, store)?;
     // Judging needs no hand-out order: nothing is handed out.
     let mut sched = Scheduler::with_order(
         m.jobs,
@@ -427,10 +470,10 @@ fn finished_report(
         Box::new(ExactOrder::new(&[])),
         0,
         config.lease_ttl,
-        policy(config, store)?,
+        deciding.policy(store)?,
     );
     sched.expect_local_threads(config.local_threads > 0);
-    sched.trust(config.trusted.iter().map(String::as_str));
+    sched.trust(deciding.trusted.iter().map(String::as_str));
     restore(store, &shape_of(m), &mut sched, Instant::now())?;
     // The stored summary is a cached sum too: it must equal the results.
     let derived = sched.tally().total;
@@ -450,6 +493,7 @@ fn finished_report(
         crate::core::report::faulty_workers(&sched),
     );
     report.audit_digest = Some(crate::audit::digest(store)?);
+    report.setting_changes = settings::changes(store)?;
     Ok(report)
 }
 

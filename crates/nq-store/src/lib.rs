@@ -21,6 +21,8 @@
 //! * [`backup`]: sealed backup files of a whole store, and restoring one.
 //! * `codec` (private): the byte encodings.
 //! * [`seal`]: the [`StoreKey`] and the keyed tags on every value.
+//! * [`settings`]: [`RunSettings`], the settings that decide what counts,
+//!   stored with the run.
 //! * [`error`]: the [`Error`] enum.
 //!
 //! # Trees
@@ -29,7 +31,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary`, `verify_secret`, the creation records; `store_key_check` in keyed stores | see the types |
+//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary`, `verify_secret`, `run_settings` ([`settings`]), the creation records; `store_key_check` in keyed stores | see the types |
 //! | `jobs` | job id / [`job::JOBS_PER_CHUNK`] (8) | that many jobs: work (8) and prefixes (N bytes each) |
 //! | `records` | job id / [`job::RECORDS_PER_CHUNK`] (8) | that many [`JobRecord`]s, with the result once done; an absent record means pending, 0 attempts |
 //! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |
@@ -76,6 +78,7 @@ pub mod plan;
 pub mod result;
 mod scan;
 pub mod seal;
+pub mod settings;
 pub mod states;
 pub mod worker;
 
@@ -94,6 +97,7 @@ pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
 pub use scan::{JobScan, Scan, ScannedJob};
 pub use seal::{KeyError, StoreKey};
+pub use settings::{RunSettings, SettingChange};
 pub use states::RecordKind;
 pub use worker::StoredWorker;
 

@@ -24,7 +24,9 @@ use nq_process::DialArgs;
 ///
 /// Every flag can also be set from the environment variable shown with it
 /// (`NQ_N=12 NQ_DATA=/scratch/nq-12 nq-coord` runs like `nq-coord --n 12
-/// --data /scratch/nq-12`); a flag on the command line wins.
+/// --data /scratch/nq-12`), or in a TOML file given with --config, under
+/// its long name (`n = 12`, `local-threads = 0`). A flag on the command
+/// line wins over the environment, which wins over the file.
 #[derive(Parser, Debug)]
 #[command(name = "nq-coord", version, args_conflicts_with_subcommands = true)]
 pub(crate) struct Args {
@@ -166,6 +168,27 @@ pub(crate) struct RunArgs {
     /// and report counts into the run. Prefer NQ_TOKEN on both sides.
     #[arg(long, env = "NQ_INSECURE_OPEN_PORT")]
     pub(crate) insecure_open_port: bool,
+    /// Read the run's options from this TOML file: each under its long flag
+    /// name, such as `n = 18`, `local-threads = 0`, `verify = 0.05`,
+    /// `trust = ["token:lab"]`. A flag or NQ_* variable wins over the file.
+    /// `--print-config` writes such a file.
+    #[arg(long, value_name = "FILE", env = "NQ_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// Print the effective options (flags, NQ_* variables, --config file
+    /// and defaults) as a TOML file that --config takes, and exit. Secrets
+    /// (--token, --store-key) are not printed.
+    #[arg(long, env = "NQ_PRINT_CONFIG")]
+    pub(crate) print_config: bool,
+    /// Change the settings that decide what counts (--verify, --trust,
+    /// --ban-after), stored with the run when it was created, to the values
+    /// given now. Without it a resume that gives other values is refused.
+    /// Each change is logged and listed in report.json.
+    #[arg(long, env = "NQ_CHANGE_SETTINGS")]
+    change_settings: bool,
+    /// Which of --verify, --trust and --ban-after were given (set by
+    /// `config_file::parse_from`, which knows where each value came from).
+    #[arg(skip)]
+    pub(crate) given: nq_coord::config::GivenSettings,
     #[command(flatten)]
     pub(crate) security: SecurityArgs,
     #[command(flatten)]
@@ -357,6 +380,8 @@ pub(crate) enum Command {
     /// The CSV (format `nq-audit v2`) also names the board, the split and
     /// each job's sub-problems, and ends with its own SHA-256, the `audit=`
     /// of the run's final line: `nq recheck` re-computes a sample of it.
+    /// Copies are judged by the verify, trust and ban-after stored with the
+    /// run.
     Audit(AuditArgs),
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their
@@ -516,7 +541,7 @@ pub(crate) struct ExportArgs {
 /// for the flags clap refuses.
 #[derive(Debug, thiserror::Error)]
 #[error(transparent)]
-pub(crate) struct BadCommandLine(#[from] nq_coord::Error);
+pub(crate) struct BadCommandLine(#[from] pub(crate) nq_coord::Error);
 
 /// The flags as the library's [`Config`], checked by it; what it checks is
 /// not checked here again. The security flags and the addresses to bind are
@@ -550,6 +575,8 @@ impl TryFrom<RunArgs> for Config {
         config.cache_bytes = a.cache_mib.saturating_mul(1 << 20);
         config.verify = parse_verify(&a.verify)?;
         config.insecure_open_port = a.insecure_open_port;
+        config.given = a.given;
+        config.change_settings = a.change_settings;
         if let (Some(every), Some(to)) = (&a.backup_every, a.backup_to) {
             config.backup = Some(nq_coord::config::PeriodicBackup {
                 every: parse_duration(every)?,

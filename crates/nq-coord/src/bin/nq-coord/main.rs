@@ -3,30 +3,50 @@
 //! runs a subcommand. Nothing else happens here.
 //!
 //! * `args`: the clap structs, and `Args` → [`Config`].
+//! * `config_file`: `--config FILE` below the flags and the environment,
+//!   and `--print-config`.
 //! * `commands`: the subcommands (`status`, `health`, `audit`, `export`,
 //!   `backup`, `restore`).
 //! * `display`: the progress bar, and log lines drawn above it.
 
 mod args;
 mod commands;
+mod config_file;
 mod display;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use clap::Parser;
 use indicatif::ProgressBar;
 use nq_coord::report::RunStatus;
 use nq_coord::{Config, Listeners};
 use nq_process::output::{stderr_line, stdout_line};
 
-use crate::args::{Args, BadCommandLine, Command, RunArgs};
+use crate::args::{BadCommandLine, Command, RunArgs};
+use crate::config_file::{BadConfigFile, ConfigFile, Refused};
 
 fn main() -> ExitCode {
     // Before any other thread starts, so that the arena cap holds for all.
     nq_process::alloc::tune();
-    let args = Args::parse();
+    let parsed = match config_file::parse_from(std::env::args_os()) {
+        Ok(parsed) => parsed,
+        Err(Refused::Clap(e)) => e.exit(),
+        Err(Refused::File(e)) => {
+            nq_process::logging::fatal("nq-coord", &e);
+            return ExitCode::from(2);
+        }
+    };
+    if parsed.args.run.print_config && parsed.args.command.is_none() {
+        return match stdout_line(parsed.print_config().trim_end()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                nq_process::logging::fatal("nq-coord", format_args!("{e:#}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let config_file::Parsed { args, file, .. } = parsed;
     let bar = display::bar_for(args.command.as_ref(), args.run.progress);
     // Logs go to stderr, through the progress bar when there is one (so lines
     // do not tear it).
@@ -38,7 +58,7 @@ fn main() -> ExitCode {
         Some(Command::Status(a)) => commands::status(a).map(|()| 0),
         Some(Command::Backup(a)) => commands::backup(a).map(|()| 0),
         Some(Command::Restore(a)) => commands::restore(a).map(|()| 0),
-        None => run_coordinator(args.run, bar),
+        None => run_coordinator(args.run, file.as_ref(), bar),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -51,12 +71,16 @@ fn main() -> ExitCode {
 
 /// The exit status of a failure, as docs/operations.md's table gives it.
 fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<BadCommandLine>().is_some() {
+    if e.downcast_ref::<BadCommandLine>().is_some()
+        || e.downcast_ref::<BadConfigFile>().is_some()
+    {
         return 2;
     }
     match e.downcast_ref::<nq_coord::Error>() {
         // Interrupted like a run stopped midway: resume to finish.
         Some(nq_coord::Error::CreationInterrupted) => RunStatus::Interrupted.exit_code(),
+        // Options the run refuses: a retry would only repeat the refusal.
+        Some(nq_coord::Error::SettingsDiffer { .. }) => 2,
         _ => 1,
     }
 }
@@ -64,19 +88,33 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 /// Runs the coordinator; returns the exit code of the run's status
 /// (`RunStatus::exit_code`: 0 only for a complete run that matches the
 /// published count where one is known).
-fn run_coordinator(mut args: RunArgs, bar: Option<ProgressBar>) -> anyhow::Result<u8> {
-    args.n_from_store()?;
+fn run_coordinator(
+    mut args: RunArgs,
+    file: Option<&ConfigFile>,
+    bar: Option<ProgressBar>,
+) -> anyhow::Result<u8> {
+    // A refused value the config file gave is named with its line.
+    let locate = |e: anyhow::Error| match file {
+        Some(file) => file.locate(e),
+        None => e,
+    };
+    if let Some(path) = &args.config {
+        tracing::info!(config = %path.display(), "options read from the config file below the flags and NQ_* variables");
+    }
+    args.n_from_store().map_err(locate)?;
     let listen = args.listen.clone();
     let security = std::mem::take(&mut args.security);
     let store_key = std::mem::take(&mut args.store_key);
     let metrics = args.metrics.clone();
-    let mut config = Config::try_from(args)?;
-    security.apply(&mut config)?;
-    config.store_key = store_key.load(&config.data_dir)?;
-    let addr = resolve(&listen, "--listen", "0.0.0.0:50051 or 127.0.0.1:0")?;
+    let mut config = Config::try_from(args).map_err(|e| locate(e.into()))?;
+    security.apply(&mut config).map_err(locate)?;
+    config.store_key = store_key.load(&config.data_dir).map_err(locate)?;
+    let addr =
+        resolve(&listen, "--listen", "0.0.0.0:50051 or 127.0.0.1:0").map_err(locate)?;
     let metrics = metrics
         .map(|m| resolve(&m, "--metrics", "127.0.0.1:9464 or 0.0.0.0:0"))
-        .transpose()?;
+        .transpose()
+        .map_err(locate)?;
     let runtime =
         tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
     runtime.block_on(async move {

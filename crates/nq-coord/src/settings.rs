@@ -1,0 +1,320 @@
+//! The settings that decide what counts (`--verify`, `--trust`,
+//! `--ban-after`; probation follows `--verify`) travel with the run: they
+//! are stored when the run is created, and a resume judges by the stored
+//! values. A resume that gives another value is refused, naming both,
+//! unless `--change-settings` says to change it; the change is then logged
+//! as a warning, stored, and listed in `report.json`.
+
+use std::num::NonZeroU32;
+use std::time::SystemTime;
+
+use nq_store::{RunSettings, SettingChange, Store};
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::core::quorum::{Fraction, Policy};
+use crate::engine::unix_ms;
+use crate::error::{Error, Result};
+
+/// The settings a session judges by.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Deciding {
+    /// `--verify`.
+    pub(crate) verify: Fraction,
+    /// `--trust`, as [`crate::credentials::trusted_identity`] spells each.
+    pub(crate) trusted: Vec<String>,
+    /// `--ban-after`.
+    pub(crate) ban_after: NonZeroU32,
+}
+
+impl Deciding {
+    /// The values `config` holds, given or default.
+    pub(crate) fn of_config(config: &Config) -> Deciding {
+        Deciding {
+            verify: config.verify,
+            trusted: config.trusted.clone(),
+            ban_after: config.ban_after,
+        }
+    }
+
+    /// The values stored with a run.
+    fn of_stored(stored: &RunSettings) -> Result<Deciding> {
+        let ban_after = NonZeroU32::new(stored.ban_after).ok_or_else(|| {
+            nq_store::Error::Corrupt {
+                tree: "meta",
+                what: nq_store::Corruption::Field {
+                    field: "run_settings.ban_after",
+                },
+            }
+        })?;
+        Ok(Deciding {
+            verify: stored.verify.map_or(Fraction::Auto, Fraction::Fixed),
+            trusted: stored.trust.clone(),
+            ban_after,
+        })
+    }
+
+    /// The record to store, with the run's `changes` so far.
+    pub(crate) fn to_stored(&self, changes: Vec<SettingChange>) -> RunSettings {
+        RunSettings {
+            verify: match self.verify {
+                Fraction::Auto => None,
+                Fraction::Fixed(share) => Some(share),
+            },
+            trust: self.trusted.clone(),
+            ban_after: self.ban_after.get(),
+            changes,
+        }
+    }
+
+    /// These settings with the values `config` gives in place of theirs.
+    fn with_given(&self, config: &Config) -> Deciding {
+        let given = config.given;
+        Deciding {
+            verify: if given.verify {
+                config.verify
+            } else {
+                self.verify
+            },
+            trusted: if given.trust {
+                config.trusted.clone()
+            } else {
+                self.trusted.clone()
+            },
+            ban_after: if given.ban_after {
+                config.ban_after
+            } else {
+                self.ban_after
+            },
+        }
+    }
+
+    /// Each setting, by its option name, with its value as the option
+    /// spells it.
+    fn values(&self) -> [(&'static str, String); 3] {
+        let verify = match self.verify {
+            Fraction::Auto => "auto".to_owned(),
+            Fraction::Fixed(share) => share.to_string(),
+        };
+        let mut trusted = self.trusted.clone();
+        trusted.sort_unstable();
+        trusted.dedup();
+        let trust = if trusted.is_empty() {
+            "(none)".to_owned()
+        } else {
+            trusted.join(",")
+        };
+        [
+            ("verify", verify),
+            ("trust", trust),
+            ("ban-after", self.ban_after.to_string()),
+        ]
+    }
+
+    /// The settings whose values differ from `other`'s: (option, ours,
+    /// theirs). The trusted identities compare as a set.
+    fn differences(&self, other: &Deciding) -> Vec<(&'static str, String, String)> {
+        self.values()
+            .into_iter()
+            .zip(other.values())
+            .filter(|((_, ours), (_, theirs))| ours != theirs)
+            .map(|((setting, ours), (_, theirs))| (setting, ours, theirs))
+            .collect()
+    }
+
+    /// Says which settings a resumed run judges by.
+    fn log_kept(&self) {
+        let [verify, trust, ban_after] = self.values().map(|(_, value)| value);
+        info!(
+            verify,
+            trust, ban_after, "judging by the settings stored with the run"
+        );
+    }
+
+    /// The verification policy these settings make, keyed by the run's
+    /// stored secret (drawn on its first session).
+    pub(crate) fn policy(&self, store: &Store) -> Result<Policy> {
+        Ok(Policy {
+            secret: store.verify_secret(rand::random())?,
+            fraction: self.verify,
+            ban_after: self.ban_after.get(),
+        })
+    }
+}
+
+/// The settings a session of an existing run (made, or being made, in
+/// `store`) judges by: the stored ones, with the given ones in their place
+/// where `config` may change them. A run stored before settings were
+/// stored adopts this session's, and stores them.
+///
+/// # Errors
+///
+/// [`Error::SettingsDiffer`] for a given setting that differs from the
+/// stored one without [`Config::change_settings`]; the store's errors.
+pub(crate) fn resume(config: &Config, store: &Store) -> Result<Deciding> {
+    let Some(stored) = store.run_settings()? else {
+        let adopted = Deciding::of_config(config);
+        let [verify, trust, ban_after] = adopted.values().map(|(_, value)| value);
+        info!(
+            verify,
+            trust,
+            ban_after,
+            "the run predates stored settings: storing this session's verify, trust and ban-after with it; later resumes use them"
+        );
+        store.set_run_settings(&adopted.to_stored(Vec::new()))?;
+        store.flush()?;
+        return Ok(adopted);
+    };
+    let kept = Deciding::of_stored(&stored)?;
+    let wanted = kept.with_given(config);
+    let differences = kept.differences(&wanted);
+    if differences.is_empty() {
+        kept.log_kept();
+        return Ok(kept);
+    }
+    if !config.change_settings {
+        return Err(Error::SettingsDiffer {
+            dir: config.data_dir.clone(),
+            differences: differences
+                .iter()
+                .map(|(setting, stored, given)| {
+                    format!("--{setting}: stored {stored}, given {given}")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
+    }
+    let now = unix_ms(SystemTime::now());
+    let mut changes = stored.changes;
+    for (setting, from, to) in differences {
+        warn!(
+            setting,
+            from = %from,
+            to = %to,
+            "changing a setting that decides what counts, as --change-settings asks; recorded with the run and in report.json"
+        );
+        changes.push(SettingChange {
+            setting: setting.to_owned(),
+            from,
+            to,
+            unix_ms: now,
+        });
+    }
+    store.set_run_settings(&wanted.to_stored(changes))?;
+    store.flush()?;
+    wanted.log_kept();
+    Ok(wanted)
+}
+
+/// The settings a finished run is judged by when its report is shown
+/// again: the stored ones, or `config`'s for a run finished before they
+/// were stored. Nothing is refused or written: the run is final.
+pub(crate) fn finished(config: &Config, store: &Store) -> Result<Deciding> {
+    match store.run_settings()? {
+        Some(stored) => Deciding::of_stored(&stored),
+        None => Ok(Deciding::of_config(config)),
+    }
+}
+
+/// The changes made to the run's stored settings, for its report.
+pub(crate) fn changes(store: &Store) -> Result<Vec<SettingChange>> {
+    Ok(store.run_settings()?.map(|s| s.changes).unwrap_or_default())
+}
+
+/// The verification policy and trusted identities a reader of the run in
+/// `store` judges its copies by (the audit): the stored settings, or for a
+/// run stored before they were, `verify` with the default ban limit and no
+/// trusted identity.
+///
+/// # Errors
+///
+/// The store's.
+pub(crate) fn judging(store: &Store, verify: Fraction) -> Result<(Policy, Vec<String>)> {
+    let deciding = match store.run_settings()? {
+        Some(stored) => Deciding::of_stored(&stored)?,
+        None => Deciding {
+            verify,
+            trusted: Vec::new(),
+            ban_after: crate::config::DEFAULT_BAN_AFTER_NONZERO,
+        },
+    };
+    Ok((deciding.policy(store)?, deciding.trusted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GivenSettings;
+
+    fn config(verify: Fraction, trusted: &[&str], ban_after: u32) -> Config {
+        let mut c = Config::new(8, "d").unwrap();
+        c.verify = verify;
+        c.trusted = trusted.iter().map(|t| (*t).to_owned()).collect();
+        c.ban_after = NonZeroU32::new(ban_after).unwrap();
+        c.given = GivenSettings {
+            verify: true,
+            trust: true,
+            ban_after: true,
+        };
+        c
+    }
+
+    #[test]
+    fn a_resume_takes_the_stored_settings_it_does_not_give() {
+        let store = Store::temporary().unwrap();
+        let made = config(Fraction::Fixed(0.0), &["token:lab"], 2);
+        store
+            .set_run_settings(&Deciding::of_config(&made).to_stored(Vec::new()))
+            .unwrap();
+        // Nothing given: the stored values, whatever the defaults say.
+        let bare = Config::new(8, "d").unwrap();
+        assert_eq!(resume(&bare, &store).unwrap(), Deciding::of_config(&made));
+        // The same values given, the trusted ones in another order: no
+        // difference.
+        let mut same = config(Fraction::Fixed(0.0), &["token:lab", "token:lab"], 2);
+        same.given.verify = false;
+        assert_eq!(resume(&same, &store).unwrap(), Deciding::of_config(&made));
+        assert!(changes(&store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_different_setting_is_refused_naming_both_values_unless_changed() {
+        let store = Store::temporary().unwrap();
+        let made = config(Fraction::Fixed(0.0), &[], 3);
+        store
+            .set_run_settings(&Deciding::of_config(&made).to_stored(Vec::new()))
+            .unwrap();
+        let mut other = config(Fraction::Fixed(1.0), &[], 3);
+        let err = resume(&other, &store).unwrap_err().to_string();
+        assert!(
+            err.contains("--verify: stored 0, given 1")
+                && err.contains("--change-settings"),
+            "{err}"
+        );
+        assert!(!err.contains("--ban-after"), "{err}");
+        other.change_settings = true;
+        assert_eq!(resume(&other, &store).unwrap(), Deciding::of_config(&other));
+        let recorded = changes(&store).unwrap();
+        assert_eq!(recorded.len(), 1);
+        assert_eq!(
+            (&*recorded[0].setting, &*recorded[0].from, &*recorded[0].to),
+            ("verify", "0", "1")
+        );
+        // The change is stored: the next resume takes the new value.
+        let bare = Config::new(8, "d").unwrap();
+        assert_eq!(resume(&bare, &store).unwrap().verify, Fraction::Fixed(1.0));
+    }
+
+    #[test]
+    fn an_old_run_adopts_the_settings_of_its_first_resume() {
+        let store = Store::temporary().unwrap();
+        let first = config(Fraction::Auto, &["token:a"], 4);
+        assert_eq!(resume(&first, &store).unwrap(), Deciding::of_config(&first));
+        let stored = store.run_settings().unwrap().unwrap();
+        assert_eq!((stored.verify, stored.ban_after), (None, 4));
+        assert_eq!(stored.trust, ["token:a"]);
+        let (policy, trusted) = judging(&store, Fraction::Fixed(1.0)).unwrap();
+        assert_eq!((policy.fraction, policy.ban_after), (Fraction::Auto, 4));
+        assert_eq!(trusted, ["token:a"]);
+    }
+}
