@@ -39,6 +39,9 @@ export RUST_LOG=warn
 start_coord() {
     local bin=$1 dir=$2
     shift 2
+    # Created before the coordinator, so that the wait below never reads a
+    # file the background process has not opened yet.
+    : >"$dir/coord.out"
     "$bin/nq-coord" --n "$n" --data "$dir/data" --listen 127.0.0.1:0 --progress none \
         "$@" >"$dir/coord.out" 2>"$dir/coord.err" &
     coord=$!
