@@ -64,7 +64,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// The defaults: every core, a 30 s grace, a prefetch of one job per
+    /// The defaults: every core, a 30 s grace, a measured prefetch of at most one job per
     /// thread, and retries from 100 ms up to 5 s.
     pub fn new(coordinator: CoordinatorAddress) -> Config {
         let threads = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
