@@ -134,6 +134,10 @@ pub struct Snapshot {
     pub work_awaiting_check: u128,
     /// Jobs whose copies disagree, waiting for a deciding copy.
     pub jobs_disputed: u64,
+    /// Jobs settled on one copy where a check was needed (`--verify`, or
+    /// probation) and no second machine delivered to give it: the run
+    /// ends `unchecked` unless another machine joins before the end.
+    pub jobs_unchecked: u64,
     /// Estimated time to completion; `None` when unknown.
     pub eta_seconds: Option<f64>,
     /// Settled work per second over the rate window.
@@ -471,6 +475,7 @@ impl Snapshot {
             jobs_in_check: sched.jobs_in_check(),
             work_awaiting_check: sched.awaiting_check().1,
             jobs_disputed: sched.jobs_disputed(),
+            jobs_unchecked: sched.jobs_unchecked(),
             eta_seconds: pace.eta_seconds,
             work_per_second: pace.work_per_second,
             jobs_per_second: pace.jobs_per_second,
@@ -536,6 +541,7 @@ impl Snapshot {
             jobs_in_check: self.jobs_in_check,
             work_awaiting_check: Some(self.work_awaiting_check.into()),
             jobs_disputed: self.jobs_disputed,
+            jobs_unchecked: self.jobs_unchecked,
             eta_seconds: self.eta_seconds,
             work_per_second: self.work_per_second,
             jobs_per_second: self.jobs_per_second,
@@ -638,6 +644,7 @@ impl Snapshot {
                 "leased": self.jobs_leased,
                 "in_check": self.jobs_in_check,
                 "disputed": self.jobs_disputed,
+                "unchecked": self.jobs_unchecked,
             },
             "eta_seconds": self.eta_seconds,
             "rate": {
@@ -710,6 +717,17 @@ impl Snapshot {
                 }
             ),
         );
+        if self.jobs_unchecked > 0 {
+            line(
+                "WARNING",
+                format!(
+                    "no second machine delivers: {} jobs settled on one copy where a \
+                     check was needed; the run ends `unchecked` unless another machine \
+                     joins before the end",
+                    self.jobs_unchecked
+                ),
+            );
+        }
         line(
             "rate",
             format!(
@@ -949,6 +967,7 @@ impl TryFrom<pb::StatusResponse> for Snapshot {
             // Absent from an older coordinator, which did not count it.
             work_awaiting_check: r.work_awaiting_check.map_or(0, u128::from),
             jobs_disputed: r.jobs_disputed,
+            jobs_unchecked: r.jobs_unchecked,
             eta_seconds: r.eta_seconds,
             work_per_second: r.work_per_second,
             jobs_per_second: r.jobs_per_second,
@@ -1215,6 +1234,50 @@ mod tests {
             snap.to_text()
         );
         let _ = w;
+    }
+
+    #[test]
+    fn a_job_settled_unchecked_is_named_while_the_run_goes_on() {
+        let t0 = Instant::now();
+        let (mut s, _w) = setup(t0);
+        let history = History::new(&s, t0);
+        let quiet = Snapshot::build(&shape(), "r", &s, &history, t0);
+        assert_eq!(quiet.jobs_unchecked, 0);
+        assert!(!quiet.to_text().contains("WARNING"), "{}", quiet.to_text());
+        let alone = Settlement {
+            job: JobId(0),
+            lease: None,
+            counted_before: None,
+            counted: Some(Tally {
+                total: 50,
+                burnside: 48,
+            }),
+            work: 30,
+            attempts: 1,
+            votes: 1,
+            settled: true,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![],
+            beaten: crate::core::quorum::Beaten::default(),
+            needs_trusted: false,
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: true,
+        };
+        s.settle(&alone, true).unwrap();
+        let snap = Snapshot::build(&shape(), "r", &s, &history, t0);
+        assert_eq!(snap.jobs_unchecked, 1);
+        assert_eq!(Snapshot::try_from(snap.to_pb()).unwrap(), snap);
+        assert_eq!(snap.to_json()["jobs"]["unchecked"], 1);
+        let text = snap.to_text();
+        assert!(
+            text.contains(
+                "WARNING    no second machine delivers: 1 jobs settled on one copy"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
