@@ -665,6 +665,41 @@ impl Snapshot {
         })
     }
 
+    /// The `progress` line of [`Snapshot::to_text`].
+    fn progress_text(&self) -> String {
+        format!(
+            "{:.1}% of the estimated work settled ({} of {}){}",
+            self.fraction() * 100.0,
+            self.work_done,
+            self.work_total,
+            if self.work_awaiting_check > 0 {
+                format!(
+                    ", {:.1}% more computed, awaiting a check",
+                    self.fraction_awaiting_check() * 100.0
+                )
+            } else {
+                String::new()
+            }
+        )
+    }
+
+    /// The `jobs` line of [`Snapshot::to_text`].
+    fn jobs_text(&self) -> String {
+        format!(
+            "{} of {} done, {} computed awaiting a check, {} leased, {} pending{}",
+            self.jobs_done,
+            self.jobs,
+            self.jobs_in_check,
+            self.jobs_leased,
+            self.jobs_pending,
+            if self.jobs_disputed > 0 {
+                format!(", {} disputed", self.jobs_disputed)
+            } else {
+                String::new()
+            }
+        )
+    }
+
     /// The form for people: aligned lines, then a table of the workers.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
@@ -684,39 +719,8 @@ impl Snapshot {
             ),
         );
         line("state", self.state.as_str().to_owned());
-        line(
-            "progress",
-            format!(
-                "{:.1}% of the estimated work settled ({} of {}){}",
-                self.fraction() * 100.0,
-                self.work_done,
-                self.work_total,
-                if self.work_awaiting_check > 0 {
-                    format!(
-                        ", {:.1}% more computed, awaiting a check",
-                        self.fraction_awaiting_check() * 100.0
-                    )
-                } else {
-                    String::new()
-                }
-            ),
-        );
-        line(
-            "jobs",
-            format!(
-                "{} of {} done, {} computed awaiting a check, {} leased, {} pending{}",
-                self.jobs_done,
-                self.jobs,
-                self.jobs_in_check,
-                self.jobs_leased,
-                self.jobs_pending,
-                if self.jobs_disputed > 0 {
-                    format!(", {} disputed", self.jobs_disputed)
-                } else {
-                    String::new()
-                }
-            ),
-        );
+        line("progress", self.progress_text());
+        line("jobs", self.jobs_text());
         if self.jobs_unchecked > 0 {
             line(
                 "WARNING",
