@@ -82,6 +82,9 @@ async fn a_killed_workers_leases_expire_and_are_reissued() -> Result<()> {
         let mut doomed = worker("doomed", &addr, &["--threads", "1"])?;
         // It has reported one job and is computing the next (its prefetch).
         doomed.line_containing(REPORTED).await?;
+        // Killed while it holds a lease: the job it leased after its report
+        // (it queues none behind a running job, so wait for that one).
+        doomed.line_containing("job leased").await?;
         doomed.kill().await?;
         let mut survivor = worker("survivor", &addr, &["--threads", "2"])?;
         // One worker after the other, never two computing together: as

@@ -210,12 +210,14 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             .engine
             .grant(&worker, req.want, &held, Instant::now())
             .inspect_err(|e| refused(e, peer))?;
-        let idle = grant.jobs.is_empty() && !grant.run_complete && req.want > 0;
+        let idle = grant.starved && !grant.run_complete;
         if idle {
-            // An idle worker's call is held until the run ends, for a poll's
-            // time at most: it hears of the end at once, so the linger that
-            // waits for it to be told ends with the last job instead of up
-            // to a poll later (a quarter of a second in a two-second run).
+            // An idle worker's call (room for jobs, none to give) is held
+            // until the run ends, for a poll's time at most: it hears of the
+            // end at once, so the linger that waits for it to be told ends
+            // with the last job instead of up to a poll later (a quarter of
+            // a second in a two-second run). A worker at its cap is answered
+            // at once: holding its heartbeat would gain nothing.
             self.engine.until_the_end_or(self.retry_after()).await;
             (grant, definitions) = self
                 .engine

@@ -418,6 +418,9 @@ pub struct Grant {
     pub revoked: Vec<LeaseId>,
     /// True when every job is done.
     pub run_complete: bool,
+    /// True when the worker had room for jobs under its cap and none was
+    /// left to give: it waits for one (or for the end), not for its cap.
+    pub starved: bool,
 }
 
 /// What a result did.
@@ -1495,6 +1498,7 @@ impl Scheduler {
         {
             self.fill(worker, identity, local, want, now, &mut grant)?;
         }
+        grant.starved = want > 0 && grant.jobs.is_empty();
         Ok(grant)
     }
 
