@@ -192,26 +192,8 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open {}", request.file.display()))?;
     let read = read(BufReader::new(file), request.seed, request.sample)
         .with_context(|| format!("{} is not a usable audit", request.file.display()))?;
-    let mut problems = Vec::new();
-    if read.stated != read.computed {
-        problems.push(format!(
-            "the audit was edited: its content hashes to {}, but its digest line says {}",
-            show(&read.computed),
-            show(&read.stated)
-        ));
-    }
-    if let Some(published) = request.digest
-        && published != read.computed
-    {
-        problems.push(format!(
-            "the audit is not the published one: its content hashes to {}, but the \
-             published digest (--digest) is {}",
-            show(&read.computed),
-            show(&published)
-        ));
-    }
+    let mut problems = digest_problems(&read, request.digest);
     problems.extend(read.problems.iter().cloned());
-
     let Header {
         board,
         spec,
@@ -238,55 +220,17 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
             read.end.unique.map_or("-".to_owned(), |u| u.to_string()),
         )?;
     }
-
     // The plan, and the sampled jobs' sub-problems, in one pass of the split.
     let (plan, subproblems, subs) = rebuild(board, spec, &read.sample);
-    if subproblems != read.end.subproblems {
-        problems.push(format!(
-            "the split {}:{} of N = {} has {subproblems} sub-problems, the audit's \
-             jobs {}",
-            spec.ring,
-            spec.extra,
-            board.n(),
-            read.end.subproblems
-        ));
-    }
-    if plan != read.end.plan {
-        problems.push(format!(
-            "the audit's jobs are not the split's sub-problems in plan order: their \
-             prefixes hash to {}, the split's to {}",
-            show(&read.end.plan),
-            show(&plan)
-        ));
-    }
-
-    // The sample, solved again.
+    problems.extend(plan_problems(&read, plan, subproblems));
     let mut jobs: Vec<(Row, Vec<SubProblem>)> =
         read.sample.iter().copied().zip(subs).collect();
     jobs.sort_by_key(|(row, _)| row.job);
-    // The first few ids; with `verbose`, each job also gets its own line
-    // below.
-    let mut ids: Vec<String> = jobs
-        .iter()
-        .take(LISTED)
-        .map(|(r, _)| r.job.to_string())
-        .collect();
-    if jobs.len() > LISTED {
-        ids.push(format!("… ({} more)", jobs.len() - LISTED));
-    }
     if request.verbose && request.sample > 0 {
-        writeln!(
-            out,
-            "sample: {} of {} jobs by seed {:?}: {}",
-            jobs.len(),
-            read.end.jobs,
-            request.seed,
-            ids.join(" ")
-        )?;
+        writeln!(out, "{}", sample_line(&jobs, read.end.jobs, request.seed))?;
         out.flush()?;
     }
     let matched = solve(&jobs, spec, request, &mut out, &mut problems)?;
-
     let status = if problems.is_empty() {
         "match"
     } else {
@@ -306,181 +250,284 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         start.elapsed().as_secs_f64(),
     )?;
     out.flush()?;
-    if !problems.is_empty() {
-        for p in &problems {
-            eprintln!("recheck: {p}");
-        }
-        bail!(
-            "the audit failed {} check{}: do not trust it (each is listed above)",
-            problems.len(),
-            if problems.len() == 1 { "" } else { "s" }
-        );
-    }
-    Ok(())
+    fail_on(&problems)
 }
 
-/// Reads the audit line by line: its header, rows, `end` line and digest,
-/// hashing every byte before the digest line, checking the rows' order and
-/// sums, and keeping the `sample` jobs with the least [`sample_key`]s.
-///
-/// # Errors
-///
-/// On a file that is not a complete `nq-audit v2`, naming the line.
-fn read(mut input: impl BufRead, seed: &str, sample: u64) -> anyhow::Result<Read> {
-    let mut sha = Sha256::new();
-    let mut buf = Vec::new();
-    let mut number = 0u64;
-    // The next line, hashed unless it is the digest line; `None` at the end.
-    let mut next = |hash: bool| -> anyhow::Result<Option<(u64, String)>> {
-        buf.clear();
-        if input.read_until(b'\n', &mut buf)? == 0 {
+/// The digest checks: the file's content against its own digest line, and
+/// against the published digest when one was given.
+fn digest_problems(read: &Read, published: Option<[u8; 32]>) -> Vec<String> {
+    let mut problems = Vec::new();
+    if read.stated != read.computed {
+        problems.push(format!(
+            "the audit was edited: its content hashes to {}, but its digest line says {}",
+            show(&read.computed),
+            show(&read.stated)
+        ));
+    }
+    if let Some(published) = published
+        && published != read.computed
+    {
+        problems.push(format!(
+            "the audit is not the published one: its content hashes to {}, but the \
+             published digest (--digest) is {}",
+            show(&read.computed),
+            show(&published)
+        ));
+    }
+    problems
+}
+
+/// The plan checks: the split enumerated here has the audit's number of
+/// sub-problems, and their prefixes hash to the audit's `plan`.
+fn plan_problems(read: &Read, plan: [u8; 32], subproblems: u64) -> Vec<String> {
+    let Header { board, spec, .. } = read.header;
+    let mut problems = Vec::new();
+    if subproblems != read.end.subproblems {
+        problems.push(format!(
+            "the split {}:{} of N = {} has {subproblems} sub-problems, the audit's \
+             jobs {}",
+            spec.ring,
+            spec.extra,
+            board.n(),
+            read.end.subproblems
+        ));
+    }
+    if plan != read.end.plan {
+        problems.push(format!(
+            "the audit's jobs are not the split's sub-problems in plan order: their \
+             prefixes hash to {}, the split's to {}",
+            show(&read.end.plan),
+            show(&plan)
+        ));
+    }
+    problems
+}
+
+/// The `sample:` line: how many jobs of how many, the seed, and the first
+/// [`LISTED`] ids (with `verbose`, each job also gets its own line later).
+fn sample_line(jobs: &[(Row, Vec<SubProblem>)], of: u64, seed: &str) -> String {
+    let mut ids: Vec<String> = jobs
+        .iter()
+        .take(LISTED)
+        .map(|(r, _)| r.job.to_string())
+        .collect();
+    if jobs.len() > LISTED {
+        ids.push(format!("… ({} more)", jobs.len() - LISTED));
+    }
+    format!(
+        "sample: {} of {of} jobs by seed {seed:?}: {}",
+        jobs.len(),
+        ids.join(" ")
+    )
+}
+
+/// Names every problem on stderr and fails, or succeeds when there is none.
+fn fail_on(problems: &[String]) -> anyhow::Result<()> {
+    if problems.is_empty() {
+        return Ok(());
+    }
+    for p in problems {
+        eprintln!("recheck: {p}");
+    }
+    bail!(
+        "the audit failed {} check{}: do not trust it (each is listed above)",
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" }
+    )
+}
+
+/// The lines of an audit, numbered, with the SHA-256 of every line but the
+/// digest line.
+struct Lines<R> {
+    input: R,
+    buf: Vec<u8>,
+    number: u64,
+    sha: Sha256,
+}
+
+impl<R: BufRead> Lines<R> {
+    fn new(input: R) -> Lines<R> {
+        Lines {
+            input,
+            buf: Vec::new(),
+            number: 0,
+            sha: Sha256::new(),
+        }
+    }
+
+    /// The next line and its number, hashed unless it is the digest line or
+    /// `hash` is false; `None` at the end of the file.
+    fn next(&mut self, hash: bool) -> anyhow::Result<Option<(u64, String)>> {
+        self.buf.clear();
+        if self.input.read_until(b'\n', &mut self.buf)? == 0 {
             return Ok(None);
         }
-        number += 1;
-        if buf.last() != Some(&b'\n') {
+        self.number += 1;
+        let number = self.number;
+        if self.buf.last() != Some(&b'\n') {
             bail!("line {number} does not end with a line break: the file is cut short");
         }
-        if hash && !buf.starts_with(b"# digest=") {
-            sha.update(&buf);
+        if hash && !self.buf.starts_with(b"# digest=") {
+            self.sha.update(&self.buf);
         }
-        let line = std::str::from_utf8(&buf[..buf.len() - 1])
+        let line = std::str::from_utf8(&self.buf[..self.buf.len() - 1])
             .with_context(|| format!("line {number} is not UTF-8"))?;
         Ok(Some((number, line.to_owned())))
-    };
-    let missing = |what: &str| anyhow::anyhow!("the file ends before its {what}");
-
-    let (_, first) = next(true)?.ok_or_else(|| missing("first line"))?;
-    if first != format!("# {FORMAT}") {
-        bail!(
-            "line 1 is {first:?}, not \"# {FORMAT}\": this nq re-checks audits written \
-             by `nq-coord audit` in format {FORMAT}"
-        );
     }
-    let (n, line) = next(true)?.ok_or_else(|| missing("header"))?;
-    let header = header(&line).with_context(|| format!("line {n}: {line:?}"))?;
-    let (n, line) = next(true)?.ok_or_else(|| missing("column names"))?;
-    let columns = Columns::find(&line).with_context(|| format!("line {n}"))?;
 
-    let mut problems = Vec::new();
-    let mut heap: BinaryHeap<Sampled> = BinaryHeap::new();
-    let (mut rows, mut settled, mut next_first) = (0u64, 0u64, 0u64);
-    // Jobs whose sub-problems do not start where the previous job's end,
-    // and the first job not settled.
-    let (mut gaps, mut unsettled) = (0u64, None);
-    let mut sums = Tally::default();
-    let end = loop {
-        let (n, line) = next(true)?.ok_or_else(|| missing("`# end` line"))?;
-        if let Some(rest) = line.strip_prefix("# end ") {
-            break end_line(rest).with_context(|| format!("line {n}: {line:?}"))?;
-        }
-        let (row, state) = columns
-            .row(&line)
-            .with_context(|| format!("line {n}: {line:?}"))?;
-        if row.job != rows {
+    /// The next line, which must be there: `what` names it otherwise.
+    fn expect(&mut self, what: &str) -> anyhow::Result<(u64, String)> {
+        self.next(true)?
+            .ok_or_else(|| anyhow::anyhow!("the file ends before its {what}"))
+    }
+}
+
+/// The rows of an audit, as they are read: their order, their sums, the
+/// first problems, and the sample with the least keys.
+#[derive(Default)]
+struct RowScan {
+    rows: u64,
+    settled: u64,
+    /// Where the next job's sub-problems must start.
+    next_first: u64,
+    /// Jobs whose sub-problems do not start where the previous job's end.
+    gaps: u64,
+    /// The first job not settled, and its state.
+    unsettled: Option<(u64, String)>,
+    sums: Tally,
+    /// The sampled jobs so far: the `sample` least keys, greatest on top.
+    heap: BinaryHeap<Sampled>,
+    problems: Vec<String>,
+}
+
+impl RowScan {
+    /// Takes the row on line `n`.
+    fn add(
+        &mut self,
+        n: u64,
+        row: Row,
+        state: String,
+        seed: &str,
+        sample: u64,
+    ) -> anyhow::Result<()> {
+        if row.job != self.rows {
             bail!(
-                "line {n}: job {} where job {rows} was due: the rows are out of order",
-                row.job
+                "line {n}: job {} where job {} was due: the rows are out of order",
+                row.job,
+                self.rows
             );
         }
-        if row.first != next_first {
-            gaps += 1;
+        if row.first != self.next_first {
+            self.gaps += 1;
             // A file of a million broken rows gets a readable report: the
             // first few, then their number.
-            if gaps <= SHOWN {
-                problems.push(format!(
+            if self.gaps <= SHOWN {
+                self.problems.push(format!(
                     "job {}: its sub-problems start at {}, but the jobs before it end \
-                     at {next_first}",
-                    row.job, row.first
+                     at {}",
+                    row.job, row.first, self.next_first
                 ));
             }
         }
         if state == "settled" {
-            settled += 1;
-        } else if unsettled.is_none() {
-            unsettled = Some((row.job, state));
+            self.settled += 1;
+        } else if self.unsettled.is_none() {
+            self.unsettled = Some((row.job, state));
         }
-        sums.merge(&row.tally)
+        self.sums
+            .merge(&row.tally)
             .with_context(|| format!("line {n}: the counts overflow 128 bits"))?;
-        next_first = row.first.saturating_add(row.subproblems);
-        rows += 1;
+        self.next_first = row.first.saturating_add(row.subproblems);
+        self.rows += 1;
         if sample > 0 {
-            let candidate = Sampled {
-                key: sample_key(seed, row.job),
-                job: row.job,
-                row: RowKey {
-                    first: row.first,
-                    subproblems: row.subproblems,
-                    total: row.tally.total,
-                    burnside: row.tally.burnside,
-                },
-            };
-            if (heap.len() as u64) < sample {
-                heap.push(candidate);
-            } else if heap.peek().is_some_and(|top| candidate < *top) {
-                heap.pop();
-                heap.push(candidate);
-            }
+            self.offer(row, seed, sample);
         }
-    };
-    let (n, line) = next(true)?.ok_or_else(|| missing("`# digest=` line"))?;
-    let stated = line
-        .strip_prefix("# digest=")
-        .ok_or_else(|| anyhow::anyhow!("line {n} is {line:?}, not the `# digest=` line"))
-        .and_then(|d| parse_digest(d).map_err(|e| anyhow::anyhow!("line {n}: {e}")))?;
-    if let Some((n, _)) = next(false)? {
-        bail!("line {n} follows the digest line, which must be the last");
+        Ok(())
     }
 
-    if gaps > SHOWN {
-        problems.push(format!(
-            "… and {} more jobs whose sub-problems do not follow the previous job's",
-            gaps - SHOWN
-        ));
+    /// Keeps `row` in the sample if its key is among the `sample` least.
+    fn offer(&mut self, row: Row, seed: &str, sample: u64) {
+        let candidate = Sampled {
+            key: sample_key(seed, row.job),
+            job: row.job,
+            row: RowKey {
+                first: row.first,
+                subproblems: row.subproblems,
+                total: row.tally.total,
+                burnside: row.tally.burnside,
+            },
+        };
+        if (self.heap.len() as u64) < sample {
+            self.heap.push(candidate);
+        } else if self.heap.peek().is_some_and(|top| candidate < *top) {
+            self.heap.pop();
+            self.heap.push(candidate);
+        }
     }
-    if let Some((job, state)) = unsettled {
-        problems.push(format!(
-            "the audit is of an unfinished run: {settled} of {rows} jobs are settled \
-             (job {job} is {state}); re-check the audit of a finished run"
-        ));
-    }
-    // What the rows add up to, against what the file states.
-    let mut differs = |what: &str, stated: String, rows: String| {
-        if stated != rows {
-            problems.push(format!(
-                "the rows do not add up: the audit states {what} {stated}, its rows give {rows}"
+
+    /// The problems found, with the comparisons of what the rows add up to
+    /// against what the header and the `end` line state.
+    fn into_problems(mut self, header: &Header, end: &End) -> Vec<String> {
+        if self.gaps > SHOWN {
+            self.problems.push(format!(
+                "… and {} more jobs whose sub-problems do not follow the previous job's",
+                self.gaps - SHOWN
             ));
         }
-    };
-    differs("jobs", header.jobs.to_string(), rows.to_string());
-    differs("jobs (end line)", end.jobs.to_string(), rows.to_string());
-    differs("settled jobs", end.settled.to_string(), settled.to_string());
-    differs(
-        "sub-problems",
-        end.subproblems.to_string(),
-        next_first.to_string(),
-    );
-    differs("total", end.total.to_string(), sums.total.to_string());
-    differs(
-        "burnside",
-        end.burnside.to_string(),
-        sums.burnside.to_string(),
-    );
-    let unique = sums.unique().ok();
-    differs(
-        "unique",
-        end.unique.map_or("-".into(), |u| u.to_string()),
-        unique.map_or("- (burnside is not a multiple of 8)".into(), |u| {
-            u.to_string()
-        }),
-    );
-    let mut sample: Vec<Sampled> = heap.into_vec();
-    sample.sort();
-    Ok(Read {
-        header,
-        end,
-        stated,
-        computed: sha.finalize().into(),
-        sample: sample
+        if let Some((job, state)) = &self.unsettled {
+            self.problems.push(format!(
+                "the audit is of an unfinished run: {} of {} jobs are settled \
+                 (job {job} is {state}); re-check the audit of a finished run",
+                self.settled, self.rows
+            ));
+        }
+        let unique = self.sums.unique().ok();
+        let compared = [
+            ("jobs", header.jobs.to_string(), self.rows.to_string()),
+            (
+                "jobs (end line)",
+                end.jobs.to_string(),
+                self.rows.to_string(),
+            ),
+            (
+                "settled jobs",
+                end.settled.to_string(),
+                self.settled.to_string(),
+            ),
+            (
+                "sub-problems",
+                end.subproblems.to_string(),
+                self.next_first.to_string(),
+            ),
+            ("total", end.total.to_string(), self.sums.total.to_string()),
+            (
+                "burnside",
+                end.burnside.to_string(),
+                self.sums.burnside.to_string(),
+            ),
+            (
+                "unique",
+                end.unique.map_or("-".into(), |u| u.to_string()),
+                unique.map_or("- (burnside is not a multiple of 8)".into(), |u| {
+                    u.to_string()
+                }),
+            ),
+        ];
+        for (what, stated, rows) in compared {
+            if stated != rows {
+                self.problems.push(format!(
+                    "the rows do not add up: the audit states {what} {stated}, its rows give {rows}"
+                ));
+            }
+        }
+        self.problems
+    }
+
+    /// The sample, least key first.
+    fn sample(&self) -> Vec<Row> {
+        let mut sample: Vec<Sampled> = self.heap.clone().into_vec();
+        sample.sort();
+        sample
             .into_iter()
             .map(|s| Row {
                 job: s.job,
@@ -491,8 +538,57 @@ fn read(mut input: impl BufRead, seed: &str, sample: u64) -> anyhow::Result<Read
                     burnside: s.row.burnside,
                 },
             })
-            .collect(),
-        problems,
+            .collect()
+    }
+}
+
+/// Reads the audit line by line: its header, rows, `end` line and digest,
+/// hashing every byte before the digest line, checking the rows' order and
+/// sums, and keeping the `sample` jobs with the least [`sample_key`]s.
+///
+/// # Errors
+///
+/// On a file that is not a complete `nq-audit v2`, naming the line.
+fn read(input: impl BufRead, seed: &str, sample: u64) -> anyhow::Result<Read> {
+    let mut lines = Lines::new(input);
+    let (_, first) = lines.expect("first line")?;
+    if first != format!("# {FORMAT}") {
+        bail!(
+            "line 1 is {first:?}, not \"# {FORMAT}\": this nq re-checks audits written \
+             by `nq-coord audit` in format {FORMAT}"
+        );
+    }
+    let (n, line) = lines.expect("header")?;
+    let header = header(&line).with_context(|| format!("line {n}: {line:?}"))?;
+    let (n, line) = lines.expect("column names")?;
+    let columns = Columns::find(&line).with_context(|| format!("line {n}"))?;
+    let mut scan = RowScan::default();
+    let end = loop {
+        let (n, line) = lines.expect("`# end` line")?;
+        if let Some(rest) = line.strip_prefix("# end ") {
+            break end_line(rest).with_context(|| format!("line {n}: {line:?}"))?;
+        }
+        let (row, state) = columns
+            .row(&line)
+            .with_context(|| format!("line {n}: {line:?}"))?;
+        scan.add(n, row, state, seed, sample)?;
+    };
+    let (n, line) = lines.expect("`# digest=` line")?;
+    let stated = line
+        .strip_prefix("# digest=")
+        .ok_or_else(|| anyhow::anyhow!("line {n} is {line:?}, not the `# digest=` line"))
+        .and_then(|d| parse_digest(d).map_err(|e| anyhow::anyhow!("line {n}: {e}")))?;
+    if let Some((n, _)) = lines.next(false)? {
+        bail!("line {n} follows the digest line, which must be the last");
+    }
+    let sample = scan.sample();
+    Ok(Read {
+        problems: scan.into_problems(&header, &end),
+        header,
+        end,
+        stated,
+        computed: lines.sha.finalize().into(),
+        sample,
     })
 }
 

@@ -53,12 +53,17 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use nq_core::split::Tally;
 use nq_proto::convert::RunShape;
-use nq_store::{JobState, Scan, Store, StoreKey, StoreOptions};
+use nq_store::{
+    JobId, JobState, Manifest, Scan, ScannedJob, Store, StoreKey, StoreOptions,
+    StoredResult,
+};
 use sha2::{Digest, Sha256};
 
-use crate::core::quorum::Fraction;
-use crate::core::scheduler::Scheduler;
+use crate::core::ledger;
+use crate::core::quorum::{self, Fraction, Rules};
+use crate::core::scheduler::{ExactOrder, Scheduler};
 use crate::error::{Error, Result};
 use crate::restore::restore;
 
@@ -327,6 +332,12 @@ impl Write for Hashing<'_> {
 
 /// [`audit`] of an open store.
 ///
+/// Memory does not grow with the run beyond the scheduler's own compact
+/// state: the rows are written as the scan reads them, one job at a time, and
+/// each job's estimated work comes from its stored definition, not from a
+/// list of every job's work (at 10^8 jobs such a list, with the scheduler's
+/// copy and a hand-out order, took about 2.8 GB).
+///
 /// # Errors
 ///
 /// As [`audit`].
@@ -340,28 +351,89 @@ pub fn audit_store(
             .dir()
             .map_or_else(|| "<temporary store>".into(), Path::to_path_buf),
     })?;
+    let mut sched = restored_scheduler(store, &manifest, verify)?;
+    let mut out = Hashing {
+        out,
+        sha: Sha256::new(),
+    };
+    write_header(&mut out, &manifest)?;
+    // A finished run settled every job; judging again now (with the
+    // machines of its copies) may want checks that the run rightly skipped
+    // once a single machine was left.
+    let finished = store.summary()?.is_some();
+    let mut rows = Rows::default();
+    for entry in store.scan_jobs(Scan::Every) {
+        let row = Row::of(entry?, &mut sched, finished);
+        rows.write(&mut out, &row)?;
+    }
+    let complete = sched.is_complete();
+    let rows_total = rows.tally.total;
+    write_end(&mut out, &sched, rows, complete)?;
+    let digest = AuditDigest(out.sha.finalize_reset().into());
+    // The digest line is not part of what it digests.
+    writeln!(out.out, "# digest={digest}").map_err(write_error)?;
+    let summary = store.summary()?;
+    let tally = sched.tally();
+    Ok(AuditReport {
+        jobs: sched.jobs(),
+        settled: sched.jobs_done(),
+        total: tally.total,
+        rows_total,
+        stored_total: summary.as_ref().map(|s| s.total),
+        unique: if complete {
+            Some(tally.unique().map_err(Error::Inconsistent)?)
+        } else {
+            None
+        },
+        stored_unique: summary.as_ref().map(|s| s.unique),
+        published: nq_core::published::published(manifest.key.board.n()),
+        digest,
+    })
+}
+
+/// The error of a failed write of the audit.
+fn write_error(source: io::Error) -> Error {
+    Error::Io {
+        context: "cannot write the audit".into(),
+        source,
+    }
+}
+
+/// The run's scheduler, every job judged again from its stored copies the
+/// way a resuming coordinator judges them (`restore`). Nothing is handed
+/// out, so it gets no hand-out order: its memory is the judging state only.
+fn restored_scheduler(
+    store: &Store,
+    manifest: &Manifest,
+    verify: Fraction,
+) -> Result<Scheduler> {
     let shape = RunShape {
         board: manifest.key.board,
         spec: manifest.key.spec,
         solutions: manifest.key.solutions,
     };
-    let works = store.job_works()?;
     // Judged by the settings stored with the run (`verify` for a run from
-    // before they were stored), so that trusted copies read as settled.
+    // before they were stored), so that trusted copies read as settled. No
+    // hand-out order: the audit hands nothing out, and an order would hold
+    // every job's work in memory.
     let (policy, trusted) = crate::settings::judging(store, verify)?;
-    let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
+    let mut sched = Scheduler::with_order(
+        manifest.jobs,
+        manifest.total_work,
+        Box::new(ExactOrder::new(&[])),
+        0,
+        Duration::from_secs(30),
+        policy,
+    );
     sched.trust(trusted.iter().map(String::as_str));
     restore(store, &shape, &mut sched, Instant::now())?;
-    let io = |source| Error::Io {
-        context: "cannot write the audit".into(),
-        source,
-    };
-    let mut out = Hashing {
-        out,
-        sha: Sha256::new(),
-    };
+    Ok(sched)
+}
+
+/// The two header lines and the column names.
+fn write_header(out: &mut impl Write, manifest: &Manifest) -> Result<()> {
     let key = &manifest.key;
-    writeln!(out, "# {FORMAT}").map_err(io)?;
+    writeln!(out, "# {FORMAT}").map_err(write_error)?;
     writeln!(
         out,
         "# n={} split_version={} split={}:{} order=plan solutions={} jobs={} run={}",
@@ -373,97 +445,151 @@ pub fn audit_store(
         manifest.jobs,
         csv(&manifest.run_id),
     )
-    .map_err(io)?;
+    .map_err(write_error)?;
     writeln!(
         out,
         "job,first_subproblem,subproblems,estimated_work,state,verification,\
          votes_needed,count_total,count_burnside,counted_worker,counted_kernel,\
          received_unix_ms,copies,workers,attempts"
     )
-    .map_err(io)?;
-    // A finished run settled every job; judging again now (with the
-    // machines of its copies) may want checks that the run rightly skipped
-    // once a single machine was left.
-    let finished = store.summary()?.is_some();
-    // What the rows state, added up as they are written: the `end` line.
-    let mut plan = Sha256::new();
-    let mut first = 0u64;
-    let mut rows = nq_core::split::Tally::default();
-    for entry in store.scan_jobs(Scan::Every) {
-        let entry = entry?;
+    .map_err(write_error)
+}
+
+/// One job's row of the audit.
+struct Row {
+    job: JobId,
+    subproblems: u64,
+    work: u64,
+    state: &'static str,
+    verification: &'static str,
+    votes_needed: u32,
+    /// The counted copy's tally, who computed it, on which kernel, and when
+    /// it was received (none for a job without a copy).
+    counted: Option<(Tally, String, String, u64)>,
+    copies: usize,
+    /// Each copy's identity and whether it agrees with the counted one.
+    workers: String,
+    attempts: u32,
+    /// The SHA-256 input of the plan: the job's sub-problem prefixes.
+    prefixes: Vec<u8>,
+}
+
+impl Row {
+    /// The row of `entry`, judged by `sched` (restored from the store).
+    fn of(entry: ScannedJob, sched: &mut Scheduler, finished: bool) -> Row {
         let job = entry.job;
-        let work = works[job.0 as usize];
-        let subs = entry.definition.as_ref().map_or(0, |d| {
-            d.prefixes().for_each(|p| plan.update(p));
-            d.len() as u64
-        });
-        let needed = if sched.selected(job) { 2 } else { 1 };
-        let record = entry.record.clone();
+        let (subproblems, work, prefixes) = match &entry.definition {
+            Some(d) => (
+                d.len() as u64,
+                d.work(),
+                d.prefixes().flatten().copied().collect(),
+            ),
+            None => (0, 0, Vec::new()),
+        };
+        let attempts = entry.record.attempts;
+        let state = state_of(&entry.record.state, job, sched, finished);
         let copies = entry.into_copies();
-        let state = match (&record.state, sched.is_done(job)) {
-            (_, true) | (JobState::Done(_), false) if finished => "settled",
-            (_, true) => "settled",
-            (JobState::Done(_), false) if sched.is_counted(job) => "in_check",
-            (JobState::Done(_), false) => "recompute",
-            (JobState::Leased { .. }, _) => "leased",
-            (JobState::Pending, _) => "pending",
-        };
-        let verification = if copies.is_empty() {
-            "none"
-        } else {
-            let counted = &copies[0];
-            let agreeing = {
-                // Voices, as the rules count them: an identity, except
-                // the coordinator's own threads, which check themselves
-                // only on another kernel.
-                let mut ids: Vec<(&str, &str)> = copies
-                    .iter()
-                    .filter(|c| c.agrees(counted))
-                    .map(|c| {
-                        let kernel =
-                            if crate::core::quorum::trusted_from_start(&c.identity) {
-                                c.kernel.as_str()
-                            } else {
-                                ""
-                            };
-                        (c.identity.as_str(), kernel)
-                    })
-                    .collect();
-                ids.sort_unstable();
-                ids.dedup();
-                ids.len()
-            };
-            let disagreeing = copies.iter().any(|c| !c.agrees(counted));
-            match (agreeing, disagreeing) {
-                (1, false) => "single",
-                (_, false) => "verified",
-                (_, true) if agreeing >= 2 => "verified_over_conflict",
-                _ => "disputed",
-            }
-        };
-        let workers: Vec<String> = copies
+        let workers = copies
             .iter()
             .map(|c| {
-                format!(
-                    "{}:{}",
-                    c.identity,
-                    if c.agrees(&copies[0]) {
-                        "agrees"
-                    } else {
-                        "differs"
-                    }
-                )
+                let verdict = if c.agrees(&copies[0]) {
+                    "agrees"
+                } else {
+                    "differs"
+                };
+                format!("{}:{verdict}", c.identity)
             })
-            .collect();
-        let (total, burnside, who, kernel, when) = match copies.first() {
-            Some(c) => {
-                rows.merge(&c.tally).map_err(Error::Inconsistent)?;
+            .collect::<Vec<_>>()
+            .join(" ");
+        Row {
+            job,
+            subproblems,
+            work,
+            state,
+            verification: verification_of(&copies, sched),
+            votes_needed: if sched.selected(job) { 2 } else { 1 },
+            counted: copies.first().map(|c| {
                 (
-                    c.tally.total.to_string(),
-                    c.tally.burnside.to_string(),
+                    c.tally,
                     c.identity.clone(),
                     c.kernel.clone(),
-                    c.received_unix_ms.to_string(),
+                    c.received_unix_ms,
+                )
+            }),
+            copies: copies.len(),
+            workers,
+            attempts,
+            prefixes,
+        }
+    }
+}
+
+/// A job's `state` column.
+fn state_of(
+    record: &JobState,
+    job: JobId,
+    sched: &Scheduler,
+    finished: bool,
+) -> &'static str {
+    match (record, sched.is_done(job)) {
+        (_, true) | (JobState::Done(_), false) if finished => "settled",
+        (_, true) => "settled",
+        (JobState::Done(_), false) if sched.is_counted(job) => "in_check",
+        (JobState::Done(_), false) => "recompute",
+        (JobState::Leased { .. }, _) => "leased",
+        (JobState::Pending, _) => "pending",
+    }
+}
+
+/// A job's `verification` column, from its voices as the rule book counts
+/// them (`core::quorum::judge` over the copies in classes of equal results):
+/// one per untrusted identity that is not banned, one per kernel of a
+/// trusted one. The counted copy is the first, so its class is class 0.
+fn verification_of(copies: &[StoredResult], sched: &mut Scheduler) -> &'static str {
+    if copies.is_empty() {
+        return "none";
+    }
+    let (votes, _) = ledger::votes_of(sched, copies);
+    let policy = sched.policy();
+    let rules = Rules {
+        ban_after: policy.ban_after,
+        probation: policy.probation(),
+        second_machine: false,
+        arbiter: false,
+    };
+    let verdict = quorum::judge(&votes, false, sched.identities(), rules);
+    match (verdict.conflict, verdict.leader == Some(0), verdict.votes) {
+        (false, _, 0 | 1) => "single",
+        (false, _, _) => "verified",
+        (true, true, 2..) => "verified_over_conflict",
+        (true, _, _) => "disputed",
+    }
+}
+
+/// What the rows state, added up as they are written: the `end` line.
+#[derive(Default)]
+struct Rows {
+    /// The SHA-256 of every job's sub-problem prefixes, in job order.
+    plan: Sha256,
+    /// The next job's first sub-problem: the sub-problems so far.
+    first: u64,
+    /// The sum of the rows' counted tallies.
+    tally: Tally,
+}
+
+impl Rows {
+    /// Writes `row` and adds it up.
+    fn write(&mut self, out: &mut impl Write, row: &Row) -> Result<()> {
+        self.plan.update(&row.prefixes);
+        let (total, burnside, who, kernel, when) = match &row.counted {
+            Some((tally, who, kernel, when)) => {
+                self.tally.merge(tally).map_err(Error::Inconsistent)?;
+                (
+                    tally.total.to_string(),
+                    tally.burnside.to_string(),
+                    who.as_str(),
+                    kernel.as_str(),
+                    when.to_string(),
                 )
             }
             None => Default::default(),
@@ -471,64 +597,53 @@ pub fn audit_store(
         writeln!(
             out,
             "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            job.0,
-            first,
-            subs,
-            work,
-            state,
-            verification,
-            needed,
+            row.job.0,
+            self.first,
+            row.subproblems,
+            row.work,
+            row.state,
+            row.verification,
+            row.votes_needed,
             total,
             burnside,
-            csv(&who),
-            csv(&kernel),
+            csv(who),
+            csv(kernel),
             when,
-            copies.len(),
-            csv(&workers.join(" ")),
-            record.attempts,
+            row.copies,
+            csv(&row.workers),
+            row.attempts,
         )
-        .map_err(io)?;
-        first += subs;
+        .map_err(write_error)?;
+        self.first += row.subproblems;
+        Ok(())
     }
-    let summary = store.summary()?;
-    let tally = sched.tally();
-    let complete = sched.is_complete();
-    let unique = if complete {
-        Some(tally.unique().map_err(Error::Inconsistent)?)
-    } else {
-        None
-    };
+}
+
+/// The `# end` line: the jobs, what the rows add up to, and the plan.
+fn write_end(
+    out: &mut impl Write,
+    sched: &Scheduler,
+    rows: Rows,
+    complete: bool,
+) -> Result<()> {
     writeln!(
         out,
-        "# end jobs={} settled={} subproblems={first} total={} \
+        "# end jobs={} settled={} subproblems={} total={} \
          burnside={} unique={} plan={}",
         sched.jobs(),
         sched.jobs_done(),
-        rows.total,
-        rows.burnside,
+        rows.first,
+        rows.tally.total,
+        rows.tally.burnside,
         // The rows' own unique count: what a reader derives from them.
-        if complete && let Ok(u) = rows.unique() {
+        if complete && let Ok(u) = rows.tally.unique() {
             u.to_string()
         } else {
             "-".to_owned()
         },
-        AuditDigest(plan.finalize().into()),
+        AuditDigest(rows.plan.finalize().into()),
     )
-    .map_err(io)?;
-    let digest = AuditDigest(out.sha.finalize_reset().into());
-    // The digest line is not part of what it digests.
-    writeln!(out.out, "# digest={digest}").map_err(io)?;
-    Ok(AuditReport {
-        jobs: sched.jobs(),
-        settled: sched.jobs_done(),
-        total: tally.total,
-        rows_total: rows.total,
-        stored_total: summary.as_ref().map(|s| s.total),
-        unique,
-        stored_unique: summary.as_ref().map(|s| s.unique),
-        published: nq_core::published::published(key.board.n()),
-        digest,
-    })
+    .map_err(write_error)
 }
 
 /// Quotes a CSV field when it holds a comma, a quote, a `#` (which comment

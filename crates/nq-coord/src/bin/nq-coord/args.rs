@@ -480,6 +480,12 @@ pub(crate) struct AuditArgs {
     /// Write the CSV to this file instead of stdout.
     #[arg(long, value_name = "FILE", env = "NQ_AUDIT_OUTPUT")]
     pub(crate) output: Option<PathBuf>,
+    /// The verification share the run was judged with (`auto`, or 0 to 1,
+    /// as `nq-coord --verify`), for a store that does not hold it: a run
+    /// made with `--verify 0` (a load test) judged as `auto` reads as all
+    /// unsettled, every job waiting for a check it never asked for.
+    #[arg(long, value_name = "SHARE", default_value = "auto")]
+    pub(crate) verify: String,
     /// The key the run's store was made with, if any.
     #[command(flatten)]
     pub(crate) store_key: StoreKeyArgs,

@@ -206,6 +206,9 @@ fn write_stdout(text: &str) -> anyhow::Result<()> {
 /// and the published ones.
 pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
     let key = args.store_key.load(&args.data)?;
+    // A bad share is a bad command line (exit 2), as for the run's --verify.
+    let verify = nq_coord::config::parse_verify(&args.verify)
+        .map_err(crate::args::BadCommandLine::from)?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path)
@@ -213,12 +216,8 @@ pub(crate) fn audit(args: AuditArgs) -> anyhow::Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
-    let audited = nq_coord::audit::audit_with_key(
-        &args.data,
-        key.as_ref(),
-        &mut out,
-        nq_coord::quorum::Fraction::Auto,
-    );
+    let audited =
+        nq_coord::audit::audit_with_key(&args.data, key.as_ref(), &mut out, verify);
     // A closed pipe (`| head`) is a normal way for a reader to stop.
     let report = match audited {
         Err(nq_coord::Error::Io { source, .. }) if is_broken_pipe(&source) => {

@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# Issue 27: the 10^8-job load test run to its end, then everything that reads
+# the whole store, each process's memory measured, and one JSON of it all.
+#
+#   bash tests/bench/record-1e8.sh [OUT]        (default OUT: /tmp/record-1e8)
+#
+# 1. `nq-loadtest` runs the plan to its last job (N = 20, `--split 0:6`:
+#    116,436,889 jobs, one sub-problem each; 1,000 simulated workers), with a
+#    SIGKILL of the coordinator at 50 % and at 95 % of the jobs, each
+#    followed by a restart on the same directory and port. (The issue names
+#    N = 22 `--split 0:4`, but that split has 10,003,956 sub-problems: the
+#    1.16·10^8 jobs it means are N = 20's `0:6`, the plan of BENCHMARKS.md
+#    §16.)
+# 2. Meanwhile, every second, the VmRSS and VmHWM of every coordinator
+#    process on the data directory (so each of the three sessions has its
+#    own peak) and of the load test itself, and every NQ_RECORD_POLL seconds
+#    the latency of `nq-coord status` (the whole command, process start
+#    included), `/metrics`, `/status.json` and the status page `/` (curl's
+#    time to the whole answer). On 2 cores the load test's workers keep the
+#    CPUs busy: these latencies include waiting for a CPU.
+# 3. Then, one after the other, each under `/usr/bin/time -v` (wall time and
+#    peak RSS): `nq-coord audit --verify 0` (the load test's workers report
+#    all-zero counts, sound only under `--verify 0`), `nq recheck --sample
+#    NQ_RECORD_SAMPLE` of that audit, `nq-coord backup` and `nq-coord restore`
+#    into a fresh directory.
+# 4. OUT/record.json: completions/s, the peak RSS of every process and the
+#    coordinator's RSS curve, the time to serve again after each restart and
+#    the leases lost to restarts, the totals, the status/metrics latencies,
+#    and each scan's time and peak RSS. The raw files stay in OUT.
+#
+# The totals of a load test are zero (its workers do not compute), so the
+# audit differs from the published Q(N) and the re-check's sampled jobs do
+# not match their recomputation: both are expected, counted in the JSON
+# (`audit.differences_from_published`, `recheck.mismatched`), and not a
+# failure of the script. What must hold: every job settled exactly once
+# (`totals.jobs_settled == totals.jobs`), the audit's rows adding up to the
+# stored total (no other difference), 0 leases lost.
+#
+# Every sub-problem is its own job (`--jobs` = the split's sub-problems), so
+# that the job count, and with it where the kills fall, is known before the
+# run starts.
+#
+# Environment (the defaults are the record run; a dry run at a small scale,
+# 1,191,876 jobs: NQ_RECORD_N=18 NQ_RECORD_SPLIT=0:4):
+#   NQ_RECORD_BIN      release binaries: nq-coord, nq, nq-loadtest
+#                      (default target/release)
+#   NQ_RECORD_N        board size (20)
+#   NQ_RECORD_SPLIT    split RING:EXTRA (0:6)
+#   NQ_RECORD_WORKERS  simulated workers (1000)
+#   NQ_RECORD_SAMPLE   jobs `nq recheck` solves again (1000)
+#   NQ_RECORD_POLL     seconds between status/metrics probes (30)
+#   NQ_RECORD_KILLS    shares of the jobs at which to SIGKILL (0.50,0.95)
+#   NQ_RECORD_DURATION the load test's time limit (12h); it ends earlier,
+#                      when the run is complete
+#   NQ_RECORD_DISK_PER_JOB  bytes of disk a job needs in OUT for the store,
+#                      the backup, the restored copy and the audit (700; the
+#                      10^7-job store of BENCHMARKS.md §22 took 243 + 116 +
+#                      172 + 110 = 641 bytes a job, so about 75 GB for the
+#                      record run); the script refuses to start without it
+#
+# "Serving again" after a restart is the load test's `resume_seconds`: from
+# the SIGKILL to the new process's `data directory ready`, which it logs
+# just before `serving workers` (BENCHMARKS.md §14).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=${1:-/tmp/record-1e8}
+bin=${NQ_RECORD_BIN:-target/release}
+n=${NQ_RECORD_N:-20}
+split=${NQ_RECORD_SPLIT:-0:6}
+workers=${NQ_RECORD_WORKERS:-1000}
+sample=${NQ_RECORD_SAMPLE:-1000}
+poll=${NQ_RECORD_POLL:-30}
+kills=${NQ_RECORD_KILLS:-0.50,0.95}
+duration=${NQ_RECORD_DURATION:-12h}
+disk_per_job=${NQ_RECORD_DISK_PER_JOB:-700}
+
+for b in nq-coord nq nq-loadtest; do
+  [ -x "$bin/$b" ] || {
+    echo "record-1e8: $bin/$b is missing: build with" \
+      "cargo build --release -p nq-coord -p nq-cli -p nq-e2e --bin nq-loadtest" \
+      "(or set NQ_RECORD_BIN)" >&2
+    exit 2
+  }
+done
+for tool in /usr/bin/time curl python3; do
+  command -v "$tool" >/dev/null || { echo "record-1e8: needs $tool" >&2; exit 2; }
+done
+if [ -e "$out" ]; then
+  echo "record-1e8: $out exists: give a new directory (its data would be mixed)" >&2
+  exit 2
+fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+data=$out/data
+
+# The plan: how many jobs, and so where the kills fall.
+subproblems=$("$bin/nq-loadtest" --n "$n" --split "$split" --plan |
+  sed -n 's/.*subproblems=\([0-9]*\).*/\1/p')
+jobs=$subproblems
+kill_after=$(python3 -c "
+import sys
+print(','.join(str(int(float(s) * $jobs)) for s in '$kills'.split(',')))")
+need=$((jobs * disk_per_job))
+free=$(($(df --output=avail -B1 "$out" | tail -1)))
+if [ "$free" -lt "$need" ]; then
+  echo "record-1e8: $jobs jobs need about $((need / 1000000000)) GB free in $out" \
+    "(NQ_RECORD_DISK_PER_JOB=$disk_per_job bytes a job: store, backup, restored" \
+    "copy, audit); it has $((free / 1000000000)) GB" >&2
+  exit 2
+fi
+
+{
+  echo "cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+  echo "cores=$(nproc)"
+  echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "started=$(date -u +%FT%TZ)"
+  echo "load=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "n=$n split=$split jobs=$jobs kill_after=$kill_after workers=$workers"
+} | tee "$out/meta.txt"
+
+metrics_port=$(python3 -c '
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+
+# 1. The load test, to the end of the run.
+started=$(date +%s.%N)
+# CARGO=/bin/true: the load test takes the nq-coord beside it as built,
+# instead of building one for its profile.
+CARGO=/bin/true /usr/bin/time -v -o "$out/loadtest.time" \
+  "$bin/nq-loadtest" --n "$n" --split "$split" --jobs "$jobs" \
+  --workers "$workers" --want 8 --duration "$duration" \
+  --kill-after "$kill_after" --data "$data" \
+  -- --metrics "127.0.0.1:$metrics_port" \
+  >"$out/loadtest.json" 2>"$out/loadtest.err" &
+loadtest=$!
+
+# 2. Memory every second (each coordinator process, and the load test's own
+# process, whose peak /usr/bin/time would mix with its children's); status
+# and metrics latency every $poll seconds while a coordinator runs. A probe
+# that fails (the coordinator restarting) is recorded as such.
+curl_ms() { # curl_ms URL: the answer's time in milliseconds, or "fail"
+  local t
+  if t=$(curl -sf -o /dev/null --max-time 10 -w '%{time_total}' "$1" 2>/dev/null); then
+    awk -v t="$t" 'BEGIN {printf "%.0f\n", t * 1000}'
+  else
+    echo fail
+  fi
+}
+status_ms() { # status_ms ADDR: `nq-coord status` in milliseconds, or "fail"
+  local t0 t1
+  t0=$(date +%s%N)
+  if "$bin/nq-coord" status --connect "$1" --json --timeout 10s >/dev/null 2>&1; then
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000000))
+  else
+    echo fail
+  fi
+}
+echo -e "seconds\trole\tpid\trss_kib\thwm_kib" >"$out/mem.tsv"
+echo -e "seconds\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms" >"$out/latency.tsv"
+t0=$(date +%s%N)
+next_poll=0
+while kill -0 "$loadtest" 2>/dev/null; do
+  at=$((($(date +%s%N) - t0) / 1000000000))
+  coords=$(pgrep -f -- "nq-coord --data $data" || true)
+  for pid in $(pgrep -P "$loadtest" || true) $coords; do
+    role=coordinator
+    [[ " $coords " == *" $pid "* ]] || role=loadtest
+    mem=$(awk '/^VmRSS:/ {r = $2} /^VmHWM:/ {h = $2} END {if (r) print r "\t" h}' \
+      "/proc/$pid/status" 2>/dev/null || true)
+    [ -n "$mem" ] && echo -e "$at\t$role\t$pid\t$mem" >>"$out/mem.tsv"
+  done
+  addr=$(sed -n 's/^coordinator on \([0-9.:]*\) ready.*/\1/p' "$out/loadtest.err" | head -1)
+  if [ -n "$coords" ] && [ -n "$addr" ] && [ "$at" -ge "$next_poll" ]; then
+    web=http://127.0.0.1:$metrics_port
+    echo -e "$at\t$(status_ms "$addr")\t$(curl_ms "$web/metrics")\t$(
+      curl_ms "$web/status.json")\t$(curl_ms "$web/")" >>"$out/latency.tsv"
+    next_poll=$((at + poll))
+  fi
+  sleep 1
+done
+wait "$loadtest" || {
+  echo "record-1e8: the load test failed (exit $?): see $out/loadtest.err" >&2
+  exit 1
+}
+
+# 3. The scans, one after the other. A command's own verdict is kept in its
+# log; the load test's zero counts make the audit and the re-check report
+# differences from the published values (see the header).
+timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v
+  local name=$1
+  shift
+  /usr/bin/time -v -o "$out/$name.time" "$@" >"$out/$name.out" 2>"$out/$name.err" || true
+  echo "$name: $(grep -m1 'Exit status' "$out/$name.time" | sed 's/.*: //') exit," \
+    "$(grep 'Elapsed (wall' "$out/$name.time" | sed 's/.*: //'),"\
+    "peak $(($(grep 'Maximum resident' "$out/$name.time" | sed 's/.*: //') / 1024)) MiB"
+}
+timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$out/audit.csv"
+timed recheck "$bin/nq" recheck "$out/audit.csv" --sample "$sample" --seed record-1e8
+timed backup "$bin/nq-coord" backup --data "$data" --to "$out/run.backup"
+timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
+
+# 4. One JSON.
+python3 - "$out" <<'PY'
+import csv, json, os, re, sys
+
+out = sys.argv[1]
+meta = dict(
+    line.strip().split("=", 1) for line in open(f"{out}/meta.txt") if "=" in line
+)
+lt = json.load(open(f"{out}/loadtest.json"))
+
+
+def timed(name):
+    t = {}
+    for line in open(f"{out}/{name}.time"):
+        k, _, v = line.strip().rpartition(": ")
+        t[k] = v
+    wall = t.get("Elapsed (wall clock) time (h:mm:ss or m:ss)", "0:0")
+    seconds = 0.0
+    for part in wall.split(":"):
+        seconds = seconds * 60 + float(part)
+    return {
+        "seconds": seconds,
+        "peak_rss_mib": int(t.get("Maximum resident set size (kbytes)", 0)) / 1024,
+        "exit_status": int(t.get("Exit status", -1)),
+    }
+
+
+# The coordinator: each process's peak, and the curve (MiB every 10 s of
+# the load test's own per-second lines, with the completions so far).
+peaks, loadtest_peak = {}, 0
+for row in csv.DictReader(open(f"{out}/mem.tsv"), delimiter="\t"):
+    if not row.get("hwm_kib"):
+        continue  # a process that ended while it was read
+    if row["role"] == "loadtest":
+        loadtest_peak = max(loadtest_peak, int(row["hwm_kib"]))
+        continue
+    pid = row["pid"]
+    peaks[pid] = max(peaks.get(pid, 0), int(row["hwm_kib"]))
+curve = []
+line = re.compile(r"t=\s*(\d+)s .*total=\s*(\d+) rss=(\d+) MiB")
+for l in open(f"{out}/loadtest.err"):
+    m = line.search(l)
+    if m and int(m.group(1)) % 10 == 0:
+        curve.append([int(m.group(1)), int(m.group(2)), int(m.group(3))])
+
+lat = {"status_ms": [], "metrics_ms": [], "status_json_ms": [], "page_ms": []}
+failed = 0
+for row in csv.DictReader(open(f"{out}/latency.tsv"), delimiter="\t"):
+    if any(not row.get(k) for k in lat):
+        continue
+    for k in lat:
+        if row[k] == "fail":
+            failed += 1
+        else:
+            lat[k].append(int(row[k]))
+
+
+def spread(v):
+    v = sorted(v)
+    if not v:
+        return None
+    return {"count": len(v), "median": v[len(v) // 2], "p99": v[min(len(v) - 1, int(len(v) * 0.99))], "max": v[-1]}
+
+
+audit_end = {}
+for l in open(f"{out}/audit.csv", errors="replace") if os.path.exists(f"{out}/audit.csv") else []:
+    if l.startswith("# end "):
+        audit_end = dict(f.split("=", 1) for f in l[6:].split() if "=" in f)
+audit_err = open(f"{out}/audit.err").read()
+mismatches = [l for l in audit_err.splitlines() if l.startswith("nq-coord audit: MISMATCH")]
+recheck_out = open(f"{out}/recheck.out").read()
+summary = dict(f.split("=", 1) for f in recheck_out.split() if "=" in f)
+recheck_err = open(f"{out}/recheck.err").read()
+report = {}
+if os.path.exists(f"{out}/data/report.json"):
+    report = json.load(open(f"{out}/data/report.json"))
+
+record = {
+    "meta": meta,
+    "completions": lt["completions"],
+    "seconds": lt["seconds"],
+    "completions_per_second": lt["completions_per_second"],
+    "median_per_second": lt["median_per_second"],
+    "setup_seconds": lt["setup_seconds"],
+    "restarts": lt["restarts"],
+    "leases_lost_to_restarts": lt["leases_lost_to_restarts"],
+    "refused_reports": lt["refused_reports"],
+    "registrations_again": lt["registrations_again"],
+    "lease_expiries": lt["lease_expiries"],
+    "peak_rss_mib": {
+        "coordinator_overall": lt["coord_peak_rss_mib"],
+        "coordinator_by_process": {p: k / 1024 for p, k in sorted(peaks.items(), key=lambda kv: int(kv[0]))},
+        "loadtest": loadtest_peak / 1024,
+        "audit": timed("audit")["peak_rss_mib"],
+        "recheck": timed("recheck")["peak_rss_mib"],
+        "backup": timed("backup")["peak_rss_mib"],
+        "restore": timed("restore")["peak_rss_mib"],
+    },
+    "coordinator_rss_curve": {"columns": ["seconds", "completions", "rss_mib"], "rows": curve},
+    "latency_ms": {k: spread(v) for k, v in lat.items()},
+    "latency_probes_failed": failed,
+    "totals": {
+        "jobs": lt["jobs"],
+        "jobs_settled": int(audit_end.get("settled", -1)),
+        "audit_total": audit_end.get("total"),
+        "report_status": report.get("status"),
+        "report_total": report.get("total"),
+        "report_jobs_done": report.get("jobs_done"),
+    },
+    "store_mib": lt["store_mib"],
+    "audit": dict(timed("audit"), differences_from_published=len(
+                      [l for l in mismatches if "published" in l]),
+                  other_differences=[l for l in mismatches if "published" not in l]),
+    "recheck": dict(timed("recheck"), sampled=summary.get("sampled"), matched=summary.get("matched"),
+                    mismatched=recheck_err.count(": the audit says count_total")),
+    "backup": dict(timed("backup"), bytes=os.path.getsize(f"{out}/run.backup") if os.path.exists(f"{out}/run.backup") else None),
+    "restore": timed("restore"),
+}
+json.dump(record, open(f"{out}/record.json", "w"), indent=2)
+print(json.dumps({k: record[k] for k in ("completions_per_second", "restarts", "leases_lost_to_restarts", "peak_rss_mib", "totals", "latency_ms")}, indent=2))
+PY
+echo "record-1e8: $out/record.json"
