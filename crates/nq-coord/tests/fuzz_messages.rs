@@ -365,13 +365,16 @@ struct Fuzzer {
 }
 
 /// The status codes a refused call may get: bad input, register again, not
-/// yours (or banned), busy. Anything else (INTERNAL, UNKNOWN from a panic or
-/// a dropped connection) is a failure.
-const REFUSALS: [tonic::Code; 4] = [
+/// yours (or banned), busy, and a report stream whose lease ended while it
+/// streamed (expired or taken back: with the cases' 300 ms lifetime this
+/// happens). Anything else (INTERNAL, UNKNOWN from a panic or a dropped
+/// connection) is a failure.
+const REFUSALS: [tonic::Code; 5] = [
     tonic::Code::InvalidArgument,
     tonic::Code::FailedPrecondition,
     tonic::Code::PermissionDenied,
     tonic::Code::Unavailable,
+    tonic::Code::Aborted,
 ];
 
 /// Checks that a reply is a value or a proper refusal, with a message.
@@ -759,7 +762,18 @@ fn arbitrary_messages_never_change_the_count() {
                 "{}",
                 report.summary_line()
             );
-            prop_assert_eq!(report.status(), RunStatus::Complete, "{}", report.why());
+            // Every job counts the true result. A check, though, needs a
+            // second machine that delivers (issue 26): one honest worker
+            // whose leases were taken back before its first copy (a 300 ms
+            // lifetime against a debug build's jobs) is not at work, and if
+            // the other settles every job meanwhile, the run ends
+            // `unchecked` with the same count. Any other status is a failure.
+            prop_assert!(
+                matches!(report.status(), RunStatus::Complete | RunStatus::Unchecked),
+                "{:?}: {}",
+                report.status(),
+                report.why()
+            );
             let mut seen = seen.borrow_mut();
             seen.accepted += s.accepted;
             seen.honest_conflicts += s.honest_conflicts;
