@@ -57,8 +57,8 @@ use nq_proto::convert::RunShape;
 use nq_store::{JobState, Scan, Store, StoreKey, StoreOptions};
 use sha2::{Digest, Sha256};
 
+use crate::core::Core;
 use crate::core::quorum::{Fraction, Policy};
-use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
 use crate::restore::restore;
 
@@ -351,8 +351,10 @@ pub fn audit_store(
         fraction: verify,
         ban_after: crate::core::quorum::DEFAULT_BAN_AFTER,
     };
-    let mut sched = Scheduler::new(works.clone(), 0, Duration::from_secs(30), policy);
-    restore(store, &shape, &mut sched, Instant::now())?;
+    let now = Instant::now();
+    let mut core =
+        Core::with_works(works.clone(), 0, Duration::from_secs(30), policy, now);
+    restore(store, &shape, &mut core, now)?;
     let io = |source| Error::Io {
         context: "cannot write the audit".into(),
         source,
@@ -398,13 +400,13 @@ pub fn audit_store(
             d.prefixes().for_each(|p| plan.update(p));
             d.len() as u64
         });
-        let needed = if sched.selected(job) { 2 } else { 1 };
+        let needed = if core.selected(job) { 2 } else { 1 };
         let record = entry.record.clone();
         let copies = entry.into_copies();
-        let state = match (&record.state, sched.is_done(job)) {
+        let state = match (&record.state, core.is_done(job)) {
             (_, true) | (JobState::Done(_), false) if finished => "settled",
             (_, true) => "settled",
-            (JobState::Done(_), false) if sched.is_counted(job) => "in_check",
+            (JobState::Done(_), false) if core.is_counted(job) => "in_check",
             (JobState::Done(_), false) => "recompute",
             (JobState::Leased { .. }, _) => "leased",
             (JobState::Pending, _) => "pending",
@@ -492,8 +494,8 @@ pub fn audit_store(
         first += subs;
     }
     let summary = store.summary()?;
-    let tally = sched.tally();
-    let complete = sched.is_complete();
+    let standing = core.standing();
+    let (tally, complete) = (standing.tally, standing.complete);
     let unique = if complete {
         Some(tally.unique().map_err(Error::Inconsistent)?)
     } else {
@@ -503,8 +505,8 @@ pub fn audit_store(
         out,
         "# end jobs={} settled={} subproblems={first} total={} \
          burnside={} unique={} plan={}",
-        sched.jobs(),
-        sched.jobs_done(),
+        standing.jobs,
+        standing.jobs_done,
         rows.total,
         rows.burnside,
         // The rows' own unique count: what a reader derives from them.
@@ -520,8 +522,8 @@ pub fn audit_store(
     // The digest line is not part of what it digests.
     writeln!(out.out, "# digest={digest}").map_err(io)?;
     Ok(AuditReport {
-        jobs: sched.jobs(),
-        settled: sched.jobs_done(),
+        jobs: standing.jobs,
+        settled: standing.jobs_done,
         total: tally.total,
         rows_total: rows.total,
         stored_total: summary.as_ref().map(|s| s.total),

@@ -82,6 +82,7 @@ mod run;
 mod setup;
 #[cfg(test)]
 mod sim;
+mod wall;
 
 pub use crate::adapters::grpc as service;
 pub use crate::core::status::Progress;

@@ -34,10 +34,11 @@ use crate::adapters::in_flight::InFlight;
 use crate::adapters::{backup_socket, grpc, http, local};
 use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
-use crate::engine::{Engine, backup, commit, unix_ms};
+use crate::engine::{Engine, backup, commit};
 use crate::error::{Error, Result};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::setup::{Accepted, Opened, Ready, build, open, shape_of};
+use crate::wall::unix_ms;
 
 /// How long in-flight RPCs get to finish at shutdown before the server is
 /// dropped.
@@ -181,12 +182,12 @@ async fn session(
     let Ready {
         store,
         manifest,
-        sched,
+        core,
         elapsed_before,
     } = ready;
     let (engine, commits) = Engine::new(
         Arc::clone(&store),
-        sched,
+        core,
         shape_of(&manifest),
         manifest.run_id.clone(),
     );
@@ -215,16 +216,12 @@ async fn session(
     // 5. The report.
     let (mut report, summary) = {
         let core = engine.core();
-        let totals = Totals::of_scheduler(&core.sched, elapsed_ms)?;
-        let report = RunReport::new(
-            &manifest,
-            &config.data_dir,
-            totals,
-            crate::core::report::faulty_workers(&core.sched),
-        );
+        let totals = Totals::of_standing(&core.standing(), elapsed_ms)?;
+        let report =
+            RunReport::new(&manifest, &config.data_dir, totals, core.faulty_workers());
         (
             report,
-            totals.summary(core.sched.jobs(), unix_ms(SystemTime::now())),
+            totals.summary(core.standing().jobs, unix_ms(SystemTime::now())),
         )
     };
     if let Some(tx) = &progress {
@@ -439,7 +436,7 @@ impl Tasks {
         mut fatal: Option<Error>,
     ) -> Option<Error> {
         // 1. Stop granting leases.
-        engine.core().sched.close();
+        engine.core().close();
         grpc::not_serving(&mut self.health).await;
         // 2. Stop the local threads; they release their leases.
         self.local_token.cancel();
@@ -529,7 +526,7 @@ async fn linger(engine: &Engine, stop: &CancellationToken, cap: Duration) {
     loop {
         let untold = {
             let core = engine.core();
-            core.sched.untold_workers(Instant::now()) + core.sched.not_back()
+            core.still_to_tell(Instant::now())
         };
         if untold == 0 {
             return;

@@ -16,16 +16,15 @@ use nq_store::{
 use tracing::{info, warn};
 
 use crate::config::{Config, default_split, default_target_jobs};
+use crate::core::Core;
 use crate::core::lease::WorkerId;
 use crate::core::quorum::Policy;
-use crate::core::scheduler::{
-    EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler, claimed_cap,
-};
-use crate::engine::unix_ms;
+use crate::core::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, claimed_cap};
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::restore::{restore, restore_indexed, restore_leases};
+use crate::wall::unix_ms;
 
 /// What opening the data directory found ([`open`]).
 pub(crate) enum Opened {
@@ -53,7 +52,7 @@ pub(crate) struct Accepted {
 pub(crate) struct Ready {
     pub(crate) store: Arc<Store>,
     pub(crate) manifest: Manifest,
-    pub(crate) sched: Scheduler,
+    pub(crate) core: Core,
     pub(crate) elapsed_before: Duration,
 }
 
@@ -170,15 +169,17 @@ pub(crate) fn build(
         }
     };
     let session_no = store.next_boot()?;
-    let mut sched = scheduler(
+    let mut core = scheduler(
         &store,
         &manifest,
         session_no,
         config.lease_ttl,
         policy(config, &store)?,
     )?;
-    sched.expect_local_threads(config.local_threads > 0);
-    sched.trust(config.trusted.iter().map(String::as_str));
+    core.restorer()
+        .expect_local_threads(config.local_threads > 0);
+    core.restorer()
+        .trust(config.trusted.iter().map(String::as_str));
     // Totals are derived again from the stored counts, never from a cached
     // sum: before serving for a store without a state index (and the index
     // is built then), else in the background while serving (see
@@ -187,11 +188,11 @@ pub(crate) fn build(
         if !created {
             // Even with no job marked restoring: the index may have missed
             // a result (see `nq_store::states`).
-            sched.begin_store_check();
+            core.restorer().begin_store_check();
         }
-        restore_indexed(&store, &mut sched, Instant::now())?
+        restore_indexed(&store, &mut core, Instant::now())?
     } else {
-        restore(&store, &shape_of(&manifest), &mut sched, Instant::now())?;
+        restore(&store, &shape_of(&manifest), &mut core, Instant::now())?;
         info!("building the state index of a store written before it existed");
         store.rebuild_indexes()?;
         store.leased_records()?
@@ -207,16 +208,12 @@ pub(crate) fn build(
         .filter(|(_, w)| !crate::restore::own_threads(w))
         .map(|(_, w)| claimed_cap(w.threads))
         .sum();
-    sched.defer_unrecorded(caps, Instant::now());
+    core.restorer().defer_unrecorded(caps, Instant::now());
     // A worker recognised by its id keeps its recorded name and identity.
-    sched.expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
-    let kept = restore_leases(
-        &store,
-        leased,
-        &mut sched,
-        SystemTime::now(),
-        Instant::now(),
-    )?;
+    core.restorer()
+        .expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
+    let kept =
+        restore_leases(&store, leased, &mut core, SystemTime::now(), Instant::now())?;
     if kept.restored > 0 || kept.requeued > 0 {
         info!(
             restored = kept.restored,
@@ -225,18 +222,19 @@ pub(crate) fn build(
             "leases of the previous session: kept with their workers, or their jobs pending again"
         );
     }
-    if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
+    let standing = core.standing();
+    if standing.jobs_done > 0 || standing.jobs_in_check > 0 {
         info!(
-            done = sched.jobs_done(),
-            jobs = sched.jobs(),
-            in_check = sched.jobs_in_check(),
+            done = standing.jobs_done,
+            jobs = standing.jobs,
+            in_check = standing.jobs_in_check,
             "restored finished jobs"
         );
     }
-    if sched.restoring() > 0 {
+    if core.restoring() > 0 {
         info!(
-            stored = sched.restoring(),
-            jobs = sched.jobs(),
+            stored = core.restoring(),
+            jobs = standing.jobs,
             "done jobs found in the state index: not handed out; their stored copies are checked and counted in the background"
         );
     }
@@ -249,7 +247,7 @@ pub(crate) fn build(
     Ok(Ready {
         store,
         manifest,
-        sched,
+        core,
         elapsed_before,
     })
 }
@@ -307,7 +305,7 @@ fn scheduler(
     session: u64,
     ttl: Duration,
     policy: Policy,
-) -> Result<Scheduler> {
+) -> Result<Core> {
     let corrupt = || -> Error {
         nq_store::Error::Corrupt {
             tree: "jobs",
@@ -321,18 +319,24 @@ fn scheduler(
         if works.len() as u64 != manifest.jobs || total != manifest.total_work {
             return Err(corrupt());
         }
-        return Ok(Scheduler::new(works, session, ttl, policy));
+        return Ok(Core::with_works(
+            works,
+            session,
+            ttl,
+            policy,
+            Instant::now(),
+        ));
     }
     if store.ensure_order()? {
         info!(jobs = manifest.jobs, "built the stored hand-out order");
     }
-    Ok(Scheduler::with_order(
-        manifest.jobs,
-        manifest.total_work,
+    Ok(Core::with_order(
+        (manifest.jobs, manifest.total_work),
         Box::new(StoredOrder::new(Arc::clone(store))),
         session,
         ttl,
         policy,
+        Instant::now(),
     ))
 }
 
@@ -421,19 +425,22 @@ fn finished_report(
     s: &RunSummary,
 ) -> Result<RunReport> {
     // Judging needs no hand-out order: nothing is handed out.
-    let mut sched = Scheduler::with_order(
-        m.jobs,
-        m.total_work,
+    let mut core = Core::with_order(
+        (m.jobs, m.total_work),
         Box::new(ExactOrder::new(&[])),
         0,
         config.lease_ttl,
         policy(config, store)?,
+        Instant::now(),
     );
-    sched.expect_local_threads(config.local_threads > 0);
-    sched.trust(config.trusted.iter().map(String::as_str));
-    restore(store, &shape_of(m), &mut sched, Instant::now())?;
+    core.restorer()
+        .expect_local_threads(config.local_threads > 0);
+    core.restorer()
+        .trust(config.trusted.iter().map(String::as_str));
+    restore(store, &shape_of(m), &mut core, Instant::now())?;
     // The stored summary is a cached sum too: it must equal the results.
-    let derived = sched.tally().total;
+    let standing = core.standing();
+    let derived = standing.tally.total;
     if derived != s.total {
         return Err(Error::SummaryMismatch {
             dir: config.data_dir.clone(),
@@ -446,8 +453,8 @@ fn finished_report(
         &config.data_dir,
         // Every job settled in the finished run; those that judging now
         // leaves waiting for a check settled without one too.
-        Totals::of_summary(s, 0, sched.jobs_unchecked() + sched.jobs_in_check()),
-        crate::core::report::faulty_workers(&sched),
+        Totals::of_summary(s, 0, standing.jobs_unchecked + standing.jobs_in_check),
+        core.faulty_workers(),
     );
     report.audit_digest = Some(crate::audit::digest(store)?);
     Ok(report)

@@ -60,6 +60,7 @@ fn modules() -> Vec<(String, PathBuf)> {
     files
         .into_iter()
         .filter(|p| p.file_name().is_some_and(|n| n != "main.rs"))
+        .filter(|p| !is_test_module(p))
         .map(|p| {
             let rel = p.strip_prefix(src()).expect("under src");
             let mut parts: Vec<String> = rel
@@ -73,6 +74,33 @@ fn modules() -> Vec<(String, PathBuf)> {
             (parts.join("::"), p)
         })
         .collect()
+}
+
+/// True when `path` is a test module in a file of its own: its parent
+/// declares it `#[cfg(test)] mod name;`.
+fn is_test_module(path: &Path) -> bool {
+    let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+        return false;
+    };
+    let dir = path.parent().expect("a file has a folder");
+    let parents = [
+        dir.join("mod.rs"),
+        dir.join("lib.rs"),
+        dir.with_extension("rs"),
+    ];
+    parents
+        .iter()
+        .filter(|p| p.as_path() != path)
+        .any(|parent| {
+            fs::read_to_string(parent).is_ok_and(|text| {
+                let lines: Vec<&str> = text.lines().map(str::trim).collect();
+                lines.windows(2).any(|w| {
+                    w[0] == "#[cfg(test)]"
+                        && (w[1] == format!("mod {stem};")
+                            || w[1] == format!("pub(crate) mod {stem};"))
+                })
+            })
+        })
 }
 
 /// The file's code before its tests, without comments.

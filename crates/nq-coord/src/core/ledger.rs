@@ -560,6 +560,26 @@ pub(crate) fn judge_restored(
     (d.settlement, d.writes)
 }
 
+/// Adds a decision's writes to a store batch (the commit group's, or
+/// restore's): the data of a decision, in the form the store applies.
+pub(crate) fn add_writes(batch: &mut nq_store::CommitBatch, writes: Vec<Write>) {
+    for w in writes {
+        match w {
+            Write::First {
+                job,
+                result,
+                attempts,
+            } => batch.result(job, result, attempts),
+            Write::Replace {
+                job,
+                result,
+                attempts,
+            } => batch.replace_result(job, result, attempts),
+            Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! One test per case of [`decide`], each also restored: judging the
@@ -632,10 +652,11 @@ mod tests {
         let mut s = sched(share);
         let records = records_in(&mut s, JOB, &copies);
         for loser in records.losers {
-            s.restore_loss(loser, &crate::core::quorum::Beaten::trusted());
+            s.restorer()
+                .restore_loss(loser, &crate::core::quorum::Beaten::trusted());
         }
         for confirmed in records.confirmed {
-            s.restore_confirmation(confirmed);
+            s.restorer().restore_confirmation(confirmed);
         }
         for name in losses {
             let id = s.intern(name);
@@ -722,7 +743,8 @@ mod tests {
     fn a_selected_job_waits_for_a_confirmation_from_another_identity() {
         let mut s = sched(1.0);
         // A second machine is at work to give the check.
-        s.restore_two_machines(true, std::time::Instant::now());
+        s.restorer()
+            .restore_two_machines(true, std::time::Instant::now());
         let mut jc = empty(&s);
         let a = copy("a@127.0.0.1", 3);
         let d = decide_and_settle(&mut s, &mut jc, &a, false);
@@ -826,8 +848,10 @@ mod tests {
     fn a_banned_identity_never_votes() {
         let mut s = sched(0.0);
         let banned = s.intern("bad@127.0.0.1");
-        s.restore_loss(banned, &crate::core::quorum::Beaten::trusted());
-        s.restore_loss(banned, &crate::core::quorum::Beaten::trusted());
+        s.restorer()
+            .restore_loss(banned, &crate::core::quorum::Beaten::trusted());
+        s.restorer()
+            .restore_loss(banned, &crate::core::quorum::Beaten::trusted());
         assert!(s.identities().is_banned(banned, 2));
         let mut jc = empty(&s);
         let bad = copy("bad@127.0.0.1", 9);
@@ -845,8 +869,10 @@ mod tests {
         let copies = stored_copies(&d.writes, vec![bad.result]);
         let mut r = sched(0.0);
         let id = r.intern("bad@127.0.0.1");
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let (st, _) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
         assert_eq!(st.counted, Some(good.result.tally));
@@ -862,8 +888,10 @@ mod tests {
         let good = copy("good@127.0.0.1", 3);
         let mut r = sched(0.0);
         let id = r.intern("bad@127.0.0.1");
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let copies = vec![bad.result.clone(), good.result.clone()];
         let (st, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
@@ -898,7 +926,8 @@ mod tests {
     fn a_suspect_leader_needs_a_second_vote() {
         let mut s = sched(0.0);
         let suspect = s.intern("sus@127.0.0.1");
-        s.restore_loss(suspect, &crate::core::quorum::Beaten::trusted());
+        s.restorer()
+            .restore_loss(suspect, &crate::core::quorum::Beaten::trusted());
         let mut jc = empty(&s);
         let d = decide_and_settle(&mut s, &mut jc, &copy("sus@127.0.0.1", 3), false);
         assert!(
@@ -918,7 +947,8 @@ mod tests {
         // Restored with the suspect's loss found elsewhere: the same.
         let mut r = sched(0.0);
         let id = r.intern("sus@127.0.0.1");
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let (st, _) = judge_restored(
             &mut r,
             JOB,
