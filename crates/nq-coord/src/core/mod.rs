@@ -1,27 +1,34 @@
 //! The coordinator's pure core: everything that decides, and nothing that
 //! waits.
 //!
-//! `Core` holds the state of one session: the [`scheduler::Scheduler`]
-//! (jobs, leases, workers and their verification identities), the jobs whose
-//! solutions a report is writing (claims), and the history of counters
-//! behind the rates. The rule book is [`quorum`], the judging of a job's
-//! copies `ledger` (which returns its decision as data), and what a run
-//! looks like from outside [`status`].
+//! `Core` holds the state of one session and is its only door: the engine,
+//! the adapters, setup, restore and the audit call its methods, never the
+//! scheduler's (its field is private). It composes the
+//! `scheduler::Scheduler` (jobs, leases, workers, verification and
+//! counters, each its own owner), the jobs whose solutions a report is
+//! writing (claims), and the history of counters behind the rates. A method
+//! that needs several owners is a `Core` method whose body reads as
+//! orchestration. What only a restart does goes through `Core::restorer`.
+//!
+//! The rule book is [`quorum`], the judging of a job's copies `ledger`
+//! (which returns its decision as data, and reads only the owners it needs:
+//! the identities and the rules of the moment, or a job's phase), and what a
+//! run looks like from outside [`status`].
 //!
 //! Nothing here uses tokio, tonic, a sled-backed `Store` or the wall clock:
 //! time is passed in, and a decision is data that the engine
 //! (`crate::engine`) carries out. The test `tests/layout.rs` holds that
 //! line, so that it survives the next feature.
 
-pub mod allowance;
+pub(crate) mod allowance;
 pub mod lease;
 pub(crate) mod ledger;
 pub(crate) mod presence;
 pub mod quorum;
 pub mod report;
-pub mod scheduler;
+pub(crate) mod scheduler;
 pub mod status;
-pub mod tag;
+pub(crate) mod tag;
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -160,7 +167,8 @@ impl Core {
     /// confirmed, judged as the job was when it settled (see
     /// [`ledger::records_in`]).
     pub(crate) fn learn_records(&mut self, job: JobId, copies: &[StoredResult]) {
-        let records = ledger::records_in(&mut self.sched, job, copies);
+        let (identities, at) = self.sched.judging(job);
+        let records = ledger::records_in(identities, at, copies);
         let mut restorer = self.sched.restorer();
         for loser in records.losers {
             restorer.restore_loss(loser, &records.beaten);
@@ -185,8 +193,10 @@ impl Core {
         stored: bool,
         solutions_mode: bool,
     ) -> Result<(Settlement, Vec<Write>)> {
+        let (identities, at) = self.sched.judging(job);
         let (settlement, moved) = ledger::judge_restored(
-            &mut self.sched,
+            identities,
+            at,
             job,
             copies,
             (attempts, work),
@@ -374,7 +384,7 @@ impl Core {
         attempts: u32,
         work: u64,
     ) -> JobCopies {
-        JobCopies::new(&self.sched, job, copies, attempts, work)
+        JobCopies::new(self.sched.job_phases(), job, copies, attempts, work)
     }
 
     /// Judges `job`'s copies `jc`, with `new` if a copy just arrived (see
@@ -386,7 +396,8 @@ impl Core {
         new: Option<&Verified>,
         solutions_mode: bool,
     ) -> Decision {
-        ledger::decide(&mut self.sched, job, jc, new, solutions_mode)
+        let (identities, at) = self.sched.judging(job);
+        ledger::decide(identities, at, job, jc, new, solutions_mode)
     }
 
     /// Refuses a copy `v` under a lease no longer live when its job has no
@@ -396,7 +407,7 @@ impl Core {
     ///
     /// As [`ledger::refuse_late_alone`].
     pub(crate) fn refuse_late_alone(&self, v: &Verified, has_copies: bool) -> Result<()> {
-        ledger::refuse_late_alone(&self.sched, v, has_copies)
+        ledger::refuse_late_alone(v, has_copies, self.sched.is_late(v.lease))
     }
 
     /// Applies a durable decision (see [`Scheduler::settle`]); `here` when

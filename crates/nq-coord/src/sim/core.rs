@@ -906,7 +906,7 @@ impl Sim {
             let v = &item.1.0;
             let has_copies = seen.contains(&v.job)
                 || self.model.jobs[v.job.0 as usize].record.is_some();
-            if ledger::refuse_late_alone(self.core.sched(), v, has_copies).is_ok() {
+            if self.core.refuse_late_alone(v, has_copies).is_ok() {
                 seen.insert(v.job);
                 kept.push(item);
             }
@@ -918,7 +918,7 @@ impl Sim {
             let jc = overlay.entry(v.job).or_insert_with(|| {
                 let slot = &self.model.jobs[v.job.0 as usize];
                 JobCopies::new(
-                    self.core.sched(),
+                    self.core.sched().job_phases(),
                     v.job,
                     self.model.copies(v.job),
                     slot.attempts,
@@ -927,7 +927,7 @@ impl Sim {
             });
             // A late copy never settles a job alone (issue 18, item 4).
             let late_alone = jc.copies.is_empty() && self.core.sched().is_late(v.lease);
-            let d = ledger::decide(self.core.sched_mut(), v.job, jc, Some(v), false);
+            let d = self.core.decide(v.job, jc, Some(v), false);
             ensure!(
                 !(late_alone && d.settlement.settled),
                 "job {} settled on a lone copy under a lease that was no longer live",
@@ -1005,7 +1005,7 @@ impl Sim {
             for job in jobs {
                 let slot = &self.model.jobs[job.0 as usize];
                 let mut jc = JobCopies::new(
-                    self.core.sched(),
+                    self.core.sched().job_phases(),
                     job,
                     self.model.copies(job),
                     slot.attempts,
@@ -1014,7 +1014,7 @@ impl Sim {
                 if jc.copies.is_empty() {
                     continue;
                 }
-                let d = ledger::decide(self.core.sched_mut(), job, &mut jc, None, false);
+                let d = self.core.decide(job, &mut jc, None, false);
                 self.model.apply(&d.writes);
                 settlements.push(d.settlement);
             }

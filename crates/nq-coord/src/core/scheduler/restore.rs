@@ -25,7 +25,7 @@ impl Restorer<'_> {
     /// Records a conflict lost against `beaten`'s winners, found in stored
     /// copies (on startup).
     pub(crate) fn restore_loss(&mut self, identity: IdentityId, beaten: &Beaten) {
-        self.sched.identities.add_loss(identity, beaten);
+        self.sched.verify.identities.add_loss(identity, beaten);
     }
 
     /// Trusts the identities `names` (the operator's own machines,
@@ -33,7 +33,7 @@ impl Restorer<'_> {
     /// threads' do.
     pub(crate) fn trust<'a>(&mut self, names: impl IntoIterator<Item = &'a str>) {
         for name in names {
-            self.sched.identities.trust(name);
+            self.sched.verify.identities.trust(name);
         }
     }
 
@@ -41,13 +41,13 @@ impl Restorer<'_> {
     /// trusted computation that settles disputes, from the start of the
     /// session (restored disputes included), before they register.
     pub(crate) fn expect_local_threads(&mut self, local: bool) {
-        self.sched.local_arbiter = local;
+        self.sched.verify.local_arbiter = local;
     }
 
     /// Records a result of `identity` confirmed by another identity, found
     /// in stored copies (on startup).
     pub(crate) fn restore_confirmation(&mut self, identity: IdentityId) {
-        self.sched.identities.add_confirmation(identity);
+        self.sched.verify.identities.add_confirmation(identity);
     }
 
     /// Sets whether two machines are at work (on startup at `now`: whether
@@ -57,14 +57,14 @@ impl Restorer<'_> {
     /// has passed: the previous session's machines get the time a live one
     /// gets to call in again.
     pub(crate) fn restore_two_machines(&mut self, two: bool, now: Instant) {
-        self.sched.two_machines = two;
-        self.sched.restored_machines_until = two.then(|| now + self.sched.ttl);
+        self.sched.verify.two_machines = two;
+        self.sched.verify.restored_machines_until = two.then(|| now + self.sched.ttl);
     }
 
     /// Sets the attempt count of a job that is not done (on startup).
     pub(crate) fn restore_attempts(&mut self, job: JobId, attempts: u32) {
         if attempts > 0 && self.sched.known(job).is_ok() {
-            self.sched.attempts.insert(job, attempts);
+            self.sched.jobs.attempts.insert(job, attempts);
         }
     }
 
@@ -74,9 +74,9 @@ impl Restorer<'_> {
     /// it back. Call [`Scheduler::begin_store_check`] too.
     pub(crate) fn mark_restoring(&mut self, job: JobId) {
         if self.sched.phase(job) == Some(Phase::Pending) {
-            self.sched.table.set_phase(job, Phase::Restoring);
-            self.sched.pending_count -= 1;
-            self.sched.restoring += 1;
+            self.sched.jobs.table.set_phase(job, Phase::Restoring);
+            self.sched.jobs.pending_count -= 1;
+            self.sched.jobs.restoring += 1;
         }
     }
 
@@ -84,29 +84,29 @@ impl Restorer<'_> {
     /// index was wrong): it is pending again, handed out before fresh jobs.
     pub(crate) fn not_stored(&mut self, job: JobId) {
         if self.sched.phase(job) == Some(Phase::Restoring) {
-            self.sched.table.set_phase(job, Phase::Pending);
-            self.sched.restoring -= 1;
-            self.sched.pending_count += 1;
-            self.sched.requeued.push_back(job);
+            self.sched.jobs.table.set_phase(job, Phase::Pending);
+            self.sched.jobs.restoring -= 1;
+            self.sched.jobs.pending_count += 1;
+            self.sched.jobs.requeued.push_back(job);
         }
     }
 
     /// A restart serves before it checked the stored copies: the run is not
     /// complete until [`Scheduler::stored_checked`].
     pub(crate) fn begin_store_check(&mut self) {
-        self.sched.unchecked_store = true;
+        self.sched.jobs.unchecked_store = true;
     }
 
     /// The background check has read every stored job: a run whose jobs are
     /// all settled may now complete.
     pub(crate) fn stored_checked(&mut self) {
-        self.sched.unchecked_store = false;
+        self.sched.jobs.unchecked_store = false;
     }
 
     /// Adds the confirmations and conflicts of earlier sessions.
     pub(crate) fn restore_duplicates(&mut self, confirmations: u64, conflicts: u64) {
-        self.sched.confirmations += confirmations;
-        self.sched.conflicts += conflicts;
+        self.sched.counts.confirmations += confirmations;
+        self.sched.counts.conflicts += conflicts;
     }
 
     /// Keeps the registrations that earlier sessions recorded (on startup),
@@ -118,7 +118,7 @@ impl Restorer<'_> {
         &mut self,
         workers: impl IntoIterator<Item = (WorkerId, nq_store::StoredWorker)>,
     ) {
-        self.sched.recorded.extend(workers);
+        self.sched.workers.recorded.extend(workers);
     }
 
     /// Registers again, under its id `id` of an earlier session, a remote
@@ -135,19 +135,29 @@ impl Restorer<'_> {
         threads: u32,
         now: Instant,
     ) {
-        if self.sched.workers.contains_key(&id) {
+        if self.sched.workers.by_id.contains_key(&id) {
             return;
         }
-        let identity = self.sched.identities.intern(identity);
+        let identity = self.sched.verify.identities.intern(identity);
         let address = address.map(|ip| ip.to_canonical());
         if let Some(ip) = address {
-            *self.sched.registrations_by_address.entry(ip).or_insert(0) += 1;
+            *self
+                .sched
+                .workers
+                .registrations_by_address
+                .entry(ip)
+                .or_insert(0) += 1;
         }
-        *self.sched.registrations.entry(identity).or_insert(0) += 1;
-        self.sched.returning.remove(&identity);
-        self.sched.presence.touch(&id, identity, None, now);
+        *self
+            .sched
+            .workers
+            .registrations
+            .entry(identity)
+            .or_insert(0) += 1;
+        self.sched.workers.returning.remove(&identity);
+        self.sched.workers.presence.touch(&id, identity, None, now);
         let worker = Worker::new(name, address, identity, threads, now, false);
-        self.sched.workers.insert(id, worker);
+        self.sched.workers.by_id.insert(id, worker);
     }
 
     /// Restores a lease `lease` of an earlier session on `job`, held by
@@ -165,16 +175,17 @@ impl Restorer<'_> {
         attempts: u32,
         now: Instant,
     ) -> bool {
-        let Some(identity) = self.sched.workers.get(worker).map(|w| w.identity) else {
+        let Some(identity) = self.sched.workers.by_id.get(worker).map(|w| w.identity)
+        else {
             return false;
         };
         if self.sched.phase(job) != Some(Phase::Pending)
             || lease.0 == 0
-            || self.sched.issued.contains_key(&lease)
+            || self.sched.leases.issued.contains_key(&lease)
         {
             return false;
         }
-        self.sched.attempts.insert(job, attempts.max(1));
+        self.sched.jobs.attempts.insert(job, attempts.max(1));
         let issued = Issued {
             job,
             worker: worker.clone(),
@@ -197,9 +208,9 @@ impl Restorer<'_> {
     /// were live at the crash (the caller sums the lease caps of the
     /// recorded workers); the order of the rest is unchanged.
     pub(crate) fn defer_unrecorded(&mut self, leases: u64, now: Instant) {
-        self.sched.defer_left = leases.min(MAX_DEFERRED);
-        self.sched.deferred_until =
-            (self.sched.defer_left > 0).then(|| now + self.sched.ttl);
+        self.sched.jobs.defer_left = leases.min(MAX_DEFERRED);
+        self.sched.jobs.deferred_until =
+            (self.sched.jobs.defer_left > 0).then(|| now + self.sched.ttl);
     }
 
     /// Notes the remote identities that voted in earlier sessions (on
@@ -210,8 +221,8 @@ impl Restorer<'_> {
         identities: impl IntoIterator<Item = &'a str>,
     ) {
         for name in identities {
-            let id = self.sched.identities.intern(name);
-            self.sched.returning.insert(id);
+            let id = self.sched.verify.identities.intern(name);
+            self.sched.workers.returning.insert(id);
         }
     }
 }

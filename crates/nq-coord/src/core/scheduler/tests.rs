@@ -1017,7 +1017,7 @@ fn the_lease_cap_belongs_to_the_identity_not_to_its_registrations() {
     }
     assert_eq!(granted, crate::core::allowance::START_CAP);
     let ident = s.workers().next().unwrap().1.identity;
-    assert_eq!(s.leases.held_by_identity(ident), granted);
+    assert_eq!(s.leases.table.held_by_identity(ident), granted);
 }
 
 #[test]
@@ -1132,7 +1132,7 @@ fn while_others_wait_no_identity_holds_more_than_its_fair_share() {
             .all(|r| r.reason == TakenBack::OverShare && r.name == "busy" && !r.stalled)
     );
     let ident = s.worker(&busy).unwrap().identity;
-    assert_eq!(s.leases.held_by_identity(ident), 10);
+    assert_eq!(s.leases.table.held_by_identity(ident), 10);
 }
 
 #[test]
@@ -1210,14 +1210,14 @@ fn a_forgotten_workers_memory_is_freed() {
     let g = s.lease(w, 1, &[], clock.now()).unwrap().jobs[0].clone();
     s.note_copy(w, g.lease, 1, clock.now());
     assert_eq!(s.worker_entries(), [1001, 1000, 1, 1]);
-    let capacity = s.workers.capacity();
+    let capacity = s.workers.by_id.capacity();
     // Silent for three lease lifetimes: forgotten, with everything kept
     // for them; the local threads stay.
     s.expire(clock.advance(91));
     s.prune_workers(clock.now());
     assert_eq!(s.worker_entries(), [1, 0, 0, 0]);
     assert!(
-        s.workers.capacity() < capacity / 4,
+        s.workers.by_id.capacity() < capacity / 4,
         "the map gave its memory back"
     );
     assert!(matches!(

@@ -187,7 +187,7 @@ proptest! {
                     };
                     s.settle(&decided(job, lease, secs % 4 != 0), true).unwrap();
                 }
-                4 if s.locals == 0 && who == 0 => {
+                4 if s.workers.locals == 0 && who == 0 => {
                     ids.push(s.register_local(1, now));
                 }
                 5 => {
@@ -236,13 +236,13 @@ proptest! {
                 .collect();
             pruned.sort();
             prop_assert_eq!(pruned, silent);
-            let mut kept: Vec<LeaseId> = (s.issued.iter())
-                .filter(|(_, i)| s.table.phase(i.job) != Phase::Done)
+            let mut kept: Vec<LeaseId> = (s.leases.issued.iter())
+                .filter(|(_, i)| s.jobs.table.phase(i.job) != Phase::Done)
                 .map(|(&id, _)| id)
                 .collect();
             kept.sort();
             s.prune_issued();
-            let mut issued: Vec<LeaseId> = s.issued.keys().copied().collect();
+            let mut issued: Vec<LeaseId> = s.leases.issued.keys().copied().collect();
             issued.sort();
             prop_assert_eq!(issued, kept);
         }
