@@ -28,7 +28,7 @@
 //! # Layout
 //!
 //! The process harness is in this file, the fault-test tools in the modules
-//! above. `src/bin/nq-loadtest.rs` is the load-test tool, `src/bin/nq-liar.rs`
+//! above. `src/bin/nq-loadtest/` is the load-test tool, `src/bin/nq-liar.rs`
 //! a worker that reports wrong counts, and `src/bin/nq-reliability.rs` renders
 //! `RELIABILITY.md`.
 

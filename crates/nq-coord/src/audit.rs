@@ -61,9 +61,9 @@ use nq_store::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::core::ledger;
-use crate::core::quorum::{self, Fraction, Rules};
-use crate::core::scheduler::{ExactOrder, Scheduler};
+use crate::core::quorum::Fraction;
+use crate::core::scheduler::ExactOrder;
+use crate::core::{Core, Standing};
 use crate::error::{Error, Result};
 use crate::restore::restore;
 
@@ -351,7 +351,7 @@ pub fn audit_store(
             .dir()
             .map_or_else(|| "<temporary store>".into(), Path::to_path_buf),
     })?;
-    let mut sched = restored_scheduler(store, &manifest, verify)?;
+    let mut core = restored_core(store, &manifest, verify)?;
     let mut out = Hashing {
         out,
         sha: Sha256::new(),
@@ -363,20 +363,21 @@ pub fn audit_store(
     let finished = store.summary()?.is_some();
     let mut rows = Rows::default();
     for entry in store.scan_jobs(Scan::Every) {
-        let row = Row::of(entry?, &mut sched, finished);
+        let row = Row::of(entry?, &mut core, finished);
         rows.write(&mut out, &row)?;
     }
-    let complete = sched.is_complete();
+    let standing = core.standing();
+    let complete = standing.complete;
     let rows_total = rows.tally.total;
-    write_end(&mut out, &sched, rows, complete)?;
+    write_end(&mut out, &standing, rows, complete)?;
     let digest = AuditDigest(out.sha.finalize_reset().into());
     // The digest line is not part of what it digests.
     writeln!(out.out, "# digest={digest}").map_err(write_error)?;
     let summary = store.summary()?;
-    let tally = sched.tally();
+    let tally = standing.tally;
     Ok(AuditReport {
-        jobs: sched.jobs(),
-        settled: sched.jobs_done(),
+        jobs: standing.jobs,
+        settled: standing.jobs_done,
         total: tally.total,
         rows_total,
         stored_total: summary.as_ref().map(|s| s.total),
@@ -399,14 +400,10 @@ fn write_error(source: io::Error) -> Error {
     }
 }
 
-/// The run's scheduler, every job judged again from its stored copies the
-/// way a resuming coordinator judges them (`restore`). Nothing is handed
-/// out, so it gets no hand-out order: its memory is the judging state only.
-fn restored_scheduler(
-    store: &Store,
-    manifest: &Manifest,
-    verify: Fraction,
-) -> Result<Scheduler> {
+/// The run's core, every job judged again from its stored copies the way a
+/// resuming coordinator judges them (`restore`). Nothing is handed out, so
+/// it gets no hand-out order: its memory is the judging state only.
+fn restored_core(store: &Store, manifest: &Manifest, verify: Fraction) -> Result<Core> {
     let shape = RunShape {
         board: manifest.key.board,
         spec: manifest.key.spec,
@@ -417,17 +414,17 @@ fn restored_scheduler(
     // hand-out order: the audit hands nothing out, and an order would hold
     // every job's work in memory.
     let (policy, trusted) = crate::settings::judging(store, verify)?;
-    let mut sched = Scheduler::with_order(
-        manifest.jobs,
-        manifest.total_work,
+    let mut core = Core::with_order(
+        (manifest.jobs, manifest.total_work),
         Box::new(ExactOrder::new(&[])),
         0,
         Duration::from_secs(30),
         policy,
+        Instant::now(),
     );
-    sched.trust(trusted.iter().map(String::as_str));
-    restore(store, &shape, &mut sched, Instant::now())?;
-    Ok(sched)
+    core.restorer().trust(trusted.iter().map(String::as_str));
+    restore(store, &shape, &mut core, Instant::now())?;
+    Ok(core)
 }
 
 /// The two header lines and the column names.
@@ -475,8 +472,8 @@ struct Row {
 }
 
 impl Row {
-    /// The row of `entry`, judged by `sched` (restored from the store).
-    fn of(entry: ScannedJob, sched: &mut Scheduler, finished: bool) -> Row {
+    /// The row of `entry`, judged by `core` (restored from the store).
+    fn of(entry: ScannedJob, core: &mut Core, finished: bool) -> Row {
         let job = entry.job;
         let (subproblems, work, prefixes) = match &entry.definition {
             Some(d) => (
@@ -487,7 +484,7 @@ impl Row {
             None => (0, 0, Vec::new()),
         };
         let attempts = entry.record.attempts;
-        let state = state_of(&entry.record.state, job, sched, finished);
+        let state = state_of(&entry.record.state, job, core, finished);
         let copies = entry.into_copies();
         let workers = copies
             .iter()
@@ -506,8 +503,8 @@ impl Row {
             subproblems,
             work,
             state,
-            verification: verification_of(&copies, sched),
-            votes_needed: if sched.selected(job) { 2 } else { 1 },
+            verification: verification_of(&copies, core),
+            votes_needed: if core.selected(job) { 2 } else { 1 },
             counted: copies.first().map(|c| {
                 (
                     c.tally,
@@ -525,16 +522,11 @@ impl Row {
 }
 
 /// A job's `state` column.
-fn state_of(
-    record: &JobState,
-    job: JobId,
-    sched: &Scheduler,
-    finished: bool,
-) -> &'static str {
-    match (record, sched.is_done(job)) {
+fn state_of(record: &JobState, job: JobId, core: &Core, finished: bool) -> &'static str {
+    match (record, core.is_done(job)) {
         (_, true) | (JobState::Done(_), false) if finished => "settled",
         (_, true) => "settled",
-        (JobState::Done(_), false) if sched.is_counted(job) => "in_check",
+        (JobState::Done(_), false) if core.is_counted(job) => "in_check",
         (JobState::Done(_), false) => "recompute",
         (JobState::Leased { .. }, _) => "leased",
         (JobState::Pending, _) => "pending",
@@ -545,19 +537,11 @@ fn state_of(
 /// them (`core::quorum::judge` over the copies in classes of equal results):
 /// one per untrusted identity that is not banned, one per kernel of a
 /// trusted one. The counted copy is the first, so its class is class 0.
-fn verification_of(copies: &[StoredResult], sched: &mut Scheduler) -> &'static str {
+fn verification_of(copies: &[StoredResult], core: &mut Core) -> &'static str {
     if copies.is_empty() {
         return "none";
     }
-    let (votes, _) = ledger::votes_of(sched, copies);
-    let policy = sched.policy();
-    let rules = Rules {
-        ban_after: policy.ban_after,
-        probation: policy.probation(),
-        second_machine: false,
-        arbiter: false,
-    };
-    let verdict = quorum::judge(&votes, false, sched.identities(), rules);
+    let verdict = core.voices_of(copies);
     match (verdict.conflict, verdict.leader == Some(0), verdict.votes) {
         (false, _, 0 | 1) => "single",
         (false, _, _) => "verified",
@@ -622,7 +606,7 @@ impl Rows {
 /// The `# end` line: the jobs, what the rows add up to, and the plan.
 fn write_end(
     out: &mut impl Write,
-    sched: &Scheduler,
+    standing: &Standing,
     rows: Rows,
     complete: bool,
 ) -> Result<()> {
@@ -630,8 +614,8 @@ fn write_end(
         out,
         "# end jobs={} settled={} subproblems={} total={} \
          burnside={} unique={} plan={}",
-        sched.jobs(),
-        sched.jobs_done(),
+        standing.jobs,
+        standing.jobs_done,
         rows.first,
         rows.tally.total,
         rows.tally.burnside,

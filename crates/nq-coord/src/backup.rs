@@ -63,7 +63,7 @@ pub fn take(
         }
         other => other?,
     };
-    let taken = crate::engine::unix_ms(SystemTime::now());
+    let taken = crate::wall::unix_ms(SystemTime::now());
     let info = nq_store::backup::write_file(&store, &to, taken)?;
     Ok((info, Taken::FromStoppedRun))
 }

@@ -432,7 +432,7 @@ pub enum Refusal {
     /// The lease was not issued by this run to this worker for this job: made
     /// up, altered, of another run, or forgotten since its job settled.
     /// (A lease of a session before a restart is recognised by its id's
-    /// tag; see [`crate::core::tag`].)
+    /// tag; see `crate::core::tag`.)
     UnknownLease {
         /// The lease received.
         lease: LeaseId,

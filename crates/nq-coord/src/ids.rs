@@ -24,7 +24,7 @@ impl fmt::Display for LeaseId {
 
 /// Identifies a registered worker for one coordinator session:
 /// `w<session>.<n>-<tag>`, the tag a MAC of the rest and its caller
-/// ([`crate::core::tag`]).
+/// (`crate::core::tag`).
 ///
 /// ```compile_fail
 /// use nq_coord::lease::WorkerId;

@@ -15,9 +15,9 @@
 //! Three layers, and dependencies point down only:
 //!
 //! * [`core`]: the pure core. The state of one session
-//!   ([`core::scheduler`]: jobs, leases, workers, identities; claims; the
+//!   (`core::scheduler`: jobs, leases, workers, identities; claims; the
 //!   history behind the rates), what each identity may hold and when a
-//!   lease is taken back ([`core::allowance`]), the rule book ([`core::quorum`]), the
+//!   lease is taken back (`core::allowance`), the rule book ([`core::quorum`]), the
 //!   judging of a job's copies (`core::ledger`, decisions returned as data),
 //!   and what a run looks like from outside ([`core::status`]: one fraction,
 //!   one ETA). No tokio, tonic, sled-backed store or wall clock: time is
@@ -86,10 +86,11 @@ mod settings;
 mod setup;
 #[cfg(test)]
 mod sim;
+mod wall;
 
 pub use crate::adapters::grpc as service;
 pub use crate::core::status::Progress;
-pub use crate::core::{lease, quorum, scheduler, status};
+pub use crate::core::{lease, quorum, status};
 pub use config::Config;
 pub use error::{Error, Refusal, RegistrationLimit, ReportFault, Result};
 pub use nq_store::JobId;

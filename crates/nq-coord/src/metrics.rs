@@ -115,84 +115,96 @@ pub fn render(s: &Snapshot) -> String {
         jobs,
     );
     gauge(&mut r, "nq_jobs_in_run", "Jobs in the run", s.jobs as f64);
+    progress(&mut r, s);
+    verdicts(&mut r, s);
+    workers(&mut r, s);
+    let mut out = String::new();
+    encode(&mut out, &r).expect("writing to a String cannot fail");
+    out
+}
+
+/// The series of the run's progress: work done and left, the rates, the
+/// ETA and the workers at work.
+fn progress(r: &mut Registry, s: &Snapshot) {
     gauge(
-        &mut r,
+        r,
         "nq_work_done",
         "Estimated work of the settled jobs (split estimate units)",
         s.work_done as f64,
     );
     gauge(
-        &mut r,
+        r,
         "nq_work_total",
         "Estimated work of the whole run (split estimate units)",
         s.work_total as f64,
     );
     gauge(
-        &mut r,
+        r,
         "nq_progress_ratio",
         "Share of the estimated work done, 0 to 1",
         s.fraction(),
     );
     gauge(
-        &mut r,
+        r,
         "nq_completion_jobs_per_second",
         "Jobs settled per second over the recent window",
         s.jobs_per_second,
     );
     gauge(
-        &mut r,
+        r,
         "nq_completion_work_per_second",
         "Estimated work settled per second over the recent window",
         s.work_per_second,
     );
     if let Some(eta) = s.eta_seconds {
         gauge(
-            &mut r,
+            r,
             "nq_eta_seconds",
             "Estimated seconds to completion at the recent rate",
             eta,
         );
     }
     gauge(
-        &mut r,
+        r,
         "nq_workers_connected",
         "Remote workers heard from within one lease lifetime",
         f64::from(s.workers_connected),
     );
+}
+
+/// The series of verification: expiries, conflicts, confirmations, faulty
+/// workers, and the solutions counted so far.
+fn verdicts(r: &mut Registry, s: &Snapshot) {
     counter(
-        &mut r,
+        r,
         "nq_lease_expiries",
         "Leases that expired in this session (their jobs were handed out again)",
         s.lease_expiries,
     );
     counter(
-        &mut r,
+        r,
         "nq_conflicts",
         "Copies of jobs that disagreed with the counted result",
         s.conflicts,
     );
     counter(
-        &mut r,
+        r,
         "nq_confirmations",
         "Copies of jobs that agreed with the counted result",
         s.confirmations,
     );
     gauge(
-        &mut r,
+        r,
         "nq_faulty_workers",
         "Worker identities that lost verification conflicts",
         s.faulty_workers.len() as f64,
     );
     gauge(
-        &mut r,
+        r,
         "nq_solutions_counted",
         "Solutions counted so far (Q(N) once complete)",
         s.total_so_far as f64,
     );
-    workers(&mut r, s);
-    let mut out = String::new();
-    encode(&mut out, &r).expect("writing to a String cannot fail");
-    out
 }
 
 /// The per-worker series.

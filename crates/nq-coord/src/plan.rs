@@ -298,6 +298,22 @@ fn estimate_all(subs: &[SubProblem], parallel_from: usize) -> Vec<u64> {
     works
 }
 
+/// The sub-problems of a stored job, validated.
+pub(crate) fn subproblems_in(
+    stored: &nq_store::StoredJob,
+    shape: &nq_proto::convert::RunShape,
+    job: nq_store::JobId,
+) -> Result<Vec<SubProblem>> {
+    let mut subs = Vec::with_capacity(stored.len());
+    for rows in stored.prefixes() {
+        let sub = nq_core::board::Prefix::from_rows(shape.board, rows)
+            .and_then(|p| SubProblem::from_prefix(shape.spec, p))
+            .map_err(|source| Error::StoredJob { job, source })?;
+        subs.push(sub);
+    }
+    Ok(subs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use nq_core::split::SplitSpec;
 
 use crate::audit::AuditDigest;
+use crate::core::Standing;
 pub use crate::core::report::FaultyWorker;
-use crate::core::scheduler::Scheduler;
 use crate::error::{Error, Result};
 use nq_core::published::published;
 use nq_store::{Manifest, RunSummary, SettingChange};
@@ -110,7 +110,7 @@ impl RunStatus {
 }
 
 /// The figures of a run's end, wherever they come from: the scheduler of
-/// the session that ends ([`Totals::of_scheduler`]) or the summary an
+/// the session that ends ([`Totals::of_standing`]) or the summary an
 /// earlier session stored ([`Totals::of_summary`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Totals {
@@ -128,15 +128,15 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    /// The totals as `s` counts them after `elapsed_ms` of work on the run.
+    /// The totals as `s` stands after `elapsed_ms` of work on the run.
     ///
     /// # Errors
     ///
     /// [`Error::Inconsistent`] when a complete run's tally does not fold
     /// into whole symmetry classes.
-    pub(crate) fn of_scheduler(s: &Scheduler, elapsed_ms: u64) -> Result<Totals> {
-        let complete = s.is_complete();
-        let tally = s.tally();
+    pub(crate) fn of_standing(s: &Standing, elapsed_ms: u64) -> Result<Totals> {
+        let complete = s.complete;
+        let tally = s.tally;
         Ok(Totals {
             complete,
             total: tally.total,
@@ -146,11 +146,11 @@ impl Totals {
                 0
             },
             elapsed_ms,
-            jobs_done: s.jobs_done(),
-            confirmations: s.confirmations(),
-            conflicts: s.conflicts(),
-            disputed: s.jobs_disputed(),
-            unchecked: s.jobs_unchecked(),
+            jobs_done: s.jobs_done,
+            confirmations: s.confirmations,
+            conflicts: s.conflicts,
+            disputed: s.jobs_disputed,
+            unchecked: s.jobs_unchecked,
         })
     }
 

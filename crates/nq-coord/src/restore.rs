@@ -36,13 +36,12 @@ use nq_store::{
     CommitBatch, DuplicateKind, JobState, Scan, ScannedJob, Store, StoredResult,
 };
 
+use crate::core::Core;
 use crate::core::ledger::{self, Write};
-use crate::core::scheduler::Scheduler;
-use crate::engine::commit::add_writes;
-use crate::engine::subproblems_in;
 use crate::error::{Error, Result};
+use crate::plan::subproblems_in;
 
-/// Restores `sched` from the copies in `store`, a run of `shape`: the I/O
+/// Restores `core` from the copies in `store`, a run of `shape`: the I/O
 /// around [`restore_from`], which does the judging.
 ///
 /// # Errors
@@ -52,11 +51,11 @@ use crate::error::{Error, Result};
 pub(crate) fn restore(
     store: &Store,
     shape: &RunShape,
-    sched: &mut Scheduler,
+    core: &mut Core,
     now: Instant,
 ) -> Result<()> {
     let writes = restore_from(
-        sched,
+        core,
         |scan| store.scan_jobs(scan),
         |entry| check(store, shape, entry),
         shape.solutions,
@@ -64,7 +63,7 @@ pub(crate) fn restore(
     )?;
     if !writes.is_empty() {
         let mut batch = CommitBatch::new();
-        add_writes(&mut batch, writes);
+        ledger::add_writes(&mut batch, writes);
         store.apply(batch)?;
         store.flush()?;
     }
@@ -82,7 +81,7 @@ pub(crate) struct Checked {
     pub(crate) stored: bool,
 }
 
-/// Restores `sched` from the jobs that `scan` yields, in job order, with
+/// Restores `core` from the jobs that `scan` yields, in job order, with
 /// the three passes of the module doc, and returns the writes that move
 /// Done records to the copies that count now (see
 /// [`ledger::judge_restored`]), for the caller to make durable. `check` checks a done job's copies
@@ -96,7 +95,7 @@ pub(crate) struct Checked {
 /// What `scan` and `check` return; [`Error::Inconsistent`] if the totals
 /// overflow.
 pub(crate) fn restore_from<I>(
-    sched: &mut Scheduler,
+    core: &mut Core,
     mut scan: impl FnMut(Scan) -> I,
     mut check: impl FnMut(&ScannedJob) -> Result<Checked>,
     solutions_mode: bool,
@@ -113,9 +112,9 @@ where
         for c in &copies {
             voters.note(&c.identity);
         }
-        voters.learn(sched, job, &duplicates, &copies);
+        voters.learn(core, job, &duplicates, &copies);
     }
-    voters.restore(sched, now);
+    voters.restore(core, now);
     let mut writes = Vec::new();
     for entry in scan(Scan::Every) {
         let entry = entry?;
@@ -124,7 +123,7 @@ where
         } else {
             None
         };
-        writes.extend(restore_job(sched, entry, checked, solutions_mode)?.writes);
+        writes.extend(restore_job(core, entry, checked, solutions_mode)?.writes);
     }
     Ok(writes)
 }
@@ -161,7 +160,7 @@ impl Voters {
     /// either.
     fn learn(
         &mut self,
-        sched: &mut Scheduler,
+        core: &mut Core,
         job: nq_store::JobId,
         duplicates: &[nq_store::Duplicate],
         copies: &[StoredResult],
@@ -175,23 +174,18 @@ impl Voters {
                 DuplicateKind::Conflict => self.conflicts += 1,
             }
         }
-        let records = ledger::records_in(sched, job, copies);
-        for loser in records.losers {
-            sched.restore_loss(loser, &records.beaten);
-        }
-        for confirmed in records.confirmed {
-            sched.restore_confirmation(confirmed);
-        }
+        core.learn_records(job, copies);
     }
 
-    /// Gives `sched` what was learnt: the duplicates' counts, and the
+    /// Gives `core` what was learnt: the duplicates' counts, and the
     /// selection as the previous session left it (two machines at work if
     /// the stored copies came from two).
-    fn restore(self, sched: &mut Scheduler, now: Instant) {
-        sched.restore_duplicates(self.confirmations, self.conflicts);
+    fn restore(self, core: &mut Core, now: Instant) {
+        let mut restorer = core.restorer();
+        restorer.restore_duplicates(self.confirmations, self.conflicts);
         let machines = self.remote.len() + usize::from(self.local);
-        sched.restore_two_machines(machines >= 2, now);
-        sched.expect_back(self.remote.iter().map(String::as_str));
+        restorer.restore_two_machines(machines >= 2, now);
+        restorer.expect_back(self.remote.iter().map(String::as_str));
     }
 }
 
@@ -210,7 +204,7 @@ pub(crate) struct RestoredJob {
 }
 
 /// Judges one stored job (`checked`: its copies checked, for a done job)
-/// into `sched`, as pass 3 of the module doc does: a done job not settled
+/// into `core`, as pass 3 of the module doc does: a done job not settled
 /// in this session (pending, restoring, or leased where the state index
 /// missed its result) is judged from its copies; a job marked restoring that
 /// has no result is pending again; a job with a record of attempts keeps
@@ -221,7 +215,7 @@ pub(crate) struct RestoredJob {
 ///
 /// [`Error::Inconsistent`] if the totals overflow.
 pub(crate) fn restore_job(
-    sched: &mut Scheduler,
+    core: &mut Core,
     entry: ScannedJob,
     checked: Option<Checked>,
     solutions_mode: bool,
@@ -229,29 +223,27 @@ pub(crate) fn restore_job(
     let job = entry.job;
     let mut out = RestoredJob::default();
     match checked {
-        Some(checked) if entry.is_done() && !sched.is_done(job) => {
+        Some(checked) if entry.is_done() && !core.is_done(job) => {
             let attempts = entry.record.attempts;
-            let (settlement, moved) = ledger::judge_restored(
-                sched,
+            let (settlement, moved) = core.judge_restored(
                 job,
                 entry.into_copies(),
                 (attempts, checked.work),
                 checked.stored,
                 solutions_mode,
-            );
-            sched.settle(&settlement, false)?;
+            )?;
             out.writes = moved;
             out.judged = Some(settlement.settled);
         }
         _ if entry.is_done() => {}
         _ => {
-            if sched.is_restoring(job) {
-                sched.not_stored(job);
+            if core.is_restoring(job) {
+                core.restorer().not_stored(job);
                 out.not_stored = true;
             }
             // The leased jobs of the last session are pending again.
-            if sched.attempts(job) == 0 {
-                sched.restore_attempts(job, entry.record.attempts);
+            if core.attempts(job) == 0 {
+                core.restorer().restore_attempts(job, entry.record.attempts);
             }
         }
     }
@@ -267,7 +259,7 @@ pub(crate) fn restore_job(
 /// index names leased, for [`restore_leases`]. The check of every stored
 /// copy, which settles the restoring jobs, follows in the background
 /// (`engine::restoring`) once the caller has called
-/// [`Scheduler::begin_store_check`] (every resumed run: the index may have
+/// `Restorer::begin_store_check` (every resumed run: the index may have
 /// missed a result).
 ///
 /// # Errors
@@ -275,12 +267,12 @@ pub(crate) fn restore_job(
 /// Store errors.
 pub(crate) fn restore_indexed(
     store: &Store,
-    sched: &mut Scheduler,
+    core: &mut Core,
     now: Instant,
 ) -> Result<Vec<(nq_store::JobId, nq_store::JobRecord)>> {
     let mut leased = Vec::new();
     store.visit_states(|job, kind| match kind {
-        nq_store::RecordKind::Done => sched.mark_restoring(job),
+        nq_store::RecordKind::Done => core.restorer().mark_restoring(job),
         nq_store::RecordKind::Leased => leased.push(job),
         nq_store::RecordKind::Pending => {}
     })?;
@@ -301,10 +293,10 @@ pub(crate) fn restore_indexed(
             let copies: Vec<StoredResult> = std::iter::once(*counted)
                 .chain(of_job.iter().map(|d| d.result.clone()))
                 .collect();
-            voters.learn(sched, job, &of_job, &copies);
+            voters.learn(core, job, &of_job, &copies);
         }
     }
-    voters.restore(sched, now);
+    voters.restore(core, now);
     let mut records = Vec::with_capacity(leased.len());
     for job in leased {
         records.push((job, store.job_record(job)?));
@@ -345,7 +337,7 @@ pub(crate) struct KeptLeases {
 pub(crate) fn restore_leases(
     store: &Store,
     leased: Vec<(nq_store::JobId, nq_store::JobRecord)>,
-    sched: &mut Scheduler,
+    core: &mut Core,
     now_wall: std::time::SystemTime,
     now: Instant,
 ) -> Result<KeptLeases> {
@@ -354,12 +346,12 @@ pub(crate) fn restore_leases(
     let stored: HashMap<String, nq_store::StoredWorker> =
         store.workers()?.into_iter().collect();
     let oldest =
-        crate::engine::unix_ms(now_wall).saturating_sub(LEASE_GRACE.as_millis() as u64);
+        crate::wall::unix_ms(now_wall).saturating_sub(LEASE_GRACE.as_millis() as u64);
     let (mut jobs, mut workers) = (HashSet::new(), HashSet::new());
     // One scan of the records: the leases not kept are requeued from it.
     let mut requeue = Vec::new();
     for (job, record) in leased {
-        if keep_lease(sched, &stored, oldest, job, &record, now) {
+        if keep_lease(core, &stored, oldest, job, &record, now) {
             if let JobState::Leased { worker, .. } = &record.state {
                 workers.insert(worker.clone());
             }
@@ -383,7 +375,7 @@ pub(crate) fn restore_leases(
 /// `oldest` (wall clock, ms), it has no lease id or no stored worker, or the
 /// job is done. Returns true when the lease is restored.
 fn keep_lease(
-    sched: &mut Scheduler,
+    core: &mut Core,
     stored: &std::collections::HashMap<String, nq_store::StoredWorker>,
     oldest: u64,
     job: nq_store::JobId,
@@ -409,13 +401,14 @@ fn keep_lease(
     if own_threads(w) {
         return false;
     }
-    if sched.is_done(job) {
+    if core.is_done(job) {
         return false; // a stale record: the job was done meanwhile
     }
     let id = WorkerId(worker.clone());
     let address = w.address.as_deref().and_then(|a| a.parse().ok());
-    sched.restore_worker(id.clone(), &w.name, &w.identity, address, w.threads, now);
-    sched.restore_lease(job, LeaseId(*lease), &id, record.attempts, now)
+    let mut restorer = core.restorer();
+    restorer.restore_worker(id.clone(), &w.name, &w.identity, address, w.threads, now);
+    restorer.restore_lease(job, LeaseId(*lease), &id, record.attempts, now)
 }
 
 /// True for the recorded registration of a session's own threads: the
@@ -530,14 +523,18 @@ mod tests {
             fraction: Fraction::Fixed(0.0),
             ban_after: 3,
         };
-        let mut s = Scheduler::new(vec![1; 4], 2, Duration::from_secs(30), policy);
+        let mut s = Core::with_works(vec![1; 4], 2, Duration::from_secs(30), policy, now);
         // The index names jobs 0 and 1 done.
-        s.mark_restoring(JobId(0));
-        s.mark_restoring(JobId(1));
-        s.begin_store_check();
-        assert_eq!((s.restoring(), s.jobs_pending(), s.jobs_done()), (2, 2, 0));
+        s.restorer().mark_restoring(JobId(0));
+        s.restorer().mark_restoring(JobId(1));
+        s.restorer().begin_store_check();
+        let standing = s.standing();
         assert_eq!(
-            s.tally(),
+            (s.restoring(), standing.jobs_pending, standing.jobs_done),
+            (2, 2, 0)
+        );
+        assert_eq!(
+            standing.tally,
             Tally::default(),
             "nothing counts before its check"
         );
@@ -552,7 +549,7 @@ mod tests {
         let r = restore_job(&mut s, stored(0, Some(5)), CHECKED, false).unwrap();
         assert_eq!(r.judged, Some(true));
         assert!(s.is_done(JobId(0)) && !s.is_restoring(JobId(0)));
-        assert_eq!(s.tally().total, 40);
+        assert_eq!(s.standing().tally.total, 40);
         // Job 1 has no result after all (a wrong index): pending again, and
         // handed out next.
         let r = restore_job(&mut s, stored(1, None), None, false).unwrap();
@@ -567,12 +564,12 @@ mod tests {
         }
         let r = restore_job(&mut s, stored(0, Some(7)), CHECKED, false).unwrap();
         assert_eq!(r.judged, None, "a settled job is not judged twice");
-        assert_eq!(s.tally().total, 40 + 3 * 8);
+        assert_eq!(s.standing().tally.total, 40 + 3 * 8);
         // Every job is settled, but the run is complete only once the whole
         // store was read.
-        assert_eq!(s.jobs_done(), 4);
+        assert_eq!(s.standing().jobs_done, 4);
         assert!(!s.is_complete());
-        s.stored_checked();
+        s.restorer().stored_checked();
         assert!(s.is_complete());
     }
 }

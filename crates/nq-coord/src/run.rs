@@ -34,10 +34,11 @@ use crate::adapters::in_flight::InFlight;
 use crate::adapters::{backup_socket, grpc, http, local};
 use crate::config::Config;
 use crate::engine::ticker::{Publish, ticker};
-use crate::engine::{Engine, backup, commit, unix_ms};
+use crate::engine::{Engine, backup, commit};
 use crate::error::{Error, Result};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::setup::{Accepted, Opened, Ready, build, open, shape_of};
+use crate::wall::unix_ms;
 
 /// How long in-flight RPCs get to finish at shutdown before the server is
 /// dropped.
@@ -150,12 +151,12 @@ async fn session(
     let Ready {
         store,
         manifest,
-        sched,
+        core,
         elapsed_before,
     } = prepare(&config, accepted, &stop).await?;
     let (engine, commits) = Engine::new(
         Arc::clone(&store),
-        sched,
+        core,
         shape_of(&manifest),
         manifest.run_id.clone(),
     );
@@ -257,16 +258,17 @@ impl Ended<'_> {
     ) -> Result<RunReport> {
         let (mut report, summary) = {
             let core = self.engine.core();
-            let totals = Totals::of_scheduler(&core.sched, self.elapsed_ms)?;
+            let standing = core.standing();
+            let totals = Totals::of_standing(&standing, self.elapsed_ms)?;
             let report = RunReport::new(
                 self.manifest,
                 &config.data_dir,
                 totals,
-                crate::core::report::faulty_workers(&core.sched),
+                core.faulty_workers(),
             );
             (
                 report,
-                totals.summary(core.sched.jobs(), unix_ms(SystemTime::now())),
+                totals.summary(standing.jobs, unix_ms(SystemTime::now())),
             )
         };
         report.setting_changes = crate::settings::changes(self.store)?;
@@ -573,7 +575,7 @@ async fn linger(engine: &Engine, stop: &CancellationToken, cap: Duration) {
     loop {
         let untold = {
             let core = engine.core();
-            core.sched.untold_workers(Instant::now()) + core.sched.not_back()
+            core.still_to_tell(Instant::now())
         };
         if untold == 0 {
             return;

@@ -13,8 +13,8 @@ use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::core::quorum::{Fraction, Policy};
-use crate::engine::unix_ms;
 use crate::error::{Error, Result};
+use crate::wall::unix_ms;
 
 /// The settings a session judges by.
 #[derive(Clone, Debug, PartialEq)]

@@ -19,17 +19,16 @@ use nq_store::{
 use tracing::{info, warn};
 
 use crate::config::{Config, default_split, default_target_jobs};
+use crate::core::Core;
 use crate::core::lease::WorkerId;
 use crate::core::quorum::Policy;
-use crate::core::scheduler::{
-    EXACT_ORDER_UP_TO, ExactOrder, HandOut, Scheduler, claimed_cap,
-};
-use crate::engine::unix_ms;
+use crate::core::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, claimed_cap};
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
 use crate::restore::{restore, restore_indexed, restore_leases};
 use crate::settings::{self, Deciding};
+use crate::wall::unix_ms;
 
 /// What opening the data directory found ([`open`]).
 pub(crate) enum Opened {
@@ -60,7 +59,7 @@ pub(crate) struct Accepted {
 pub(crate) struct Ready {
     pub(crate) store: Arc<Store>,
     pub(crate) manifest: Manifest,
-    pub(crate) sched: Scheduler,
+    pub(crate) core: Core,
     pub(crate) elapsed_before: Duration,
 }
 
@@ -183,18 +182,20 @@ pub(crate) fn build(
         None => create(config, &store, key, creating, &deciding, stop)?,
     };
     let session_no = store.next_boot()?;
-    let mut sched = scheduler(
+    let mut core = scheduler(
         &store,
         &manifest,
         session_no,
         config.lease_ttl,
         deciding.policy(&store)?,
     )?;
-    sched.expect_local_threads(config.local_threads > 0);
-    sched.trust(deciding.trusted.iter().map(String::as_str));
-    let leased = restore_results(&store, &manifest, &mut sched, created)?;
-    restore_previous_leases(&store, leased, &mut sched)?;
-    log_restored(&sched);
+    core.restorer()
+        .expect_local_threads(config.local_threads > 0);
+    core.restorer()
+        .trust(deciding.trusted.iter().map(String::as_str));
+    let leased = restore_results(&store, &manifest, &mut core, created)?;
+    restore_previous_leases(&store, leased, &mut core)?;
+    log_restored(&core);
     let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
     info!(
         setup_ms = opened.elapsed().as_millis() as u64,
@@ -204,12 +205,12 @@ pub(crate) fn build(
     Ok(Ready {
         store,
         manifest,
-        sched,
+        core,
         elapsed_before,
     })
 }
 
-/// Restores the stored results into `sched` and returns the records of
+/// Restores the stored results into `core` and returns the records of
 /// the jobs leased when the last session ended. Totals are derived again
 /// from the stored counts, never from a cached sum: before serving for a
 /// store without a state index (and the index is built then), else in the
@@ -217,18 +218,18 @@ pub(crate) fn build(
 fn restore_results(
     store: &Store,
     manifest: &Manifest,
-    sched: &mut Scheduler,
+    core: &mut Core,
     created: bool,
 ) -> Result<Vec<(nq_store::JobId, nq_store::JobRecord)>> {
     if store.is_indexed()? {
         if !created {
             // Even with no job marked restoring: the index may have missed
             // a result (see `nq_store::states`).
-            sched.begin_store_check();
+            core.restorer().begin_store_check();
         }
-        return restore_indexed(store, sched, Instant::now());
+        return restore_indexed(store, core, Instant::now());
     }
-    restore(store, &shape_of(manifest), sched, Instant::now())?;
+    restore(store, &shape_of(manifest), core, Instant::now())?;
     info!("building the state index of a store written before it existed");
     store.rebuild_indexes()?;
     Ok(store.leased_records()?)
@@ -239,7 +240,7 @@ fn restore_results(
 fn restore_previous_leases(
     store: &Store,
     leased: Vec<(nq_store::JobId, nq_store::JobRecord)>,
-    sched: &mut Scheduler,
+    core: &mut Core,
 ) -> Result<()> {
     // Leases granted in the second before a crash have no record; their
     // jobs are set aside, so that their holders report them first (issue
@@ -252,10 +253,11 @@ fn restore_previous_leases(
         .filter(|(_, w)| !crate::restore::own_threads(w))
         .map(|(_, w)| claimed_cap(w.threads))
         .sum();
-    sched.defer_unrecorded(caps, Instant::now());
+    core.restorer().defer_unrecorded(caps, Instant::now());
     // A worker recognised by its id keeps its recorded name and identity.
-    sched.expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
-    let kept = restore_leases(store, leased, sched, SystemTime::now(), Instant::now())?;
+    core.restorer()
+        .expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
+    let kept = restore_leases(store, leased, core, SystemTime::now(), Instant::now())?;
     if kept.restored > 0 || kept.requeued > 0 {
         info!(
             restored = kept.restored,
@@ -267,20 +269,21 @@ fn restore_previous_leases(
     Ok(())
 }
 
-/// Logs what the restored scheduler holds.
-fn log_restored(sched: &Scheduler) {
-    if sched.jobs_done() > 0 || sched.jobs_in_check() > 0 {
+/// Logs what the restored core holds.
+fn log_restored(core: &Core) {
+    let standing = core.standing();
+    if standing.jobs_done > 0 || standing.jobs_in_check > 0 {
         info!(
-            done = sched.jobs_done(),
-            jobs = sched.jobs(),
-            in_check = sched.jobs_in_check(),
+            done = standing.jobs_done,
+            jobs = standing.jobs,
+            in_check = standing.jobs_in_check,
             "restored finished jobs"
         );
     }
-    if sched.restoring() > 0 {
+    if core.restoring() > 0 {
         info!(
-            stored = sched.restoring(),
-            jobs = sched.jobs(),
+            stored = core.restoring(),
+            jobs = standing.jobs,
             "done jobs found in the state index: not handed out; their stored copies are checked and counted in the background"
         );
     }
@@ -329,7 +332,7 @@ fn scheduler(
     session: u64,
     ttl: Duration,
     policy: Policy,
-) -> Result<Scheduler> {
+) -> Result<Core> {
     let corrupt = || -> Error {
         nq_store::Error::Corrupt {
             tree: "jobs",
@@ -343,18 +346,24 @@ fn scheduler(
         if works.len() as u64 != manifest.jobs || total != manifest.total_work {
             return Err(corrupt());
         }
-        return Ok(Scheduler::new(works, session, ttl, policy));
+        return Ok(Core::with_works(
+            works,
+            session,
+            ttl,
+            policy,
+            Instant::now(),
+        ));
     }
     if store.ensure_order()? {
         info!(jobs = manifest.jobs, "built the stored hand-out order");
     }
-    Ok(Scheduler::with_order(
-        manifest.jobs,
-        manifest.total_work,
+    Ok(Core::with_order(
+        (manifest.jobs, manifest.total_work),
         Box::new(StoredOrder::new(Arc::clone(store))),
         session,
         ttl,
         policy,
+        Instant::now(),
     ))
 }
 
@@ -464,19 +473,22 @@ fn finished_report(
     // Judged by the settings the run was judged by.
     let deciding = settings::finished(config, store)?;
     // Judging needs no hand-out order: nothing is handed out.
-    let mut sched = Scheduler::with_order(
-        m.jobs,
-        m.total_work,
+    let mut core = Core::with_order(
+        (m.jobs, m.total_work),
         Box::new(ExactOrder::new(&[])),
         0,
         config.lease_ttl,
         deciding.policy(store)?,
+        Instant::now(),
     );
-    sched.expect_local_threads(config.local_threads > 0);
-    sched.trust(deciding.trusted.iter().map(String::as_str));
-    restore(store, &shape_of(m), &mut sched, Instant::now())?;
+    core.restorer()
+        .expect_local_threads(config.local_threads > 0);
+    core.restorer()
+        .trust(deciding.trusted.iter().map(String::as_str));
+    restore(store, &shape_of(m), &mut core, Instant::now())?;
     // The stored summary is a cached sum too: it must equal the results.
-    let derived = sched.tally().total;
+    let standing = core.standing();
+    let derived = standing.tally.total;
     if derived != s.total {
         return Err(Error::SummaryMismatch {
             dir: config.data_dir.clone(),
@@ -489,8 +501,8 @@ fn finished_report(
         &config.data_dir,
         // Every job settled in the finished run; those that judging now
         // leaves waiting for a check settled without one too.
-        Totals::of_summary(s, 0, sched.jobs_unchecked() + sched.jobs_in_check()),
-        crate::core::report::faulty_workers(&sched),
+        Totals::of_summary(s, 0, standing.jobs_unchecked + standing.jobs_in_check),
+        core.faulty_workers(),
     );
     report.audit_digest = Some(crate::audit::digest(store)?);
     report.setting_changes = settings::changes(store)?;

@@ -523,41 +523,42 @@ impl Plan {
         self.count_impl(stop)
     }
 
-    /// The count kernel. See the module docs for the invariants.
-    #[inline(always)]
-    fn count_impl(&self, stop: &AtomicBool) -> Option<CountStats> {
+    /// The count of a prefix with at most two free columns, in closed form
+    /// (none are nodes, see `CountStats::nodes`); `None` for a longer one.
+    #[inline]
+    fn closed_form(&self) -> Option<CountStats> {
         let full = self.full;
         match self.free {
             // A complete prefix is its own single completion.
-            0 => return Some(CountStats { count: 1, nodes: 0 }),
+            0 => Some(CountStats { count: 1, nodes: 0 }),
             // The last two columns are counted in closed form and are not
             // nodes (see `CountStats::nodes`).
             1 => {
                 let count = (full & !self.blocked[0]).count_ones();
-                return Some(CountStats {
+                Some(CountStats {
                     count: count.into(),
                     nodes: 0,
-                });
+                })
             }
             2 => {
                 let f1 = full & !self.blocked[0];
                 let f2 = full & !self.blocked[1];
                 let count = pairs(f1, f2, self.shift[1]);
-                return Some(CountStats {
+                Some(CountStats {
                     count: count.into(),
                     nodes: 0,
-                });
+                })
             }
-            _ => {}
+            _ => None,
         }
-        // The main loop iterates levels 0..last - 2. Levels `last - 2` to
-        // `last` are counted by tight inner loops over their free rows
-        // (`Tail::five`, `four`, `three`), and the two columns after them in
-        // closed form by `pairs`, so the deepest five columns never touch the
-        // stack.
-        let last = self.free - 3;
-        let tail = Tail {
-            full,
+    }
+
+    /// The deepest five free columns of a count whose main loop ends at
+    /// level `last` (see [`Tail`]).
+    #[inline]
+    fn tail(&self, last: usize) -> Tail {
+        Tail {
+            full: self.full,
             sm: self.shift[last.saturating_sub(1)],
             bm: self.blocked[last.saturating_sub(1)],
             s0: self.shift[last],
@@ -566,7 +567,23 @@ impl Plan {
             b1: self.blocked[self.free - 2],
             s2: self.shift[self.free - 1],
             b2: self.blocked[self.free - 1],
-        };
+        }
+    }
+
+    /// The count kernel. See the module docs for the invariants.
+    #[inline(always)]
+    fn count_impl(&self, stop: &AtomicBool) -> Option<CountStats> {
+        let full = self.full;
+        if let Some(stats) = self.closed_form() {
+            return Some(stats);
+        }
+        // The main loop iterates levels 0..last - 2. Levels `last - 2` to
+        // `last` are counted by tight inner loops over their free rows
+        // (`Tail::five`, `four`, `three`), and the two columns after them in
+        // closed form by `pairs`, so the deepest five columns never touch the
+        // stack.
+        let last = self.free - 3;
+        let tail = self.tail(last);
         let first = full & !self.blocked[0];
         if last <= 2 {
             let packed = match last {

@@ -170,6 +170,44 @@ struct Slot {
     busy: bool,
 }
 
+impl Slot {
+    /// Grows the slot's pinned buffers for the results to hold `len`
+    /// entries: pinned, so that their copies are asynchronous; grown to a
+    /// power of two, so that they rarely are.
+    fn ensure_pinned(&mut self, ctx: &Arc<CudaContext>, len: usize) -> Result<()> {
+        for buf in [&mut self.counts, &mut self.nodes] {
+            if buf.as_ref().is_none_or(|b| b.len() < len) {
+                // SAFETY: the buffer is only read after the copy of the
+                // kernel's results into it (finish reads `len` entries).
+                let pinned = unsafe {
+                    ctx.alloc_pinned_with_flags::<u64>(len.next_power_of_two(), 0)
+                }
+                .map_err(|source| Error::Driver {
+                    call: "cuMemHostAlloc",
+                    source,
+                })?;
+                *buf = Some(pinned);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The spill queue of a launch of `lanes` lanes on `s`: room for every
+/// lane's whole stack, so that no reservation fails, and its head set.
+fn spill_queue(s: &Arc<CudaStream>, lanes: u64) -> Result<CudaSlice<u32>> {
+    let driver = |call| move |source| Error::Driver { call, source };
+    let cap = u32::try_from(lanes * STACK_DEPTH as u64).expect("a grid's stacks fit");
+    let mut head = vec![0u32; SPILL_HEAD];
+    head[2] = cap;
+    let mut spill = s
+        .alloc_zeros::<u32>(SPILL_HEAD + cap as usize * TASK_WORDS)
+        .map_err(driver("cuMemAlloc"))?;
+    s.memcpy_htod(&head, &mut spill)
+        .map_err(driver("cuMemcpyHtoDAsync"))?;
+    Ok(spill)
+}
+
 /// A launch in flight, from [`Gpu::submit`]; hand it to [`Gpu::finish`].
 #[derive(Debug)]
 pub struct Launch {
@@ -507,21 +545,9 @@ impl Gpu {
         let driver = |call| move |source| Error::Driver { call, source };
         let ctx = &self.ctx;
         let slot = &mut self.slots[slot];
-        let s = &slot.stream;
         let len = tasks as usize;
-        // Pinned buffers for the results, so that their copies are
-        // asynchronous; grown to a power of two so that they rarely are.
-        for buf in [&mut slot.counts, &mut slot.nodes] {
-            if buf.as_ref().is_none_or(|b| b.len() < len) {
-                // SAFETY: the buffer is only read after the copy of the
-                // kernel's results into it (finish reads `len` entries).
-                let pinned = unsafe {
-                    ctx.alloc_pinned_with_flags::<u64>(len.next_power_of_two(), 0)
-                }
-                .map_err(driver("cuMemHostAlloc"))?;
-                *buf = Some(pinned);
-            }
-        }
+        slot.ensure_pinned(ctx, len)?;
+        let s = &slot.stream;
         let tables = s
             .clone_htod(launch.batch.tables())
             .map_err(driver("cuMemcpyHtoDAsync"))?;
@@ -544,16 +570,7 @@ impl Gpu {
         } else {
             None
         };
-        // The spill queue: room for every lane's whole stack, so that no
-        // reservation fails.
-        let cap = u32::try_from(lanes * STACK_DEPTH as u64).expect("a grid's stacks fit");
-        let mut head = vec![0u32; SPILL_HEAD];
-        head[2] = cap;
-        let mut spill = s
-            .alloc_zeros::<u32>(SPILL_HEAD + cap as usize * TASK_WORDS)
-            .map_err(driver("cuMemAlloc"))?;
-        s.memcpy_htod(&head, &mut spill)
-            .map_err(driver("cuMemcpyHtoDAsync"))?;
+        let mut spill = spill_queue(s, lanes)?;
         let null = 0u64;
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),

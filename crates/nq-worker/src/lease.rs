@@ -300,6 +300,56 @@ impl<'a> LeaseLoop<'a> {
         }
     }
 
+    /// A registration that failed with `status`, which retrying may fix:
+    /// says why (a refused client certificate, plain HTTP/2 to a TLS port,
+    /// or a coordinator not up yet) and waits to retry, or stops the worker
+    /// when retrying cannot help.
+    async fn registration_failed(&mut self, status: tonic::Status) -> Result<()> {
+        // A connection closed during the first call over TLS may be a
+        // refused client certificate: ask rustls.
+        if matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown)
+            && let Some(reason) = crate::client::diagnose_tls(self.config).await
+        {
+            return Err(Error::Tls { reason });
+        }
+        // Plain HTTP/2 to a TLS port fails as an HTTP/2 protocol error
+        // (the TLS alert read as a frame, INTERNAL) or a closed
+        // connection: ask the port what it speaks, rather than retry
+        // until --give-up. A refused connection (UNAVAILABLE) is a
+        // coordinator not up yet, and costs no probe.
+        if !self.config.coordinator.tls()
+            && matches!(
+                status.code(),
+                tonic::Code::Internal | tonic::Code::Cancelled | tonic::Code::Unknown
+            )
+            && crate::client::speaks_tls(&self.config.coordinator).await
+        {
+            return Err(Error::SpeaksTls {
+                coordinator: self.config.coordinator.clone(),
+            });
+        }
+        let delay = self.backoff.next_delay();
+        if lost(&status) {
+            debug!(
+                coordinator = %self.config.coordinator,
+                code = ?status.code(),
+                message = status.message(),
+                ?delay,
+                "coordinator unreachable; retrying"
+            );
+            lock(&self.outage).failed(&status);
+        } else {
+            warn!(
+                coordinator = %self.config.coordinator,
+                code = ?status.code(),
+                message = status.message(),
+                ?delay,
+                "registration failed; retrying"
+            );
+        }
+        self.retry_after(delay)
+    }
+
     async fn register(&mut self) -> Result<()> {
         let connection = self.client.connection();
         let response = match self.client.register(self.config).await {
@@ -307,51 +357,7 @@ impl<'a> LeaseLoop<'a> {
             // FAILED_PRECONDITION here is a protocol version mismatch, not an
             // unknown worker: retrying cannot fix it.
             Err(status) if Failure::of(&status) == Failure::Retry => {
-                // A connection closed during the first call over TLS may be a
-                // refused client certificate: ask rustls.
-                if matches!(status.code(), tonic::Code::Cancelled | tonic::Code::Unknown)
-                    && let Some(reason) = crate::client::diagnose_tls(self.config).await
-                {
-                    return Err(Error::Tls { reason });
-                }
-                // Plain HTTP/2 to a TLS port fails as an HTTP/2 protocol error
-                // (the TLS alert read as a frame, INTERNAL) or a closed
-                // connection: ask the port what it speaks, rather than retry
-                // until --give-up. A refused connection (UNAVAILABLE) is a
-                // coordinator not up yet, and costs no probe.
-                if !self.config.coordinator.tls()
-                    && matches!(
-                        status.code(),
-                        tonic::Code::Internal
-                            | tonic::Code::Cancelled
-                            | tonic::Code::Unknown
-                    )
-                    && crate::client::speaks_tls(&self.config.coordinator).await
-                {
-                    return Err(Error::SpeaksTls {
-                        coordinator: self.config.coordinator.clone(),
-                    });
-                }
-                let delay = self.backoff.next_delay();
-                if lost(&status) {
-                    debug!(
-                        coordinator = %self.config.coordinator,
-                        code = ?status.code(),
-                        message = status.message(),
-                        ?delay,
-                        "coordinator unreachable; retrying"
-                    );
-                    lock(&self.outage).failed(&status);
-                } else {
-                    warn!(
-                        coordinator = %self.config.coordinator,
-                        code = ?status.code(),
-                        message = status.message(),
-                        ?delay,
-                        "registration failed; retrying"
-                    );
-                }
-                return self.retry_after(delay);
+                return self.registration_failed(status).await;
             }
             Err(status) => return Err(fatal("Register", &status)),
         };
@@ -648,6 +654,47 @@ impl<'a> LeaseLoop<'a> {
         }
     }
 
+    /// `held`'s report under `lease` was acknowledged with `ack`, for a job
+    /// of `nodes` nodes and `solutions` solutions: counted in the summary,
+    /// and the run's end or the queue's top-up noted.
+    fn on_acked(
+        &mut self,
+        held: &Held,
+        lease: LeaseId,
+        ack: &pb::ReportAck,
+        (nodes, solutions): (u64, u64),
+    ) {
+        self.pace.job_ended(Instant::now());
+        self.summary.jobs += 1;
+        self.summary.subproblems += held.subproblems.len() as u64;
+        self.summary.nodes += nodes;
+        self.summary.solutions += solutions;
+        if ack.outcome() == Outcome::Conflict {
+            self.summary.conflicts += 1;
+            warn!(
+                job = held.job.0,
+                lease = lease.0,
+                "the coordinator holds a DIFFERENT result for this job (conflict recorded)"
+            );
+        }
+        debug!(
+            job = held.job.0,
+            lease = lease.0,
+            nodes,
+            outcome = outcome_name(ack),
+            "job reported"
+        );
+        if ack.run_complete {
+            info!("the run is complete");
+            self.exit = Some(Exit::RunComplete);
+        } else if self.draining.is_none() && self.computing() <= self.config.threads.get()
+        {
+            // A thread is about to run dry: top the queue up now rather
+            // than at the next heartbeat.
+            self.next_call = self.next_call.min(Instant::now());
+        }
+    }
+
     fn on_task_end(
         &mut self,
         joined: std::result::Result<(tokio::task::Id, (LeaseId, JobEnd)), JoinError>,
@@ -682,38 +729,7 @@ impl<'a> LeaseLoop<'a> {
                 ack,
                 nodes,
                 solutions,
-            } => {
-                self.pace.job_ended(Instant::now());
-                self.summary.jobs += 1;
-                self.summary.subproblems += held.subproblems.len() as u64;
-                self.summary.nodes += nodes;
-                self.summary.solutions += solutions;
-                if ack.outcome() == Outcome::Conflict {
-                    self.summary.conflicts += 1;
-                    warn!(
-                        job = held.job.0,
-                        lease = lease.0,
-                        "the coordinator holds a DIFFERENT result for this job (conflict recorded)"
-                    );
-                }
-                debug!(
-                    job = held.job.0,
-                    lease = lease.0,
-                    nodes,
-                    outcome = outcome_name(&ack),
-                    "job reported"
-                );
-                if ack.run_complete {
-                    info!("the run is complete");
-                    self.exit = Some(Exit::RunComplete);
-                } else if self.draining.is_none()
-                    && self.computing() <= self.config.threads.get()
-                {
-                    // A thread is about to run dry: top the queue up now rather
-                    // than at the next heartbeat.
-                    self.next_call = self.next_call.min(Instant::now());
-                }
-            }
+            } => self.on_acked(&held, lease, &ack, (nodes, solutions)),
             JobEnd::Cancelled => {
                 debug!(job = held.job.0, lease = lease.0, "job stopped");
             }

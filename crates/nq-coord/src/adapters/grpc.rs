@@ -166,7 +166,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }
         // Every call gets a fresh id, even for a known name: a restarted worker
         // cannot prove it is the same one, and its old leases simply expire.
-        let registered = self.engine.core().sched.register_as(
+        let registered = self.engine.core().register(
             &req.name,
             req.threads,
             peer.map(|p| p.ip()),
@@ -310,17 +310,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let deadlines = StreamDeadlines::for_job(
             self.engine.ttl,
             definition.subs.len(),
-            self.engine
-                .core()
-                .sched
-                .allowances()
-                .expected(admitted.issued.identity),
+            self.engine.core().expected(admitted.issued.identity),
         );
         // A stream that holds the job's claim ends with its lease, so that
         // the job's next holder is never refused as busy past the lease.
         let lease = admitted.lease;
         let engine = Arc::clone(&self.engine);
-        let live = move || engine.core().sched.is_live(lease);
+        let live = move || engine.core().is_live(lease);
         let claim = writer
             .as_ref()
             .is_some_and(SolutionWriter::stores)

@@ -26,8 +26,9 @@ use tracing::{debug, error, info, warn};
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::scheduler::KernelRequest;
 use crate::engine::solutions::SolutionWriter;
-use crate::engine::{Definition, Engine, Submission, subproblems_in};
+use crate::engine::{Definition, Engine, Submission};
 use crate::error::{Error, Result};
+use crate::plan::subproblems_in;
 
 /// How long to wait before asking again when nothing is pending (the rest of
 /// the jobs are leased to remote workers).
@@ -146,7 +147,6 @@ pub(crate) async fn run_local(
     let threads = pool.threads();
     let worker = engine
         .core()
-        .sched
         .register_local(u32::try_from(threads).unwrap_or(u32::MAX), Instant::now());
     info!(
         threads,

@@ -40,21 +40,21 @@ use crate::core::quorum::IdentityId;
 
 /// Live leases an identity may hold before it has delivered anything (the
 /// floor of the old per-registration cap, now per identity).
-pub const START_CAP: usize = 16;
+pub(crate) const START_CAP: usize = 16;
 
 /// The largest cap any measured throughput earns (a GPU worker's queue).
-pub const MAX_CAP: usize = 4096;
+pub(crate) const MAX_CAP: usize = 4096;
 
 /// Lease lifetimes a lease is always allowed, on top of its expected time.
-pub const OVERDUE_TTLS: u32 = 3;
+pub(crate) const OVERDUE_TTLS: u32 = 3;
 
 /// Times the longest lease an identity needed for a copy that a lease may
 /// run before it is overdue.
-pub const OVERDUE_SLACK: u32 = 8;
+pub(crate) const OVERDUE_SLACK: u32 = 8;
 
 /// Lease lifetimes without a delivered copy after which an identity whose
 /// lease was taken back is stalled.
-pub const PROGRESS_TTLS: u32 = 2;
+pub(crate) const PROGRESS_TTLS: u32 = 2;
 
 /// What one identity delivered, for its allowance.
 #[derive(Clone, Debug, Default)]
@@ -247,15 +247,15 @@ impl Allowances {
 
 /// Lease lifetimes a report stream may stay silent, on top of its job's
 /// expected time.
-pub const STREAM_IDLE_TTLS: u32 = 4;
+pub(crate) const STREAM_IDLE_TTLS: u32 = 4;
 
 /// Lease lifetimes a report stream may last, on top of one per sub-problem
 /// and [`OVERDUE_SLACK`] times its job's expected time.
-pub const STREAM_TOTAL_TTLS: u32 = 10;
+pub(crate) const STREAM_TOTAL_TTLS: u32 = 10;
 
 /// The deadlines of one report stream, scaled with its job's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamDeadlines {
+pub(crate) struct StreamDeadlines {
     /// The longest wait for the next chunk.
     pub idle: Duration,
     /// The longest the whole stream may last.
@@ -266,7 +266,11 @@ impl StreamDeadlines {
     /// The deadlines of a report of a job of `subs` sub-problems whose
     /// reporter is expected to need `expected` for it
     /// ([`Allowances::expected`]), under leases of lifetime `ttl`.
-    pub fn for_job(ttl: Duration, subs: usize, expected: Duration) -> StreamDeadlines {
+    pub(crate) fn for_job(
+        ttl: Duration,
+        subs: usize,
+        expected: Duration,
+    ) -> StreamDeadlines {
         let subs = u32::try_from(subs).unwrap_or(u32::MAX);
         StreamDeadlines {
             idle: ttl * STREAM_IDLE_TTLS + expected,
@@ -279,7 +283,7 @@ impl StreamDeadlines {
 /// An identity's fair share of `leased` live leases among `identities`
 /// identities that hold or ask for work: the quotient rounded up, so that
 /// shares always cover every lease.
-pub fn fair_share(leased: usize, identities: usize) -> usize {
+pub(crate) fn fair_share(leased: usize, identities: usize) -> usize {
     leased.div_ceil(identities.max(1)).max(1)
 }
 

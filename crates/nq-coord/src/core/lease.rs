@@ -4,7 +4,7 @@
 //! their leases with every `Lease` call (the heartbeat); a lease that is not
 //! renewed expires and its job goes back to the pending queue. Lease ids are
 //! 64-bit MACs of (worker, job, a random nonce) under the run's key
-//! ([`crate::core::tag`]; never 0, never one the session still has on
+//! (`crate::core::tag`; never 0, never one the session still has on
 //! record), so that they cannot be guessed. A lease survives a restart: the
 //! leases an earlier session recorded are restored on startup, and a report
 //! under one it did not record is recognised by its id's tag

@@ -17,8 +17,8 @@ use nq_proto::convert::RunShape;
 use nq_store::{Duplicate, DuplicateKind, JobId, StoredResult};
 
 use crate::core::lease::LeaseId;
-use crate::core::quorum::{Identities, Verdict, Vote, credentialed, judge};
-use crate::core::scheduler::{Outcome, Scheduler, Settlement};
+use crate::core::quorum::{Identities, Rules, Verdict, Vote, credentialed, judge};
+use crate::core::scheduler::{Jobs, Outcome, Settlement};
 use crate::error::{Error, ReportFault, Result};
 
 /// A report as received, bound to its lease, before checking.
@@ -176,25 +176,25 @@ impl JobCopies {
     /// The copies of `job` as stored (`copies`: the Done record's first;
     /// empty when the job is not done), with what the scheduler says of it.
     pub(crate) fn new(
-        sched: &Scheduler,
+        jobs: &Jobs,
         job: JobId,
         copies: Vec<StoredResult>,
         attempts: u32,
         work: u64,
     ) -> JobCopies {
         let done = (!copies.is_empty()).then_some(0);
-        let counted = match (sched.is_counted(job), done) {
+        let counted = match (jobs.is_counted(job), done) {
             (true, Some(i)) => Some(copies[i].tally),
             _ => None,
         };
         JobCopies {
-            stored: if sched.wants_solutions(job) {
+            stored: if jobs.wants_solutions(job) {
                 None
             } else {
                 done
             },
             counted,
-            settled: sched.is_done(job),
+            settled: jobs.is_done(job),
             copies,
             done,
             attempts,
@@ -237,7 +237,7 @@ pub(crate) struct Decision {
 /// The copies as votes, in classes of equal results numbered in order of
 /// first appearance, with the first copy of each class.
 pub(crate) fn votes_of(
-    sched: &mut Scheduler,
+    identities: &mut Identities,
     copies: &[StoredResult],
 ) -> (Vec<Vote>, Vec<usize>) {
     let mut reps: Vec<usize> = Vec::new();
@@ -252,11 +252,11 @@ pub(crate) fn votes_of(
                     reps.push(i);
                     reps.len() - 1
                 });
-            let identity = sched.intern(&c.identity);
+            let identity = identities.intern(&c.identity);
             Vote {
                 identity,
                 class,
-                trusted: sched.identities().is_trusted(identity),
+                trusted: identities.is_trusted(identity),
                 credentialed: credentialed(&c.identity),
                 kernel: c.kernel.parse().ok(),
             }
@@ -285,9 +285,12 @@ fn keep(job: JobId, copy: &StoredResult, agrees: bool) -> Write {
 /// Judges `job`'s copies `jc`, the newest being `new` (or none, to judge
 /// again after a change of reputations or on restore), and says what to
 /// write, what to settle and how the new copy fared. `jc` is updated to the
-/// state after the decision.
+/// state after the decision. It reads only the identities (their
+/// reputations, and new voters interned) and `at`: the rules of the moment
+/// and whether `job` is selected for a check.
 pub(crate) fn decide(
-    sched: &mut Scheduler,
+    identities: &mut Identities,
+    at: (Rules, bool),
     job: JobId,
     jc: &mut JobCopies,
     new: Option<&Verified>,
@@ -300,14 +303,10 @@ pub(crate) fn decide(
             jc.stored = Some(jc.copies.len() - 1);
         }
     }
-    let (votes, reps) = votes_of(sched, &jc.copies);
-    let ban_after = sched.policy().ban_after;
-    let verdict = judge(
-        &votes,
-        sched.selected(job),
-        sched.identities(),
-        sched.rules(),
-    );
+    let (rules, selected) = at;
+    let (votes, reps) = votes_of(identities, &jc.copies);
+    let ban_after = rules.ban_after;
+    let verdict = judge(&votes, selected, identities, rules);
     // The copy the Done record should hold: the leader's first voting copy,
     // or in solutions mode the leader's copy whose solutions are stored.
     let stored_leads = jc
@@ -318,7 +317,7 @@ pub(crate) fn decide(
             (0..jc.copies.len())
                 .find(|&i| {
                     votes[i].class == l
-                        && !sched.identities().is_banned(votes[i].identity, ban_after)
+                        && !identities.is_banned(votes[i].identity, ban_after)
                 })
                 .unwrap_or(reps[l])
         })
@@ -473,11 +472,11 @@ fn settlement(
 ///
 /// [`Error::Refused`] with [`crate::Refusal::LateCopy`].
 pub(crate) fn refuse_late_alone(
-    sched: &Scheduler,
     v: &Verified,
     has_copies: bool,
+    late: bool,
 ) -> Result<()> {
-    if !has_copies && sched.is_late(v.lease) {
+    if !has_copies && late {
         return Err(Error::Refused(crate::error::Refusal::LateCopy {
             job: v.job,
             lease: v.lease,
@@ -516,17 +515,12 @@ pub(crate) fn machine_of(identity: &str) -> &str {
 /// settled: the conflicts lost (`losers`) and the results confirmed by
 /// another identity (`confirmed`, for probation).
 pub(crate) fn records_in(
-    sched: &mut Scheduler,
-    job: JobId,
+    identities: &mut Identities,
+    (rules, selected): (Rules, bool),
     copies: &[StoredResult],
 ) -> Verdict {
-    let (votes, _) = votes_of(sched, copies);
-    judge(
-        &votes,
-        sched.selected(job),
-        &Identities::default(),
-        sched.rules(),
-    )
+    let (votes, _) = votes_of(identities, copies);
+    judge(&votes, selected, &Identities::default(), rules)
 }
 
 /// Restore: judges a done job's stored `copies` (the Done record's first)
@@ -538,7 +532,8 @@ pub(crate) fn records_in(
 /// solutions are all stored (solutions mode). Losses and confirmations are
 /// not charged again: [`records_in`] found them.
 pub(crate) fn judge_restored(
-    sched: &mut Scheduler,
+    identities: &mut Identities,
+    at: (Rules, bool),
     job: JobId,
     copies: Vec<StoredResult>,
     (attempts, work): (u32, u64),
@@ -554,10 +549,30 @@ pub(crate) fn judge_restored(
         work,
         stored: stored.then_some(0),
     };
-    let mut d = decide(sched, job, &mut jc, None, solutions_mode);
+    let mut d = decide(identities, at, job, &mut jc, None, solutions_mode);
     d.settlement.losers.clear();
     d.settlement.confirmed.clear();
     (d.settlement, d.writes)
+}
+
+/// Adds a decision's writes to a store batch (the commit group's, or
+/// restore's): the data of a decision, in the form the store applies.
+pub(crate) fn add_writes(batch: &mut nq_store::CommitBatch, writes: Vec<Write>) {
+    for w in writes {
+        match w {
+            Write::First {
+                job,
+                result,
+                attempts,
+            } => batch.result(job, result, attempts),
+            Write::Replace {
+                job,
+                result,
+                attempts,
+            } => batch.replace_result(job, result, attempts),
+            Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -570,6 +585,41 @@ mod tests {
 
     use super::*;
     use crate::core::quorum::{Fraction, Policy};
+    use crate::core::scheduler::Scheduler;
+
+    // The ledger's functions take only the owners they read; these tests
+    // drive them over a whole scheduler, as `Core` does.
+    fn decide(
+        s: &mut Scheduler,
+        job: JobId,
+        jc: &mut JobCopies,
+        new: Option<&Verified>,
+        solutions: bool,
+    ) -> Decision {
+        let (identities, at) = s.judging(job);
+        super::decide(identities, at, job, jc, new, solutions)
+    }
+
+    fn records_in(s: &mut Scheduler, job: JobId, copies: &[StoredResult]) -> Verdict {
+        let (identities, at) = s.judging(job);
+        super::records_in(identities, at, copies)
+    }
+
+    fn judge_restored(
+        s: &mut Scheduler,
+        job: JobId,
+        copies: Vec<StoredResult>,
+        work: (u32, u64),
+        stored: bool,
+        solutions: bool,
+    ) -> (Settlement, Vec<Write>) {
+        let (identities, at) = s.judging(job);
+        super::judge_restored(identities, at, job, copies, work, stored, solutions)
+    }
+
+    fn refuse_late_alone(s: &Scheduler, v: &Verified, has_copies: bool) -> Result<()> {
+        super::refuse_late_alone(v, has_copies, s.is_late(v.lease))
+    }
 
     const JOB: JobId = JobId(0);
 
@@ -611,7 +661,7 @@ mod tests {
     }
 
     fn empty(sched: &Scheduler) -> JobCopies {
-        JobCopies::new(sched, JOB, Vec::new(), 1, 5)
+        JobCopies::new(sched.job_phases(), JOB, Vec::new(), 1, 5)
     }
 
     /// Decides `new` and settles it, as the commit loop does after the flush.
@@ -632,10 +682,11 @@ mod tests {
         let mut s = sched(share);
         let records = records_in(&mut s, JOB, &copies);
         for loser in records.losers {
-            s.restore_loss(loser, &crate::core::quorum::Beaten::trusted());
+            s.restorer()
+                .restore_loss(loser, &crate::core::quorum::Beaten::trusted());
         }
         for confirmed in records.confirmed {
-            s.restore_confirmation(confirmed);
+            s.restorer().restore_confirmation(confirmed);
         }
         for name in losses {
             let id = s.intern(name);
@@ -722,7 +773,8 @@ mod tests {
     fn a_selected_job_waits_for_a_confirmation_from_another_identity() {
         let mut s = sched(1.0);
         // A second machine is at work to give the check.
-        s.restore_two_machines(true, std::time::Instant::now());
+        s.restorer()
+            .restore_two_machines(true, std::time::Instant::now());
         let mut jc = empty(&s);
         let a = copy("a@127.0.0.1", 3);
         let d = decide_and_settle(&mut s, &mut jc, &a, false);
@@ -826,8 +878,10 @@ mod tests {
     fn a_banned_identity_never_votes() {
         let mut s = sched(0.0);
         let banned = s.intern("bad@127.0.0.1");
-        s.restore_loss(banned, &crate::core::quorum::Beaten::trusted());
-        s.restore_loss(banned, &crate::core::quorum::Beaten::trusted());
+        s.restorer()
+            .restore_loss(banned, &crate::core::quorum::Beaten::trusted());
+        s.restorer()
+            .restore_loss(banned, &crate::core::quorum::Beaten::trusted());
         assert!(s.identities().is_banned(banned, 2));
         let mut jc = empty(&s);
         let bad = copy("bad@127.0.0.1", 9);
@@ -845,8 +899,10 @@ mod tests {
         let copies = stored_copies(&d.writes, vec![bad.result]);
         let mut r = sched(0.0);
         let id = r.intern("bad@127.0.0.1");
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let (st, _) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
         assert_eq!(st.counted, Some(good.result.tally));
@@ -862,8 +918,10 @@ mod tests {
         let good = copy("good@127.0.0.1", 3);
         let mut r = sched(0.0);
         let id = r.intern("bad@127.0.0.1");
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let copies = vec![bad.result.clone(), good.result.clone()];
         let (st, writes) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
         assert!(st.settled);
@@ -898,7 +956,8 @@ mod tests {
     fn a_suspect_leader_needs_a_second_vote() {
         let mut s = sched(0.0);
         let suspect = s.intern("sus@127.0.0.1");
-        s.restore_loss(suspect, &crate::core::quorum::Beaten::trusted());
+        s.restorer()
+            .restore_loss(suspect, &crate::core::quorum::Beaten::trusted());
         let mut jc = empty(&s);
         let d = decide_and_settle(&mut s, &mut jc, &copy("sus@127.0.0.1", 3), false);
         assert!(
@@ -918,7 +977,8 @@ mod tests {
         // Restored with the suspect's loss found elsewhere: the same.
         let mut r = sched(0.0);
         let id = r.intern("sus@127.0.0.1");
-        r.restore_loss(id, &crate::core::quorum::Beaten::trusted());
+        r.restorer()
+            .restore_loss(id, &crate::core::quorum::Beaten::trusted());
         let (st, _) = judge_restored(
             &mut r,
             JOB,

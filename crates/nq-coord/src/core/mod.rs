@@ -1,44 +1,63 @@
 //! The coordinator's pure core: everything that decides, and nothing that
 //! waits.
 //!
-//! `Core` holds the state of one session: the [`scheduler::Scheduler`]
-//! (jobs, leases, workers and their verification identities), the jobs whose
-//! solutions a report is writing (claims), and the history of counters
-//! behind the rates. The rule book is [`quorum`], the judging of a job's
-//! copies `ledger` (which returns its decision as data), and what a run
-//! looks like from outside [`status`].
+//! `Core` holds the state of one session and is its only door: the engine,
+//! the adapters, setup, restore and the audit call its methods, never the
+//! scheduler's (its field is private). It composes the
+//! `scheduler::Scheduler` (jobs, leases, workers, verification and
+//! counters, each its own owner), the jobs whose solutions a report is
+//! writing (claims), and the history of counters behind the rates. A method
+//! that needs several owners is a `Core` method whose body reads as
+//! orchestration. What only a restart does goes through `Core::restorer`.
+//!
+//! The rule book is [`quorum`], the judging of a job's copies `ledger`
+//! (which returns its decision as data, and reads only the owners it needs:
+//! the identities and the rules of the moment, or a job's phase), and what a
+//! run looks like from outside [`status`].
 //!
 //! Nothing here uses tokio, tonic, a sled-backed `Store` or the wall clock:
 //! time is passed in, and a decision is data that the engine
 //! (`crate::engine`) carries out. The test `tests/layout.rs` holds that
 //! line, so that it survives the next feature.
 
-pub mod allowance;
+pub(crate) mod allowance;
 pub mod lease;
 pub(crate) mod ledger;
 pub(crate) mod presence;
 pub mod quorum;
 pub mod report;
-pub mod scheduler;
+pub(crate) mod scheduler;
 pub mod status;
-pub mod tag;
+pub(crate) mod tag;
 
 use std::collections::HashSet;
-use std::time::Instant;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
+use nq_core::split::Tally;
 use nq_proto::convert::RunShape;
-use nq_store::JobId;
+use nq_store::{JobId, StoredResult};
 
 use crate::core::lease::{Lease, LeaseId, WorkerId};
-use crate::core::scheduler::{Reclaimed, Scheduler};
+use crate::core::ledger::{Decision, JobCopies, Verified, Write};
+use crate::core::quorum::{Identities, IdentityId, Policy};
+use crate::core::report::FaultyWorker;
+use crate::core::scheduler::{
+    Fallout, Grant, HandOut, Issued, Outcome, Reclaimed, Restorer, Scheduler, Settlement,
+    Worker,
+};
 use crate::core::status::{History, Progress, Snapshot};
+use crate::core::tag::Caller;
+use crate::error::Result;
 
 /// The state of one coordinator session. The engine keeps it behind one
 /// mutex, held for microseconds and never across an `.await`.
 #[derive(Debug)]
 pub(crate) struct Core {
-    /// Jobs, leases, workers and identities.
-    pub(crate) sched: Scheduler,
+    /// Jobs, leases, workers and identities: reached only through `Core`'s
+    /// methods, so that the engine and the adapters never depend on how the
+    /// state inside is owned.
+    sched: Scheduler,
     /// Jobs whose solutions a report is writing right now (solutions mode):
     /// at most one writer per job.
     claims: HashSet<JobId>,
@@ -48,6 +67,32 @@ pub(crate) struct Core {
     /// session began serving (see `engine::restoring`): settled, and
     /// waiting for another copy.
     pub(crate) restored: (u64, u64),
+}
+
+/// Where the run's jobs stand: what settled and how, for the report, the
+/// audit and the logs of a restart. A plain record, read under the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Standing {
+    /// True once every job is settled.
+    pub(crate) complete: bool,
+    /// The solutions counted so far (Q(N) once complete).
+    pub(crate) tally: Tally,
+    /// Jobs in the run.
+    pub(crate) jobs: u64,
+    /// Jobs settled.
+    pub(crate) jobs_done: u64,
+    /// Jobs pending: neither leased, settled nor waiting for a check.
+    pub(crate) jobs_pending: u64,
+    /// Jobs computed and waiting for a check.
+    pub(crate) jobs_in_check: u64,
+    /// Jobs whose copies disagree.
+    pub(crate) jobs_disputed: u64,
+    /// Jobs settled on one copy that needed a check.
+    pub(crate) jobs_unchecked: u64,
+    /// Copies that confirmed another.
+    pub(crate) confirmations: u64,
+    /// Copies that disagreed with another.
+    pub(crate) conflicts: u64,
 }
 
 /// What one tick of the clock changed.
@@ -64,7 +109,11 @@ pub(crate) struct Ticked {
 }
 
 impl Core {
-    /// The core of a session whose scheduler is `sched`, starting at `now`.
+    // --- Construction and restore -------------------------------------
+
+    /// The core of a session whose scheduler is `sched`, starting at `now`
+    /// (tests and the simulations; the coordinator builds it with
+    /// [`Core::with_works`] or [`Core::with_order`]).
     pub(crate) fn new(sched: Scheduler, now: Instant) -> Core {
         Core {
             history: History::new(&sched, now),
@@ -73,6 +122,355 @@ impl Core {
             restored: (0, 0),
         }
     }
+
+    /// The core of a run of jobs `0..works.len()` with the given estimated
+    /// works, all pending, handed out in exact order of work (small runs).
+    /// `session` numbers this coordinator session; `ttl` is the lease
+    /// lifetime; `policy` the verification settings.
+    pub(crate) fn with_works(
+        works: Vec<u64>,
+        session: u64,
+        ttl: Duration,
+        policy: Policy,
+        now: Instant,
+    ) -> Core {
+        Core::new(Scheduler::new(works, session, ttl, policy), now)
+    }
+
+    /// The core of a run of jobs `0..jobs` of `total_work` in all, all
+    /// pending, that takes fresh jobs from `source`.
+    pub(crate) fn with_order(
+        (jobs, total_work): (u64, u128),
+        source: Box<dyn HandOut>,
+        session: u64,
+        ttl: Duration,
+        policy: Policy,
+        now: Instant,
+    ) -> Core {
+        let sched = Scheduler::with_order(jobs, total_work, source, session, ttl, policy);
+        Core::new(sched, now)
+    }
+
+    /// Starts serving at `now`: the rates count from here, not from what a
+    /// restore found.
+    pub(crate) fn start(&mut self, now: Instant) {
+        self.history = History::new(&self.sched, now);
+    }
+
+    /// The doors that only a restore uses (see [`Restorer`]).
+    pub(crate) fn restorer(&mut self) -> Restorer<'_> {
+        self.sched.restorer()
+    }
+
+    /// Restore: learns from done `job`'s stored `copies` (the counted one
+    /// first) the conflicts its voters lost and the results they had
+    /// confirmed, judged as the job was when it settled (see
+    /// [`ledger::records_in`]).
+    pub(crate) fn learn_records(&mut self, job: JobId, copies: &[StoredResult]) {
+        let (identities, at) = self.sched.judging(job);
+        let records = ledger::records_in(identities, at, copies);
+        let mut restorer = self.sched.restorer();
+        for loser in records.losers {
+            restorer.restore_loss(loser, &records.beaten);
+        }
+        for confirmed in records.confirmed {
+            restorer.restore_confirmation(confirmed);
+        }
+    }
+
+    /// Restore: judges and settles a done job from its stored `copies`
+    /// (see [`ledger::judge_restored`]). Returns the settlement applied and
+    /// the writes that move its Done record to the copy that counts now.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Inconsistent`] if the totals overflow.
+    pub(crate) fn judge_restored(
+        &mut self,
+        job: JobId,
+        copies: Vec<StoredResult>,
+        (attempts, work): (u32, u64),
+        stored: bool,
+        solutions_mode: bool,
+    ) -> Result<(Settlement, Vec<Write>)> {
+        let (identities, at) = self.sched.judging(job);
+        let (settlement, moved) = ledger::judge_restored(
+            identities,
+            at,
+            job,
+            copies,
+            (attempts, work),
+            stored,
+            solutions_mode,
+        );
+        self.sched.settle(&settlement, false)?;
+        Ok((settlement, moved))
+    }
+
+    /// Jobs waiting for the check of their stored copies (a restart that
+    /// serves before it checked them).
+    pub(crate) fn restoring(&self) -> u64 {
+        self.sched.restoring()
+    }
+
+    /// True when `job` waits for the check of its stored copies.
+    pub(crate) fn is_restoring(&self, job: JobId) -> bool {
+        self.sched.is_restoring(job)
+    }
+
+    /// True while the stored copies of a restart are not all checked.
+    pub(crate) fn store_unchecked(&self) -> bool {
+        self.sched.store_unchecked()
+    }
+
+    // --- Workers and hand-out -----------------------------------------
+
+    /// Registers a remote worker (see [`Scheduler::register_as`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::register_as`].
+    pub(crate) fn register(
+        &mut self,
+        name: &str,
+        threads: u32,
+        address: Option<IpAddr>,
+        credential: Option<&str>,
+        now: Instant,
+    ) -> Result<WorkerId> {
+        self.sched
+            .register_as(name, threads, address, credential, now)
+    }
+
+    /// Registers the coordinator's own threads (see
+    /// [`Scheduler::register_local`]).
+    pub(crate) fn register_local(&mut self, threads: u32, now: Instant) -> WorkerId {
+        self.sched.register_local(threads, now)
+    }
+
+    /// Recognises, after a restart, `worker` and the `leases` of its report
+    /// as ids an earlier session issued (see [`Scheduler::recognize`] and
+    /// [`Scheduler::recognize_lease`]). Returns whether the worker was
+    /// registered again, and how many leases were kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::recognize`].
+    pub(crate) fn recognize(
+        &mut self,
+        worker: &WorkerId,
+        caller: &Caller,
+        leases: &[(JobId, LeaseId)],
+        now: Instant,
+    ) -> Result<(bool, usize)> {
+        let again = self.sched.recognize(worker, caller, now)?;
+        let kept = leases
+            .iter()
+            .filter(|&&(job, lease)| self.sched.recognize_lease(job, lease, worker, now))
+            .count();
+        Ok((again, kept))
+    }
+
+    /// The registered worker `id`, if any.
+    pub(crate) fn worker(&self, id: &WorkerId) -> Option<&Worker> {
+        self.sched.worker(id)
+    }
+
+    /// The ids of the registered remote workers.
+    pub(crate) fn remote_workers(&self) -> impl Iterator<Item = &WorkerId> {
+        self.sched
+            .workers()
+            .filter(|(_, w)| !w.local)
+            .map(|(id, _)| id)
+    }
+
+    /// Leases up to `want` jobs to `worker` at `now` (see
+    /// [`Scheduler::lease`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::lease`].
+    pub(crate) fn lease(
+        &mut self,
+        worker: &WorkerId,
+        want: u32,
+        held: &[LeaseId],
+        now: Instant,
+    ) -> Result<Grant> {
+        self.sched.lease(worker, want, held, now)
+    }
+
+    /// Takes back `leases` that `worker` hands in; returns their jobs.
+    pub(crate) fn release(
+        &mut self,
+        worker: &WorkerId,
+        leases: &[LeaseId],
+        now: Instant,
+    ) -> Vec<JobId> {
+        self.sched.release(worker, leases, now)
+    }
+
+    /// `worker` drained and leaves; returns the jobs it still held.
+    pub(crate) fn leave(&mut self, worker: &WorkerId, now: Instant) -> Vec<JobId> {
+        self.sched.leave(worker, now)
+    }
+
+    /// How long `identity` is expected to take for a job (its allowance's
+    /// estimate), for the deadlines of a report's stream.
+    pub(crate) fn expected(&self, identity: IdentityId) -> Duration {
+        self.sched.allowances().expected(identity)
+    }
+
+    /// Stops granting leases: the session is shutting down.
+    pub(crate) fn close(&mut self) {
+        self.sched.close();
+    }
+
+    /// The lease lifetime.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.sched.ttl()
+    }
+
+    // --- Admission and judging ----------------------------------------
+
+    /// Binds a report to what this session issued (see
+    /// [`Scheduler::check_report`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::check_report`].
+    pub(crate) fn check_report(
+        &self,
+        job: JobId,
+        lease: LeaseId,
+        worker: &WorkerId,
+    ) -> Result<Issued> {
+        self.sched.check_report(job, lease, worker)
+    }
+
+    /// True when `lease` is no longer live (expired, released or taken
+    /// back).
+    pub(crate) fn is_late(&self, lease: LeaseId) -> bool {
+        self.sched.is_late(lease)
+    }
+
+    /// True while `lease` is live.
+    pub(crate) fn is_live(&self, lease: LeaseId) -> bool {
+        self.sched.is_live(lease)
+    }
+
+    /// True when `job` is settled.
+    pub(crate) fn is_done(&self, job: JobId) -> bool {
+        self.sched.is_done(job)
+    }
+
+    /// Solutions mode: true when a copy of `job` should store its
+    /// solutions.
+    pub(crate) fn wants_solutions(&self, job: JobId) -> bool {
+        self.sched.wants_solutions(job)
+    }
+
+    /// How many times `job` was leased.
+    pub(crate) fn attempts(&self, job: JobId) -> u32 {
+        self.sched.attempts(job)
+    }
+
+    /// The stored copies of `job` as the core should judge them (see
+    /// [`JobCopies::new`]).
+    pub(crate) fn copies_of(
+        &self,
+        job: JobId,
+        copies: Vec<StoredResult>,
+        attempts: u32,
+        work: u64,
+    ) -> JobCopies {
+        JobCopies::new(self.sched.job_phases(), job, copies, attempts, work)
+    }
+
+    /// Judges `job`'s copies `jc`, with `new` if a copy just arrived (see
+    /// [`ledger::decide`]).
+    pub(crate) fn decide(
+        &mut self,
+        job: JobId,
+        jc: &mut JobCopies,
+        new: Option<&Verified>,
+        solutions_mode: bool,
+    ) -> Decision {
+        let (identities, at) = self.sched.judging(job);
+        ledger::decide(identities, at, job, jc, new, solutions_mode)
+    }
+
+    /// Refuses a copy `v` under a lease no longer live when its job has no
+    /// other copy (see [`ledger::refuse_late_alone`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ledger::refuse_late_alone`].
+    pub(crate) fn refuse_late_alone(&self, v: &Verified, has_copies: bool) -> Result<()> {
+        ledger::refuse_late_alone(v, has_copies, self.sched.is_late(v.lease))
+    }
+
+    /// Applies a durable decision (see [`Scheduler::settle`]); `here` when
+    /// this session computed it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Scheduler::settle`].
+    pub(crate) fn settle(&mut self, s: &Settlement, here: bool) -> Result<Fallout> {
+        self.sched.settle(s, here)
+    }
+
+    /// Counts how a copy fared (confirmations and conflicts).
+    pub(crate) fn note_outcome(&mut self, outcome: Outcome) {
+        self.sched.note_outcome(outcome);
+    }
+
+    /// The jobs in memory that `fallout` may have changed the verdict of
+    /// (see [`Scheduler::jobs_to_judge_again`]).
+    pub(crate) fn jobs_to_judge_again(&self, fallout: &Fallout) -> Vec<JobId> {
+        self.sched.jobs_to_judge_again(fallout)
+    }
+
+    /// True when a second machine began since the last tick: jobs settled
+    /// before may now be selected for a check.
+    pub(crate) fn selection_pending(&self) -> bool {
+        self.sched.selection_pending()
+    }
+
+    /// True while two machines are at work: a check is possible.
+    pub(crate) fn second_source(&self) -> bool {
+        self.sched.second_source()
+    }
+
+    /// The verification identities and their records.
+    pub(crate) fn identities(&self) -> &Identities {
+        self.sched.identities()
+    }
+
+    /// The verification settings.
+    pub(crate) fn policy(&self) -> &Policy {
+        self.sched.policy()
+    }
+
+    /// The verdict of the rule book ([`quorum::judge`]) on `copies`, the
+    /// counted copy first, as if the job were not selected and no second
+    /// machine nor arbiter were at work: the voices the copies hold
+    /// themselves, one per untrusted identity that is not banned and one per
+    /// kernel of a trusted one (`nq-coord audit`'s verification column).
+    pub(crate) fn voices_of(&mut self, copies: &[StoredResult]) -> quorum::Verdict {
+        let policy = self.sched.policy();
+        let rules = quorum::Rules {
+            ban_after: policy.ban_after,
+            probation: policy.probation(),
+            second_machine: false,
+            arbiter: false,
+        };
+        let identities = self.sched.identities_mut();
+        let (votes, _) = ledger::votes_of(identities, copies);
+        quorum::judge(&votes, false, identities, rules)
+    }
+
+    // --- Claims, acknowledgements and the clock ------------------------
 
     /// Claims `job` for a writer of its solutions; false when another
     /// report holds the claim.
@@ -141,5 +539,73 @@ impl Core {
     /// The run's progress at `now`.
     pub(crate) fn progress(&self, now: Instant) -> Progress {
         Progress::of(&self.sched, &self.history, now)
+    }
+
+    // --- Views ----------------------------------------------------------
+
+    /// The scheduler inside, for the simulations' invariant checks, which
+    /// compare its whole state with a model's (tests only: the engine and
+    /// the adapters go through `Core`'s methods).
+    #[cfg(test)]
+    pub(crate) fn sched(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// The scheduler inside, for the simulations' drivers (tests only).
+    #[cfg(test)]
+    pub(crate) fn sched_mut(&mut self) -> &mut Scheduler {
+        &mut self.sched
+    }
+
+    /// The scheduler inside, for a simulated restart that keeps it (tests
+    /// only).
+    #[cfg(test)]
+    pub(crate) fn into_sched(self) -> Scheduler {
+        self.sched
+    }
+
+    /// True once every job is settled and the stored copies are checked.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.sched.is_complete()
+    }
+
+    /// Where the run's jobs stand.
+    pub(crate) fn standing(&self) -> Standing {
+        let s = &self.sched;
+        Standing {
+            complete: s.is_complete(),
+            tally: s.tally(),
+            jobs: s.jobs(),
+            jobs_done: s.jobs_done(),
+            jobs_pending: s.jobs_pending(),
+            jobs_in_check: s.jobs_in_check(),
+            jobs_disputed: s.jobs_disputed(),
+            jobs_unchecked: s.jobs_unchecked(),
+            confirmations: s.confirmations(),
+            conflicts: s.conflicts(),
+        }
+    }
+
+    /// True when `job` is chosen for a second copy now.
+    pub(crate) fn selected(&self, job: JobId) -> bool {
+        self.sched.selected(job)
+    }
+
+    /// True when `job`'s copy is counted in the totals (settled, or
+    /// waiting for a check).
+    pub(crate) fn is_counted(&self, job: JobId) -> bool {
+        self.sched.is_counted(job)
+    }
+
+    /// The workers that lost verification conflicts.
+    pub(crate) fn faulty_workers(&self) -> Vec<FaultyWorker> {
+        crate::core::report::faulty_workers(&self.sched)
+    }
+
+    /// Workers the coordinator still waits for before it stops: those at
+    /// work at `now` not yet told the run is complete, and the identities
+    /// of earlier sessions that have not come back.
+    pub(crate) fn still_to_tell(&self, now: Instant) -> usize {
+        self.sched.untold_workers(now) + self.sched.not_back()
     }
 }

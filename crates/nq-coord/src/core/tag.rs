@@ -44,7 +44,7 @@ const NONCE_BITS: u32 = 16;
 /// The keys of one run, derived from its secret. Its `Debug` form shows
 /// nothing of them.
 #[derive(Clone)]
-pub struct Tags {
+pub(crate) struct Tags {
     worker: [u8; 32],
     lease: [u8; 32],
 }
@@ -57,7 +57,7 @@ impl std::fmt::Debug for Tags {
 
 impl Tags {
     /// The keys of the run whose verification secret is `secret`.
-    pub fn new(secret: &[u8; 16]) -> Tags {
+    pub(crate) fn new(secret: &[u8; 16]) -> Tags {
         let derive = |label: &[u8]| -> [u8; 32] {
             let mut h = Sha256::new();
             h.update(b"nq-coord id key v1\0");
@@ -74,7 +74,7 @@ impl Tags {
 
     /// The worker id of the `n`th registration of `session`, for `caller`
     /// ([`caller_key`]).
-    pub fn worker_id(&self, session: u64, n: u64, caller: &str) -> WorkerId {
+    pub(crate) fn worker_id(&self, session: u64, n: u64, caller: &str) -> WorkerId {
         WorkerId(format!(
             "w{session}.{n}-{:016x}",
             self.worker_tag(session, n, caller)
@@ -92,7 +92,7 @@ impl Tags {
     /// The session of `id` when its tag checks out for `caller`: the id was
     /// issued by this run, to that caller. `None` for anything else (another
     /// caller, another run, a made-up or malformed id).
-    pub fn check_worker_id(&self, id: &WorkerId, caller: &str) -> Option<u64> {
+    pub(crate) fn check_worker_id(&self, id: &WorkerId, caller: &str) -> Option<u64> {
         let (session, n, tag) = parse_worker_id(&id.0)?;
         // Compared as whole words: no early exit that would time the
         // matching prefix.
@@ -101,7 +101,7 @@ impl Tags {
 
     /// The lease id with nonce `nonce` for `job` granted to `worker`.
     /// Different nonces give different ids; the caller skips 0 (no lease).
-    pub fn lease_id(&self, worker: &WorkerId, job: JobId, nonce: u16) -> LeaseId {
+    pub(crate) fn lease_id(&self, worker: &WorkerId, job: JobId, nonce: u16) -> LeaseId {
         LeaseId(
             u64::from(nonce) << (64 - NONCE_BITS) | self.lease_tag(worker, job, nonce),
         )
@@ -121,7 +121,12 @@ impl Tags {
 
     /// True when `lease` was made by [`Tags::lease_id`] for `job` and
     /// `worker` (in any session of this run).
-    pub fn check_lease_id(&self, lease: LeaseId, worker: &WorkerId, job: JobId) -> bool {
+    pub(crate) fn check_lease_id(
+        &self,
+        lease: LeaseId,
+        worker: &WorkerId,
+        job: JobId,
+    ) -> bool {
         let nonce = (lease.0 >> (64 - NONCE_BITS)) as u16;
         lease.0 != 0 && self.lease_id(worker, job, nonce) == lease
     }
@@ -141,7 +146,7 @@ pub struct Caller {
 /// credential (a client certificate or a per-machine token), else its
 /// address. On one machine (loopback) every process has the same address:
 /// there the id binds the machine, as the address binds its votes.
-pub fn caller_key(credential: Option<&str>, address: Option<IpAddr>) -> String {
+pub(crate) fn caller_key(credential: Option<&str>, address: Option<IpAddr>) -> String {
     match (credential, address) {
         (Some(c), _) => format!("credential:{c}"),
         (None, Some(ip)) => format!("address:{}", ip.to_canonical()),

@@ -21,8 +21,9 @@ use nq_store::backup::{self, BackupInfo};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::{Engine, unix_ms};
+use super::Engine;
 use crate::error::{Error, Result};
+use crate::wall::unix_ms;
 
 /// Periodic backups kept in `--backup-to`: the newest one and the one before
 /// it, so that a backup cut short by a crash never leaves none.

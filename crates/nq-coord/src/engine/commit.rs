@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::{Engine, blocking, restoring};
-use crate::core::ledger::{self, Decision, JobCopies, Verified, Write};
+use crate::core::ledger::{self, Decision, JobCopies, Verified};
 use crate::core::scheduler::{Fallout, Outcome, Settlement};
 use crate::error::Result;
 
@@ -130,7 +130,7 @@ pub(crate) async fn commit_loop(
                     rx.close();
                     return Err(e);
                 }
-                if engine.core().sched.is_complete() {
+                if engine.core().is_complete() {
                     engine.complete.cancel();
                 }
                 continue;
@@ -194,32 +194,7 @@ fn read(engine: &Engine, job: JobId) -> Result<Stored> {
 fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
     let stored = read(engine, job)?;
     let core = engine.core();
-    Ok(JobCopies::new(
-        &core.sched,
-        job,
-        stored.copies,
-        stored.attempts,
-        work,
-    ))
-}
-
-/// Adds a decision's writes to a batch (the group's, or restore's).
-pub(crate) fn add_writes(batch: &mut CommitBatch, writes: Vec<Write>) {
-    for w in writes {
-        match w {
-            Write::First {
-                job,
-                result,
-                attempts,
-            } => batch.result(job, result, attempts),
-            Write::Replace {
-                job,
-                result,
-                attempts,
-            } => batch.replace_result(job, result, attempts),
-            Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
-        }
-    }
+    Ok(core.copies_of(job, stored.copies, stored.attempts, work))
 }
 
 /// Decides, writes, flushes, settles and acknowledges one group.
@@ -231,7 +206,7 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     // checked and counted first: the copies below are judged with them.
     // Listed only while some job waits: after a restart's check, this is
     // one lock per group and no allocation.
-    if engine.core().sched.restoring() > 0 {
+    if engine.core().restoring() > 0 {
         let jobs = group
             .iter()
             .flat_map(|req| req.copies.iter().map(|v| v.job))
@@ -264,39 +239,27 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
                     let s = stored.remove(&v.job).expect("read above");
-                    e.insert(JobCopies::new(
-                        &core.sched,
-                        v.job,
-                        s.copies,
-                        s.attempts,
-                        v.work,
-                    ))
+                    e.insert(core.copies_of(v.job, s.copies, s.attempts, v.work))
                 }
             };
-            let mut d = ledger::decide(
-                &mut core.sched,
-                v.job,
-                jc,
-                Some(v),
-                engine.shape.solutions,
-            );
-            add_writes(&mut batch, std::mem::take(&mut d.writes));
+            let mut d = core.decide(v.job, jc, Some(v), engine.shape.solutions);
+            ledger::add_writes(&mut batch, std::mem::take(&mut d.writes));
             decisions.push(d);
         }
         Ok(())
     })?;
     // 2. Write and make durable, before anything is acknowledged.
-    apply_and_flush(engine, batch).await?;
+    engine.apply_and_flush(batch).await?;
     // 3. Settle in the scheduler.
     let mut outcomes = Vec::with_capacity(group.len());
     let mut fallout = Fallout::default();
     {
         let mut core = engine.core();
         for d in &decisions {
-            let f = core.sched.settle(&d.settlement, true);
+            let f = core.settle(&d.settlement, true);
             warn_alone(engine, &d.settlement);
             outcomes.push(f.map(|f| {
-                core.sched.note_outcome(d.outcome);
+                core.note_outcome(d.outcome);
                 fallout.absorb(f);
                 d.outcome
             }));
@@ -311,7 +274,7 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     // 5. Discredited workers and a grown selection: judge again what they
     // touched.
     rejudge(engine, fallout).await?;
-    if engine.core().sched.is_complete() {
+    if engine.core().is_complete() {
         engine.complete.cancel();
     }
     Ok(())
@@ -327,7 +290,7 @@ fn refuse_late_alone(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<
     for mut req in group.drain(..) {
         let mut judged = Vec::with_capacity(req.copies.len());
         for (at, v) in std::mem::take(&mut req.copies).into_iter().enumerate() {
-            let late = engine.core().sched.is_late(v.lease);
+            let late = engine.core().is_late(v.lease);
             // The store is read only for late copies, which are rare.
             let has_copies = seen.contains(&v.job)
                 || (late
@@ -335,7 +298,7 @@ fn refuse_late_alone(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<
                         blocking(|| engine.store.job_record(v.job))?.state,
                         JobState::Done(_)
                     ));
-            let verdict = ledger::refuse_late_alone(&engine.core().sched, &v, has_copies);
+            let verdict = engine.core().refuse_late_alone(&v, has_copies);
             if let Err(e) = verdict {
                 warn!(job = %v.job, lease = %v.lease, worker = %v.result.identity, "refused a late copy: its lease is no longer live and the job has no other copy");
                 req.refused.push((at, e));
@@ -386,18 +349,18 @@ async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Re
         for v in group.iter().flat_map(|req| &req.copies) {
             let recorded = engine.store.result(v.job)?;
             let (write, outcome) = ledger::late_copy(recorded.as_ref(), v);
-            add_writes(&mut batch, vec![write]);
+            ledger::add_writes(&mut batch, vec![write]);
             outcomes.push(outcome);
         }
         Ok(())
     })?;
-    apply_and_flush(engine, batch).await?;
+    engine.apply_and_flush(batch).await?;
     let mut outcomes = outcomes.into_iter();
     let mut core = engine.core();
     for req in group.drain(..) {
         let mut mine = Vec::with_capacity(req.copies.len());
         for (v, outcome) in req.copies.iter().zip(outcomes.by_ref()) {
-            core.sched.note_outcome(outcome);
+            core.note_outcome(outcome);
             if outcome == Outcome::Conflict {
                 warn!(job = %v.job, worker = %v.result.identity, "a copy that arrived after the run was complete disagrees; kept as evidence");
             }
@@ -405,18 +368,6 @@ async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Re
         }
         let _ = req.reply.send(mine);
     }
-    Ok(())
-}
-
-/// Writes a batch and flushes, with sled's synchronous writes kept off the
-/// async threads, under the write gate (a backup waits for the whole group).
-pub(crate) async fn apply_and_flush(engine: &Engine, batch: CommitBatch) -> Result<()> {
-    let _gate = engine.write_gate.lock().await;
-    if !batch.is_empty() {
-        let store = Arc::clone(&engine.store);
-        tokio::task::spawn_blocking(move || store.apply(batch)).await??;
-    }
-    engine.store.flush_async().await?;
     Ok(())
 }
 
@@ -442,7 +393,7 @@ fn warn_alone(engine: &Engine, settled: &Settlement) {
 /// waiting for checks a single machine cannot give).
 fn announce(engine: &Engine, fallout: &Fallout) -> Vec<JobId> {
     let core = engine.core();
-    let s = &core.sched;
+    let s = &*core;
     for &id in &fallout.discredited {
         let (name, lost) = (s.identities().label(id), s.identities().lost(id));
         if s.identities().is_banned(id, s.policy().ban_after) {
@@ -520,7 +471,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
                 fallout
                     .discredited
                     .iter()
-                    .map(|&id| core.sched.identities().name(id).to_owned())
+                    .map(|&id| core.identities().name(id).to_owned())
                     .collect()
             };
             jobs.extend(jobs_voted_by(engine, names).await?);
@@ -536,17 +487,11 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
                 continue;
             }
             let mut core = engine.core();
-            let d = ledger::decide(
-                &mut core.sched,
-                job,
-                &mut jc,
-                None,
-                engine.shape.solutions,
-            );
-            add_writes(&mut batch, d.writes);
+            let d = core.decide(job, &mut jc, None, engine.shape.solutions);
+            ledger::add_writes(&mut batch, d.writes);
             settlements.push(d.settlement);
         }
-        apply_and_flush(engine, batch).await?;
+        engine.apply_and_flush(batch).await?;
         fallout = Fallout::default();
         let mut core = engine.core();
         let mut reopened = 0;
@@ -554,7 +499,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
             if !st.settled {
                 reopened += 1;
             }
-            fallout.absorb(core.sched.settle(st, false)?);
+            fallout.absorb(core.settle(st, false)?);
             warn_alone(engine, st);
         }
         if reopened > 0 {

@@ -37,9 +37,8 @@ pub(crate) mod solutions;
 pub(crate) mod ticker;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use nq_core::board::Prefix;
 use nq_core::split::{SubCounts, SubProblem};
 use nq_proto::convert::RunShape;
 use nq_store::{CommitBatch, JobId, JobRecord, JobState, Store, StoredJob};
@@ -49,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use crate::core::Core;
 use crate::core::lease::{Lease, LeaseId, WorkerId};
 use crate::core::ledger::{self, Report, Verified};
-use crate::core::scheduler::{Granted, Issued, Outcome, Reclaimed, Scheduler};
+use crate::core::scheduler::{Granted, Issued, Outcome, Reclaimed};
 use crate::core::status::{Progress, Snapshot};
 use crate::core::tag::Caller;
 use crate::error::{Error, Refusal, Result};
@@ -161,30 +160,28 @@ impl Engine {
     /// loop).
     pub(crate) fn new(
         store: Arc<Store>,
-        sched: Scheduler,
+        mut core: Core,
         shape: RunShape,
         run_id: String,
     ) -> (Engine, mpsc::Receiver<CommitRequest>) {
         let (commits, rx) = mpsc::channel(COMMIT_QUEUE);
+        core.start(Instant::now());
         // The workers registered before the engine starts are the restored
         // ones: their registrations are stored already.
-        let recorded: std::collections::HashSet<WorkerId> = sched
-            .workers()
-            .filter(|(_, w)| !w.local)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let recorded: std::collections::HashSet<WorkerId> =
+            core.remote_workers().cloned().collect();
         let complete = CancellationToken::new();
-        if sched.is_complete() {
+        if core.is_complete() {
             complete.cancel();
         }
         let checked = CancellationToken::new();
-        if !sched.store_unchecked() {
+        if !core.store_unchecked() {
             checked.cancel();
         }
         let engine = Engine {
             store,
-            ttl: sched.ttl(),
-            core: Mutex::new(Core::new(sched, Instant::now())),
+            ttl: core.ttl(),
+            core: Mutex::new(core),
             shape,
             run_id,
             commits,
@@ -219,7 +216,7 @@ impl Engine {
         let stored = self.store.job(job)?;
         Ok(Definition {
             work: stored.work(),
-            subs: subproblems_in(&stored, &self.shape, job)?,
+            subs: crate::plan::subproblems_in(&stored, &self.shape, job)?,
         })
     }
 
@@ -233,7 +230,7 @@ impl Engine {
     /// Stops granting leases, for good: the first step of the shutdown
     /// order. Wakes the calls held by [`Engine::until_the_end_or`].
     pub(crate) fn close(&self) {
-        self.core().sched.close();
+        self.core().close();
         self.closed.cancel();
     }
 
@@ -254,7 +251,7 @@ impl Engine {
         held: &[LeaseId],
         now: Instant,
     ) -> Result<(crate::core::scheduler::Grant, Vec<StoredJob>)> {
-        let grant = self.core().sched.lease(worker, want, held, now)?;
+        let grant = self.core().lease(worker, want, held, now)?;
         let definitions = if grant.jobs.is_empty() {
             Vec::new()
         } else {
@@ -274,12 +271,10 @@ impl Engine {
 
     /// Recognises, after a restart, ids that an earlier session of this run
     /// issued and this one has never seen: `worker`, registered again under
-    /// its id when its tag checks out for `caller`
-    /// ([`crate::core::scheduler::Scheduler::recognize`]), and the `leases`
-    /// of a report, each for its job
-    /// ([`crate::core::scheduler::Scheduler::recognize_lease`]). Ids that
-    /// do not check change nothing, and the call that follows refuses them
-    /// as before. No I/O: the ids prove themselves.
+    /// its id when its tag checks out for `caller`, and the `leases` of a
+    /// report, each for its job ([`Core::recognize`]). Ids that do not check
+    /// change nothing, and the call that follows refuses them as before. No
+    /// I/O: the ids prove themselves.
     ///
     /// # Errors
     ///
@@ -293,16 +288,14 @@ impl Engine {
     ) -> Result<()> {
         let now = Instant::now();
         let mut core = self.core();
-        if core.sched.recognize(worker, caller, now)? {
+        let (again, kept) = core.recognize(worker, caller, leases, now)?;
+        drop(core);
+        if again {
             tracing::info!(
                 worker = %worker,
                 peer = ?caller.address,
                 "worker of an earlier session recognised by its id; registered again under it"
             );
-        }
-        let mut kept = 0usize;
-        for &(job, lease) in leases {
-            kept += usize::from(core.sched.recognize_lease(job, lease, worker, now));
         }
         if kept > 0 {
             tracing::debug!(worker = %worker, leases = kept, "leases of an earlier session recognised by their ids");
@@ -312,7 +305,7 @@ impl Engine {
 
     /// Hands `leases` of `worker` back: their jobs are pending again.
     pub(crate) fn release(&self, worker: &WorkerId, leases: &[LeaseId]) -> Vec<JobId> {
-        let released = self.core().sched.release(worker, leases, Instant::now());
+        let released = self.core().release(worker, leases, Instant::now());
         self.persist_pending(&released);
         released
     }
@@ -320,7 +313,7 @@ impl Engine {
     /// `worker` drained and leaves the run: the jobs it still held are
     /// pending again, and it no longer counts as a machine at work.
     pub(crate) fn leave(&self, worker: &WorkerId) -> Vec<JobId> {
-        let released = self.core().sched.leave(worker, Instant::now());
+        let released = self.core().leave(worker, Instant::now());
         self.persist_pending(&released);
         released
     }
@@ -348,7 +341,7 @@ impl Engine {
         }
         let (worker, job, lease) =
             (WorkerId(worker.to_owned()), JobId(job), LeaseId(lease));
-        let issued = self.core().sched.check_report(job, lease, &worker)?;
+        let issued = self.core().check_report(job, lease, &worker)?;
         Ok(Admitted {
             worker,
             job,
@@ -393,7 +386,6 @@ impl Engine {
     ) -> Result<Verified> {
         let identity = self
             .core()
-            .sched
             .identities()
             .name(admitted.issued.identity)
             .to_owned();
@@ -414,7 +406,7 @@ impl Engine {
             &definition.subs,
             report,
             identity,
-            unix_ms(SystemTime::now()),
+            crate::wall::unix_ms(SystemTime::now()),
         )
     }
 
@@ -469,7 +461,7 @@ impl Engine {
             .collect();
         // A first delivery may have made a second machine at work: judge
         // again now what that selects, not at the next tick.
-        if core.sched.selection_pending() {
+        if core.selection_pending() {
             self.machines_changed.notify_one();
         }
         Ok(accepted)
@@ -505,7 +497,7 @@ impl Engine {
     /// Notes a granted lease, to be recorded by the next
     /// [`Engine::write_records`].
     fn persist_lease(&self, granted: &Granted, worker: &WorkerId) {
-        let deadline_unix_ms = unix_ms(SystemTime::now() + self.ttl);
+        let deadline_unix_ms = crate::wall::unix_ms(SystemTime::now() + self.ttl);
         let record = JobRecord {
             state: JobState::Leased {
                 worker: worker.0.clone(),
@@ -528,6 +520,18 @@ impl Engine {
         }
     }
 
+    /// Writes a batch and flushes, with sled's synchronous writes kept off the
+    /// async threads, under the write gate (a backup waits for the whole group).
+    pub(crate) async fn apply_and_flush(&self, batch: CommitBatch) -> Result<()> {
+        let _gate = self.write_gate.lock().await;
+        if !batch.is_empty() {
+            let store = Arc::clone(&self.store);
+            tokio::task::spawn_blocking(move || store.apply(batch)).await??;
+        }
+        self.store.flush_async().await?;
+        Ok(())
+    }
+
     /// Notes that expired or released jobs are pending again. (The store
     /// leaves done jobs' records alone.)
     fn persist_pending<'a>(&self, jobs: impl IntoIterator<Item = &'a JobId>) {
@@ -535,7 +539,7 @@ impl Engine {
         {
             let core = self.core();
             for &job in jobs {
-                let attempts = core.sched.attempts(job);
+                let attempts = core.attempts(job);
                 records.push((
                     job,
                     None,
@@ -582,10 +586,10 @@ impl Engine {
         {
             let core = self.core();
             for id in &workers {
-                if let Some(w) = core.sched.worker(id) {
+                if let Some(w) = core.worker(id) {
                     let stored = nq_store::StoredWorker {
                         name: w.name.clone(),
-                        identity: core.sched.identities().name(w.identity).to_owned(),
+                        identity: core.identities().name(w.identity).to_owned(),
                         address: w.address.map(|a| a.to_string()),
                         threads: w.threads,
                     };
@@ -593,8 +597,8 @@ impl Engine {
                 }
             }
             for (job, lease, record) in &records {
-                let current = !core.sched.is_done(*job)
-                    && lease.is_none_or(|l| core.sched.is_live(l));
+                let current =
+                    !core.is_done(*job) && lease.is_none_or(|l| core.is_live(l));
                 if current {
                     batch.record(*job, record);
                 }
@@ -616,22 +620,6 @@ impl Engine {
     }
 }
 
-/// The sub-problems of a stored job, validated.
-pub(crate) fn subproblems_in(
-    stored: &StoredJob,
-    shape: &RunShape,
-    job: JobId,
-) -> Result<Vec<SubProblem>> {
-    let mut subs = Vec::with_capacity(stored.len());
-    for rows in stored.prefixes() {
-        let sub = Prefix::from_rows(shape.board, rows)
-            .and_then(|p| SubProblem::from_prefix(shape.spec, p))
-            .map_err(|source| Error::StoredJob { job, source })?;
-        subs.push(sub);
-    }
-    Ok(subs)
-}
-
 /// Runs synchronous store work from async code without stalling the tasks
 /// that share the thread: on a multi-threaded runtime the thread hands its
 /// other tasks to its peers first (`block_in_place`); elsewhere (a pool
@@ -644,10 +632,4 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
         }
         _ => f(),
     }
-}
-
-/// Milliseconds since the Unix epoch (0 for times before it).
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

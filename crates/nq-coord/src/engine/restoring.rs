@@ -15,7 +15,7 @@
 //! judged again, the commit loop checks and settles that job at once
 //! ([`restore_now`]) before it judges anything else of it. The run cannot
 //! complete, so no total is published, before the reader has read every job
-//! ([`crate::core::scheduler::Scheduler::stored_checked`]).
+//! (`Restorer::stored_checked` in `core::scheduler`).
 
 use std::sync::Arc;
 
@@ -23,8 +23,8 @@ use nq_store::{CommitBatch, JobId, Scan, ScannedJob};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::commit::{add_writes, apply_and_flush};
 use super::{Engine, blocking};
+use crate::core::ledger;
 use crate::error::Result;
 use crate::restore::{Checked, check, restore_job};
 
@@ -104,7 +104,7 @@ pub(crate) async fn settle_block(engine: &Engine, block: Block) -> Result<()> {
         for (entry, checked) in block {
             let job = entry.job;
             let restored =
-                restore_job(&mut core.sched, entry, checked, engine.shape.solutions)?;
+                restore_job(&mut core, entry, checked, engine.shape.solutions)?;
             writes.extend(restored.writes);
             match restored.judged {
                 Some(true) => core.restored.0 += 1,
@@ -121,8 +121,8 @@ pub(crate) async fn settle_block(engine: &Engine, block: Block) -> Result<()> {
     }
     if !writes.is_empty() {
         let mut batch = CommitBatch::new();
-        add_writes(&mut batch, writes);
-        apply_and_flush(engine, batch).await?;
+        ledger::add_writes(&mut batch, writes);
+        engine.apply_and_flush(batch).await?;
     }
     Ok(())
 }
@@ -138,12 +138,10 @@ pub(crate) async fn settle_block(engine: &Engine, block: Block) -> Result<()> {
 pub(crate) async fn restore_now(engine: &Engine, jobs: Vec<JobId>) -> Result<()> {
     let mut waiting: Vec<JobId> = {
         let core = engine.core();
-        if core.sched.restoring() == 0 {
+        if core.restoring() == 0 {
             return Ok(());
         }
-        jobs.into_iter()
-            .filter(|&j| core.sched.is_restoring(j))
-            .collect()
+        jobs.into_iter().filter(|&j| core.is_restoring(j)).collect()
     };
     if waiting.is_empty() {
         return Ok(());
@@ -171,17 +169,17 @@ pub(crate) async fn restore_now(engine: &Engine, jobs: Vec<JobId>) -> Result<()>
 /// job is settled.
 pub(crate) fn finish(engine: &Engine) {
     let mut core = engine.core();
-    core.sched.stored_checked();
+    core.restorer().stored_checked();
     // As a restart that checks before serving logs it: when it found any.
     if core.restored != (0, 0) {
         info!(
             done = core.restored.0,
-            jobs = core.sched.jobs(),
+            jobs = core.standing().jobs,
             in_check = core.restored.1,
             "restored finished jobs"
         );
     }
-    if core.sched.is_complete() {
+    if core.is_complete() {
         engine.complete.cancel();
     }
     drop(core);

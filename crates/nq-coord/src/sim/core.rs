@@ -116,7 +116,7 @@ pub(super) fn run_scenario(seed: u64) -> Result<Stats, Failure> {
         })?;
     }
     for _ in 0..DRAIN_ROUNDS {
-        if sim.core.sched.is_complete() || sim.finished {
+        if sim.core.sched().is_complete() || sim.finished {
             break;
         }
         step += 1;
@@ -517,7 +517,7 @@ impl Sim {
         }
         let start = Instant::now();
         let mut sched = Scheduler::new(works.clone(), 1, TTL, policy.clone());
-        sched.expect_local_threads(arbiter);
+        sched.restorer().expect_local_threads(arbiter);
         Sim {
             arbiter,
             seed,
@@ -571,7 +571,7 @@ impl Sim {
     /// Once every job is settled the result is final (the engine's
     /// `complete` token): later copies are evidence only.
     fn seal_if_complete(&mut self) {
-        if self.core.sched.is_complete() {
+        if self.core.sched().is_complete() {
             self.model.seal();
         }
     }
@@ -591,26 +591,29 @@ impl Sim {
     fn registered(&mut self, w: usize) -> WorkerId {
         let now = self.now();
         if let Some(id) = self.workers[w].id.clone() {
-            if self.core.sched.worker(&id).is_some() {
+            if self.core.sched().worker(&id).is_some() {
                 return id;
             }
             let caller = self.caller(w);
             if !self.workers[w].local
-                && matches!(self.core.sched.recognize(&id, &caller, now), Ok(true))
+                && matches!(self.core.sched_mut().recognize(&id, &caller, now), Ok(true))
             {
                 return id;
             }
         }
         let worker = &self.workers[w];
         let id = if worker.local {
-            self.core.sched.register_local(1, now)
+            self.core.sched_mut().register_local(1, now)
         } else {
             let (name, ip) = (worker.name.clone(), worker.ip);
             let credential = worker.credential.clone();
-            (self
-                .core
-                .sched
-                .register_as(&name, 1, Some(ip), credential.as_deref(), now))
+            (self.core.sched_mut().register_as(
+                &name,
+                1,
+                Some(ip),
+                credential.as_deref(),
+                now,
+            ))
             .expect("the simulation registers within the limits")
         };
         self.workers[w].id = Some(id.clone());
@@ -629,7 +632,7 @@ impl Sim {
             }
         };
         let mut id = self.registered(w);
-        if self.core.sched.worker(&id).is_none() {
+        if self.core.sched().worker(&id).is_none() {
             // Forgotten after a long silence: a real worker registers again.
             self.workers[w].id = None;
             id = self.registered(w);
@@ -647,14 +650,14 @@ impl Sim {
             .filter(|t| t.worker == id)
             .map(|t| t.lease)
             .collect();
-        let identity = self.core.sched.worker(&id).map(|x| x.identity);
+        let identity = self.core.sched().worker(&id).map(|x| x.identity);
         let banned = identity.is_some_and(|i| {
             self.core
-                .sched
+                .sched()
                 .identities()
                 .is_banned(i, self.policy.ban_after)
         });
-        let grant = match self.core.sched.lease(&id, want, &held, now) {
+        let grant = match self.core.sched_mut().lease(&id, want, &held, now) {
             Ok(g) => g,
             Err(e) => {
                 ensure!(banned, "lease refused to a worker that is not banned: {e}");
@@ -671,7 +674,7 @@ impl Sim {
         }
         for g in grant.jobs {
             ensure!(
-                !self.core.sched.is_done(g.job),
+                !self.core.sched().is_done(g.job),
                 "job {} granted although settled",
                 g.job
             );
@@ -787,12 +790,16 @@ impl Sim {
         // As `Engine::recognize` before admission: ids of earlier sessions
         // prove themselves.
         let (caller, now) = (self.caller(w), self.now());
-        let recognized = self.core.sched.recognize(&task.worker, &caller, now);
+        let recognized = self.core.sched_mut().recognize(&task.worker, &caller, now);
         ensure!(
             recognized.is_ok(),
             "the simulation registers within the limits"
         );
-        if (self.core.sched).recognize_lease(task.job, task.lease, &task.worker, now) {
+        if self
+            .core
+            .sched_mut()
+            .recognize_lease(task.job, task.lease, &task.worker, now)
+        {
             self.stats.recognized += 1;
         }
         let genuine = |granted: &HashMap<LeaseId, (WorkerId, JobId)>| {
@@ -808,7 +815,7 @@ impl Sim {
             .is_some_and(|session| session < self.session);
         let ours =
             genuine(&self.granted) || genuine(&self.granted_before) && of_earlier_session;
-        let s = &self.core.sched;
+        let s = self.core.sched();
         let issued = match s.check_report(task.job, task.lease, &task.worker) {
             Ok(issued) => issued,
             Err(e) => {
@@ -882,13 +889,13 @@ impl Sim {
         if group.is_empty() {
             return Ok(());
         }
-        if self.core.sched.is_complete() {
+        if self.core.sched().is_complete() {
             self.model.seal();
             for (_, (v, _)) in &group {
                 let recorded = self.model.jobs[v.job.0 as usize].record.clone();
                 let (write, outcome) = ledger::late_copy(recorded.as_ref(), v);
                 self.model.apply(&[write]);
-                self.core.sched.note_outcome(outcome);
+                self.core.sched_mut().note_outcome(outcome);
             }
             return Ok(());
         }
@@ -899,7 +906,7 @@ impl Sim {
             let v = &item.1.0;
             let has_copies = seen.contains(&v.job)
                 || self.model.jobs[v.job.0 as usize].record.is_some();
-            if ledger::refuse_late_alone(&self.core.sched, v, has_copies).is_ok() {
+            if self.core.refuse_late_alone(v, has_copies).is_ok() {
                 seen.insert(v.job);
                 kept.push(item);
             }
@@ -911,7 +918,7 @@ impl Sim {
             let jc = overlay.entry(v.job).or_insert_with(|| {
                 let slot = &self.model.jobs[v.job.0 as usize];
                 JobCopies::new(
-                    &self.core.sched,
+                    self.core.sched().job_phases(),
                     v.job,
                     self.model.copies(v.job),
                     slot.attempts,
@@ -919,8 +926,8 @@ impl Sim {
                 )
             });
             // A late copy never settles a job alone (issue 18, item 4).
-            let late_alone = jc.copies.is_empty() && self.core.sched.is_late(v.lease);
-            let d = ledger::decide(&mut self.core.sched, v.job, jc, Some(v), false);
+            let late_alone = jc.copies.is_empty() && self.core.sched().is_late(v.lease);
+            let d = self.core.decide(v.job, jc, Some(v), false);
             ensure!(
                 !(late_alone && d.settlement.settled),
                 "job {} settled on a lone copy under a lease that was no longer live",
@@ -938,7 +945,7 @@ impl Sim {
                     d.settlement
                         .losers
                         .iter()
-                        .map(|&i| self.core.sched.identities().name(i).to_owned())
+                        .map(|&i| self.core.sched().identities().name(i).to_owned())
                         .collect::<Vec<_>>(),
                     self.model
                         .copies(v.job)
@@ -949,10 +956,10 @@ impl Sim {
             }
             let f = self
                 .core
-                .sched
+                .sched_mut()
                 .settle(&d.settlement, true)
                 .map_err(|e| format!("settle failed: {e}"))?;
-            self.core.sched.note_outcome(d.outcome);
+            self.core.sched_mut().note_outcome(d.outcome);
             if d.outcome == crate::core::scheduler::Outcome::Conflict {
                 self.stats.conflicts += 1;
             }
@@ -969,7 +976,7 @@ impl Sim {
             if fallout.is_empty() {
                 return Ok(());
             }
-            let s = &self.core.sched;
+            let s = self.core.sched();
             for &id in &fallout.discredited {
                 if s.identities().is_banned(id, self.policy.ban_after) {
                     self.stats.bans += 1;
@@ -998,7 +1005,7 @@ impl Sim {
             for job in jobs {
                 let slot = &self.model.jobs[job.0 as usize];
                 let mut jc = JobCopies::new(
-                    &self.core.sched,
+                    self.core.sched().job_phases(),
                     job,
                     self.model.copies(job),
                     slot.attempts,
@@ -1007,7 +1014,7 @@ impl Sim {
                 if jc.copies.is_empty() {
                     continue;
                 }
-                let d = ledger::decide(&mut self.core.sched, job, &mut jc, None, false);
+                let d = self.core.decide(job, &mut jc, None, false);
                 self.model.apply(&d.writes);
                 settlements.push(d.settlement);
             }
@@ -1019,7 +1026,7 @@ impl Sim {
                         st.job,
                         st.losers
                             .iter()
-                            .map(|&i| self.core.sched.identities().name(i).to_owned())
+                            .map(|&i| self.core.sched().identities().name(i).to_owned())
                             .collect::<Vec<_>>(),
                         self.model
                             .copies(st.job)
@@ -1030,7 +1037,7 @@ impl Sim {
                 }
                 let f = self
                     .core
-                    .sched
+                    .sched_mut()
                     .settle(st, false)
                     .map_err(|e| format!("settle (judged again) failed: {e}"))?;
                 fallout.absorb(f);
@@ -1055,7 +1062,7 @@ impl Sim {
     /// so does the sim's list of what this session granted.
     fn pruned(&mut self, prune: bool) {
         if prune {
-            let s = &self.core.sched;
+            let s = self.core.sched();
             let done: Vec<LeaseId> = (self.granted.iter())
                 .filter(|(_, (_, job))| s.is_done(*job))
                 .map(|(&lease, _)| lease)
@@ -1150,12 +1157,12 @@ impl Sim {
         // next tick), so that it is compared in a settled state.
         self.tick_now()?;
         let fresh = self.restored()?;
-        if self.core.sched.is_complete() {
+        if self.core.sched().is_complete() {
             // A finished run does not serve again: setup answers with its
             // report, after checking that the total restored from the
             // stored copies (late ones included) is the stored summary.
             self.finished = true;
-            let r = finished(&self.core.sched, &fresh);
+            let r = finished(self.core.sched(), &fresh);
             return self.judged_restore(r);
         }
         self.compared(&fresh)?;
@@ -1185,7 +1192,7 @@ impl Sim {
     /// divergence of standings (a failure when `NQ_SIM_STRICT_RESTORE` is
     /// set).
     fn compared(&mut self, fresh: &Scheduler) -> Result<(), String> {
-        let r = compare(&self.core.sched, fresh).map_err(|e| self.dump(e))?;
+        let r = compare(self.core.sched(), fresh).map_err(|e| self.dump(e))?;
         self.judged_restore(r)
     }
 
@@ -1217,13 +1224,14 @@ impl Sim {
 
     /// A scheduler restored from the model, as a new session would be.
     fn restored(&mut self) -> Result<Scheduler, String> {
-        let mut fresh = Scheduler::new(
+        let mut fresh = Core::with_works(
             self.works.clone(),
             self.session + 1,
             TTL,
             self.policy.clone(),
+            self.now(),
         );
-        fresh.expect_local_threads(self.arbiter);
+        fresh.restorer().expect_local_threads(self.arbiter);
         let works = &self.works;
         let writes = restore_from(
             &mut fresh,
@@ -1241,10 +1249,10 @@ impl Sim {
         // A finished run does not serve again, nor write: setup answers
         // with its report. Only a run that goes on keeps the restore's
         // writes (a record moved to the copy that counts).
-        if !self.core.sched.is_complete() {
+        if !self.core.sched().is_complete() {
             self.model.apply(&writes);
         }
-        Ok(fresh)
+        Ok(fresh.into_sched())
     }
 
     /// The honest workers that are not gone lease and report at once, and
@@ -1321,8 +1329,8 @@ impl Sim {
         }
         Err(self.dump(format!(
             "the run waits for a voice that cannot come: every copy is honest and an honest worker is at work, but after the drain {} jobs are not settled ({} wait for a check)",
-            self.core.sched.jobs() - self.core.sched.jobs_done(),
-            self.core.sched.jobs_waiting_for_checks().len()
+            self.core.sched().jobs() - self.core.sched().jobs_done(),
+            self.core.sched().jobs_waiting_for_checks().len()
         )))
     }
 
@@ -1341,7 +1349,7 @@ impl Sim {
     /// back, however it heartbeats.
     fn no_lease_hoarded(&self, now: Instant) -> Result<(), String> {
         use crate::core::allowance::{OVERDUE_SLACK, OVERDUE_TTLS};
-        let s = &self.core.sched;
+        let s = self.core.sched();
         for lease in s.live_leases() {
             let hoarder = self.workers.iter().any(|w| {
                 w.adversary == Adversary::Hoarder && w.id.as_ref() == Some(&lease.worker)
@@ -1382,7 +1390,7 @@ impl Sim {
                 out += &format!(
                     "job {j} truth {} selected {} copies {copies:?}\n",
                     tally_of(&true_counts(self.seed, job, self.subs[j])).total,
-                    self.core.sched.selected(job)
+                    self.core.sched().selected(job)
                 );
             }
         }
@@ -1391,12 +1399,12 @@ impl Sim {
 
     /// The invariants, after every step.
     fn check(&self) -> Result<(), String> {
-        check_ledger(&self.core.sched, |job| self.model.judged_copies(job))?;
+        check_ledger(self.core.sched(), |job| self.model.judged_copies(job))?;
         // With a trusted arbiter, an honest worker never loses a conflict:
         // only a trusted computation settles a dispute, and it agrees with
         // every honest copy.
         if self.arbiter {
-            let ids = self.core.sched.identities();
+            let ids = self.core.sched().identities();
             for w in self.workers.iter().filter(|w| w.is_honest()) {
                 if let Some(id) = ids.get(&w.identity())
                     && ids.lost(id) > 0
@@ -1418,11 +1426,11 @@ impl Sim {
     fn finish(&mut self) -> Result<(), String> {
         self.tick_now()?;
         let fresh = self.restored()?;
-        if !self.core.sched.is_complete() {
+        if !self.core.sched().is_complete() {
             self.no_wait_for_a_voice_that_cannot_come()?;
             return self.compared(&fresh);
         }
-        let r = finished(&self.core.sched, &fresh);
+        let r = finished(self.core.sched(), &fresh);
         self.judged_restore(r)?;
         self.stats.completed += 1;
         let mut truth = 0u128;
@@ -1461,10 +1469,10 @@ impl Sim {
         // beyond any vote; see docs/trust.md, "Threat model".)
         if self.arbiter && contested {
             self.stats.arbiter_checked += 1;
-            if self.core.sched.tally().total != truth {
+            if self.core.sched().tally().total != truth {
                 return Err(self.dump(format!(
                     "the run completed with {} but the truth is {truth}, with a trusted arbiter and an honest copy on every job a lie reached",
-                    self.core.sched.tally().total
+                    self.core.sched().tally().total
                 )));
             }
         }
@@ -1480,25 +1488,25 @@ impl Sim {
             .count();
         if self.claim
             && honest * 2 > self.workers.len()
-            && self.core.sched.jobs_unchecked() == 0
+            && self.core.sched().jobs_unchecked() == 0
         {
             self.stats.probation_claims += 1;
-            if self.core.sched.tally().total != truth {
+            if self.core.sched().tally().total != truth {
                 return Err(self.dump(format!(
                     "probation: the run completed with {} but the truth is {truth}, with liars on every result and an honest majority",
-                    self.core.sched.tally().total
+                    self.core.sched().tally().total
                 )));
             }
         }
         // Only a run that ended complete claims its total: one that ended
         // unchecked had jobs that no second delivering machine could check
         // (a lone liar's copy may be among them; the run says so).
-        if outnumbered && self.core.sched.jobs_unchecked() == 0 {
+        if outnumbered && self.core.sched().jobs_unchecked() == 0 {
             self.stats.truth_checked += 1;
-            if self.core.sched.tally().total != truth {
+            if self.core.sched().tally().total != truth {
                 return Err(self.dump(format!(
                     "the run completed with {} but the truth is {truth}, although the honest identities outnumbered the liars on every job a lie reached",
-                    self.core.sched.tally().total
+                    self.core.sched().tally().total
                 )));
             }
         }

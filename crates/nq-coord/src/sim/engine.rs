@@ -47,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use super::core::{Restored, check_ledger, compare, finished};
 use super::{Failure, Stats, ensure, mix, rng, run_all};
 use crate::config::Config;
+use crate::core::Core;
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::quorum::Fraction;
 use crate::core::scheduler::{Outcome, Scheduler};
@@ -230,7 +231,7 @@ async fn open(config: &Config) -> Result<(Session, String), String> {
     let run_id = ready.manifest.run_id.clone();
     let (engine, rx) = Engine::new(
         ready.store,
-        ready.sched,
+        ready.core,
         shape_of(&ready.manifest),
         run_id.clone(),
     );
@@ -264,7 +265,7 @@ impl Sim {
                 Some(nq_store::StoreKey::from_bytes(&key).map_err(|e| e.to_string())?);
         }
         let (session, run_id) = open(&config).await?;
-        let jobs = session.engine.core().sched.jobs();
+        let jobs = session.engine.core().sched().jobs();
         let never = AtomicBool::new(false);
         let mut truth = Vec::new();
         for j in 0..jobs {
@@ -323,7 +324,7 @@ impl Sim {
     }
 
     fn complete(&self) -> bool {
-        self.engine().core().sched.is_complete()
+        self.engine().core().sched().is_complete()
     }
 
     async fn step(&mut self) -> Result<(), String> {
@@ -368,14 +369,18 @@ impl Sim {
 
     fn registered(&mut self, w: usize) -> WorkerId {
         if let Some(id) = &self.workers[w].id
-            && self.engine().core().sched.worker(id).is_some()
+            && self.engine().core().sched().worker(id).is_some()
         {
             return id.clone();
         }
         let now = self.now();
         let (name, ip) = (self.workers[w].name.clone(), self.workers[w].ip);
-        let id = (self.engine().core().sched.register(&name, 1, Some(ip), now))
-            .expect("the simulation registers within the limits");
+        let id = (self
+            .engine()
+            .core()
+            .sched_mut()
+            .register(&name, 1, Some(ip), now))
+        .expect("the simulation registers within the limits");
         self.workers[w].id = Some(id.clone());
         id
     }
@@ -485,7 +490,7 @@ impl Sim {
         if counts != self.truth[task.job.0 as usize] {
             self.stats.lies += 1;
         }
-        if !engine.core().sched.is_live(task.lease) {
+        if !engine.core().sched().is_live(task.lease) {
             self.stats.late += 1;
         }
         self.stats.reports += 1;
@@ -557,7 +562,8 @@ impl Sim {
         if prune {
             let engine = Arc::clone(self.engine());
             let core = engine.core();
-            self.granted.retain(|_, (_, job)| !core.sched.is_done(*job));
+            self.granted
+                .retain(|_, (_, job)| !core.sched().is_done(*job));
         }
     }
 
@@ -577,11 +583,11 @@ impl Sim {
             .map_err(|e| format!("the commit loop panicked: {e}"))?;
         ended.map_err(|e| format!("the commit loop failed: {e}"))?;
         self.check()?;
-        let sched = self.take_sched();
+        let core = Core::new(self.take_sched(), Instant::now());
         let engine = self.engine();
         let (engine, rx) = Engine::new(
             Arc::clone(&engine.store),
-            sched,
+            core,
             engine.shape,
             self.run_id.clone(),
         );
@@ -591,9 +597,9 @@ impl Sim {
 
     /// The scheduler, taken out of the stopped engine.
     fn take_sched(&self) -> Scheduler {
-        let policy = self.engine().core().sched.policy().clone();
-        let empty = Scheduler::new(Vec::new(), 0, TTL, policy);
-        std::mem::replace(&mut self.engine().core().sched, empty)
+        let policy = self.engine().core().policy().clone();
+        let empty = Core::with_works(Vec::new(), 0, TTL, policy, Instant::now());
+        std::mem::replace(&mut *self.engine().core(), empty).into_sched()
     }
 
     /// The invariants, against what the store holds.
@@ -601,7 +607,7 @@ impl Sim {
         let copies = stored_copies(&self.engine().store)?;
         let engine = Arc::clone(self.engine());
         let core = engine.core();
-        if core.sched.is_complete() && self.sealed.is_none() {
+        if core.sched().is_complete() && self.sealed.is_none() {
             // The copies judged: those of jobs settled before the window in
             // which the run completed, as they were then, and every copy of
             // the others (copies that came after the completing group in the
@@ -617,14 +623,14 @@ impl Sim {
             };
             self.sealed = Some(sealed);
         }
-        if !core.sched.is_complete() {
-            let settled = (0..core.sched.jobs())
-                .map(|j| core.sched.is_done(JobId(j)))
+        if !core.sched().is_complete() {
+            let settled = (0..core.sched().jobs())
+                .map(|j| core.sched().is_done(JobId(j)))
                 .collect();
             self.before = Some((copies.iter().map(Vec::len).collect(), settled));
         }
         let sealed = self.sealed.clone();
-        check_ledger(&core.sched, |job| {
+        check_ledger(core.sched(), |job| {
             let all = &copies[job.0 as usize];
             let n = sealed.as_ref().map_or(all.len(), |s| s[job.0 as usize]);
             all[..n.min(all.len())].iter().collect()
@@ -661,7 +667,13 @@ impl Sim {
         let placeholder = {
             let (engine, rx) = Engine::new(
                 Arc::new(Store::temporary().map_err(|e| e.to_string())?),
-                Scheduler::new(Vec::new(), 0, TTL, self.config_policy()),
+                Core::with_works(
+                    Vec::new(),
+                    0,
+                    TTL,
+                    self.config_policy(),
+                    Instant::now(),
+                ),
                 self.session.engine.shape,
                 String::new(),
             );
@@ -692,9 +704,9 @@ impl Sim {
                 let engine = Arc::clone(self.engine());
                 let core = engine.core();
                 if live.is_complete() {
-                    finished(&live, &core.sched)
+                    finished(&live, core.sched())
                 } else {
-                    compare(&live, &core.sched)?
+                    compare(&live, core.sched())?
                 }
             };
             match r {
@@ -836,7 +848,7 @@ impl Sim {
         }
         if outnumbered {
             self.stats.truth_checked += 1;
-            let total = self.engine().core().sched.tally().total;
+            let total = self.engine().core().sched().tally().total;
             ensure!(
                 total == 92,
                 "the run completed with {total} instead of Q(8) = 92, although the honest identities outnumbered the liars on every job a lie reached"

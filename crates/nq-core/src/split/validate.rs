@@ -35,69 +35,7 @@ impl SubProblem {
                     },
                 )
             }
-            Strategy::Border => {
-                let k = prefix.get(0).ok_or_else(not)?;
-                if k == 0 || k > n - 1 - k {
-                    return Err(not());
-                }
-                if prefix
-                    .queens()
-                    .any(|q| border_m(n, q).is_some_and(|m| m > k))
-                {
-                    return Err(not());
-                }
-                let tied = tied_set(&prefix, k);
-                if k == n - 1 - k && tied.len() == 1 {
-                    // Case 1b: the base is the column-0 queen and the row-0 queen.
-                    let (c, _) =
-                        prefix.queens().find(|&(_, r)| r == 0).ok_or_else(not)?;
-                    if c == n - 1 {
-                        return Err(not());
-                    }
-                    let mut base = tied;
-                    base.place(c, 0).map_err(|_| not())?;
-                    let kind = Kind::Border {
-                        k,
-                        strict: LINE_RIGHT | LINE_TOP,
-                        top_after_bottom: true,
-                    };
-                    (base, kind)
-                } else if Stabilizer::of(&tied).order() == 1 {
-                    if !least_t_image(&tied, k) {
-                        return Err(not());
-                    }
-                    let used = tied.used_rows();
-                    let mut strict = 0;
-                    if tied.get(n - 1).is_none() {
-                        strict |= LINE_RIGHT;
-                    }
-                    if used & 1 == 0 {
-                        strict |= LINE_BOTTOM;
-                    }
-                    if used & (1 << (n - 1)) == 0 {
-                        strict |= LINE_TOP;
-                    }
-                    (
-                        tied,
-                        Kind::Border {
-                            k,
-                            strict,
-                            top_after_bottom: false,
-                        },
-                    )
-                } else {
-                    let ring = ring_part(&prefix, 1);
-                    if !ring_complete(&ring, 1) || !least_t_image(&ring, k) {
-                        return Err(not());
-                    }
-                    (
-                        ring,
-                        Kind::Ring {
-                            stabilizer: Stabilizer::of(&ring),
-                        },
-                    )
-                }
-            }
+            Strategy::Border => border_base(&prefix, n)?,
         };
         // The other queens must fill exactly the first free columns of the base.
         let expected: Vec<u8> = (0..n)
@@ -216,6 +154,73 @@ impl SubProblem {
         }
         product.min(factorial)
     }
+}
+
+/// The base and kind of a sub-problem of the border split (see
+/// [`SubProblem::from_prefix`]): the tied set of its border queens, or the
+/// ring of its first line when that set is symmetric.
+fn border_base(prefix: &Prefix, n: u8) -> Result<(Prefix, Kind)> {
+    let not = || Error::new(ErrorKind::NotCanonical);
+    let k = prefix.get(0).ok_or_else(not)?;
+    if k == 0 || k > n - 1 - k {
+        return Err(not());
+    }
+    if prefix
+        .queens()
+        .any(|q| border_m(n, q).is_some_and(|m| m > k))
+    {
+        return Err(not());
+    }
+    let tied = tied_set(prefix, k);
+    Ok(if k == n - 1 - k && tied.len() == 1 {
+        // Case 1b: the base is the column-0 queen and the row-0 queen.
+        let (c, _) = prefix.queens().find(|&(_, r)| r == 0).ok_or_else(not)?;
+        if c == n - 1 {
+            return Err(not());
+        }
+        let mut base = tied;
+        base.place(c, 0).map_err(|_| not())?;
+        let kind = Kind::Border {
+            k,
+            strict: LINE_RIGHT | LINE_TOP,
+            top_after_bottom: true,
+        };
+        (base, kind)
+    } else if Stabilizer::of(&tied).order() == 1 {
+        if !least_t_image(&tied, k) {
+            return Err(not());
+        }
+        let used = tied.used_rows();
+        let mut strict = 0;
+        if tied.get(n - 1).is_none() {
+            strict |= LINE_RIGHT;
+        }
+        if used & 1 == 0 {
+            strict |= LINE_BOTTOM;
+        }
+        if used & (1 << (n - 1)) == 0 {
+            strict |= LINE_TOP;
+        }
+        (
+            tied,
+            Kind::Border {
+                k,
+                strict,
+                top_after_bottom: false,
+            },
+        )
+    } else {
+        let ring = ring_part(prefix, 1);
+        if !ring_complete(&ring, 1) || !least_t_image(&ring, k) {
+            return Err(not());
+        }
+        (
+            ring,
+            Kind::Ring {
+                stabilizer: Stabilizer::of(&ring),
+            },
+        )
+    })
 }
 
 #[cfg(test)]
