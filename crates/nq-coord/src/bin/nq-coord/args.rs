@@ -483,8 +483,14 @@ pub(crate) struct AuditArgs {
     /// The verification share the run was judged with (`auto`, or 0 to 1,
     /// as `nq-coord --verify`), for a store that does not hold it: a run
     /// made with `--verify 0` (a load test) judged as `auto` reads as all
-    /// unsettled, every job waiting for a check it never asked for.
-    #[arg(long, value_name = "SHARE", default_value = "auto")]
+    /// unsettled, every job waiting for a check it never asked for. A store
+    /// that holds its settings is judged by them whatever this says.
+    #[arg(
+        long,
+        value_name = "SHARE",
+        default_value = "auto",
+        env = "NQ_AUDIT_VERIFY"
+    )]
     pub(crate) verify: String,
     /// The key the run's store was made with, if any.
     #[command(flatten)]
