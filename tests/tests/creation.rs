@@ -47,10 +47,14 @@ async fn a_creation_killed_midway_resumes_without_losing_or_repeating_a_subprobl
         );
 
         let mut second = Coord::ephemeral(&dir, &args).await?;
-        let resumed = second
-            .proc
-            .line_containing("resuming the creation of the run's jobs")
-            .await?;
+        // The resume is logged when the directory is opened, before the
+        // port is announced; `Coord::ephemeral` reads past it to the
+        // `listening on` line, so it is looked for in the whole output first.
+        const RESUMING: &str = "resuming the creation of the run's jobs";
+        let resumed = match second.proc.lines_containing(RESUMING).into_iter().next() {
+            Some(line) => line,
+            None => second.proc.line_containing(RESUMING).await?,
+        };
         let done: u64 = log_field(&resumed, "done")
             .context("no done= in the resume line")?
             .parse()?;
