@@ -314,14 +314,9 @@ impl Scheduler {
     ) -> Result<Option<(JobId, IdentityId, KernelRequest)>> {
         let trusted = local || self.verify.identities.is_trusted(identity);
         let arbiter = self.arbiter();
-        // A stalled identity (a lease was taken back from it while it
-        // delivered nothing) gets no check: its copy is unlikely to come,
-        // and two of them would pass the job to and fro between them by
-        // fair share while the copy it waits for never comes.
-        let may_check = trusted || !self.workers.allowances.is_stalled(identity);
         let mut scanned = 0;
         let mut i = 0;
-        while may_check && i < self.jobs.checks.len() && scanned < CHECK_SCAN {
+        while i < self.jobs.checks.len() && scanned < CHECK_SCAN {
             let job = self.jobs.checks[i];
             let Some(open) = self.jobs.open.get(&job) else {
                 self.jobs.checks.remove(i); // settled meanwhile
