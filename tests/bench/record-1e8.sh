@@ -56,7 +56,16 @@
 #                      the backup, the restored copy and the audit (700; the
 #                      10^7-job store of BENCHMARKS.md §22 took 243 + 116 +
 #                      172 + 110 = 641 bytes a job, so about 75 GB for the
-#                      record run); the script refuses to start without it
+#                      record run; 400 with NQ_RECORD_LEAN_DISK=1); the
+#                      script refuses to start without it
+#   NQ_RECORD_LEAN_DISK=1  for a disk that cannot hold all four at once:
+#                      the audit is deleted once it is re-checked (its end
+#                      line kept), and the run's directory once it is backed
+#                      up (its report.json and size kept), so the restore
+#                      rebuilds the run from the backup alone, as after a
+#                      lost disk. At most two of the four are on disk at a
+#                      time (store and audit, store and backup, backup and
+#                      restored copy: about 360 bytes a job)
 #
 # "Serving again" after a restart is the load test's `resume_seconds`: from
 # the SIGKILL to the new process's `data directory ready`, which it logs
@@ -73,7 +82,12 @@ sample=${NQ_RECORD_SAMPLE:-1000}
 poll=${NQ_RECORD_POLL:-30}
 kills=${NQ_RECORD_KILLS:-0.50,0.95}
 duration=${NQ_RECORD_DURATION:-12h}
-disk_per_job=${NQ_RECORD_DISK_PER_JOB:-700}
+lean_disk=${NQ_RECORD_LEAN_DISK:-0}
+if [ "$lean_disk" = 1 ]; then
+  disk_per_job=${NQ_RECORD_DISK_PER_JOB:-400}
+else
+  disk_per_job=${NQ_RECORD_DISK_PER_JOB:-700}
+fi
 
 for b in nq-coord nq nq-loadtest; do
   [ -x "$bin/$b" ] || {
@@ -117,6 +131,7 @@ fi
   echo "started=$(date -u +%FT%TZ)"
   echo "load=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "n=$n split=$split jobs=$jobs kill_after=$kill_after workers=$workers"
+  echo "lean_disk=$lean_disk"
 } | tee "$out/meta.txt"
 
 metrics_port=$(python3 -c '
@@ -200,8 +215,19 @@ timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v
 }
 timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$out/audit.csv"
 timed recheck "$bin/nq" recheck "$out/audit.csv" --sample "$sample" --seed record-1e8
+grep '^# end ' "$out/audit.csv" >"$out/audit.end" || true
+du -sb "$data" | cut -f1 >"$out/data.bytes"
+if [ "$lean_disk" = 1 ]; then
+  du -sb "$out/audit.csv" | cut -f1 >"$out/audit.bytes"
+  rm -f "$out/audit.csv"
+fi
 timed backup "$bin/nq-coord" backup --data "$data" --to "$out/run.backup"
+if [ "$lean_disk" = 1 ]; then
+  cp "$data/report.json" "$out/report.json" 2>/dev/null || true
+  rm -rf "$data"
+fi
 timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
+du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
 
 # 4. One JSON.
 python3 - "$out" <<'PY'
@@ -268,7 +294,7 @@ def spread(v):
 
 
 audit_end = {}
-for l in open(f"{out}/audit.csv", errors="replace") if os.path.exists(f"{out}/audit.csv") else []:
+for l in open(f"{out}/audit.end", errors="replace") if os.path.exists(f"{out}/audit.end") else []:
     if l.startswith("# end "):
         audit_end = dict(f.split("=", 1) for f in l[6:].split() if "=" in f)
 audit_err = open(f"{out}/audit.err").read()
@@ -277,8 +303,15 @@ recheck_out = open(f"{out}/recheck.out").read()
 summary = dict(f.split("=", 1) for f in recheck_out.split() if "=" in f)
 recheck_err = open(f"{out}/recheck.err").read()
 report = {}
-if os.path.exists(f"{out}/data/report.json"):
-    report = json.load(open(f"{out}/data/report.json"))
+for path in (f"{out}/data/report.json", f"{out}/report.json"):
+    if os.path.exists(path):
+        report = json.load(open(path))
+        break
+
+
+def size(name):
+    path = f"{out}/{name}.bytes"
+    return int(open(path).read()) if os.path.exists(path) else None
 
 record = {
     "meta": meta,
@@ -313,6 +346,10 @@ record = {
         "report_jobs_done": report.get("jobs_done"),
     },
     "store_mib": lt["store_mib"],
+    "disk_bytes": {"store": size("data"), "audit": size("audit") or (
+        os.path.getsize(f"{out}/audit.csv") if os.path.exists(f"{out}/audit.csv") else None),
+        "restored": size("restored")},
+    "lean_disk": meta.get("lean_disk") == "1",
     "audit": dict(timed("audit"), differences_from_published=len(
                       [l for l in mismatches if "published" in l]),
                   other_differences=[l for l in mismatches if "published" not in l]),
