@@ -39,7 +39,7 @@ for round in $(seq "$rounds"); do
     jobs=$(sed -n 's/.* jobs=\([0-9]*\).*/\1/p' <<<"$line")
     t=$("$tail_bin" --data "$dir")
     echo "round=$round build=$side seconds=$seconds plan_jobs=$jobs $t"
-    tails[$side]+="$(sed -n 's/.*tail_s=\([0-9.]*\).*/\1/p' <<<"$t") "
+    tails[$side]+="$(sed -n 's/.* tail_s=\([0-9.]*\).*/\1/p' <<<"$t") "
     spans[$side]+="$seconds "
     rm -rf "$dir"
   done
