@@ -38,8 +38,9 @@ use nq_core::split::SubProblem;
 
 use crate::{Error, Result};
 
-/// Words per table; `NQ_TABLE_WORDS` in the kernel.
-pub const TABLE_WORDS: usize = 64;
+/// Words per table; `NQ_TABLE_WORDS` in the kernel: two per entry, for the
+/// columns reached with 0 to 32 queens placed.
+pub const TABLE_WORDS: usize = 66;
 /// Words per task; `NQ_TASK_WORDS` in the kernel.
 pub const TASK_WORDS: usize = 5;
 /// Words before the tasks of the kernel's spill queue; `NQ_SPILL_HEAD`.
@@ -47,15 +48,21 @@ pub const SPILL_HEAD: usize = 4;
 /// Stack entries per lane; `NQ_DEPTH` in the kernel.
 pub const STACK_DEPTH: usize = 16;
 /// The most free columns a task leaves to search, its own included: its
-/// stack holds at most one node per column but the last, so
-/// [`STACK_DEPTH`] + 1; and it bounds a task's count by `17! < 2^64`.
-pub const MAX_TASK_COLUMNS: usize = STACK_DEPTH + 1;
+/// stack holds at most one node per column (the last column's included), so
+/// [`STACK_DEPTH`]; and it bounds a task's count by `16! < 2^64`.
+pub const MAX_TASK_COLUMNS: usize = STACK_DEPTH;
 /// The deepest expansion [`pack`] does to reach `min_tasks` (beyond what
 /// [`MAX_TASK_COLUMNS`] demands): each level multiplies the tasks by about
 /// N/3, so four levels turn even one sub-problem into thousands.
 const MAX_HOST_DEPTH: usize = 4;
 
 const MAX: usize = MAX_N as usize;
+
+/// Where a table entry's count starts in its shift word; `NQ_COUNT_SHIFT`.
+const COUNT_SHIFT: u32 = 5;
+/// A node in the kernel's 32-bit accumulator (completions go in the bits
+/// below); `NQ_NODE`.
+const NODE: u32 = 1 << 18;
 
 /// A sub-problem's search, as the kernel reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,18 +115,23 @@ impl Table {
 
     /// The kernel's table: entry `k` (words `2k`, `2k + 1`) is the free
     /// column reached with `k` queens placed, the prefix's `placed` first:
-    /// its blocked rows with the rows off the board, and its shift. Entries
-    /// of no free column block every row.
+    /// its open rows (on the board, not blocked), and its shift (bits 0..4)
+    /// plus, from bit [`COUNT_SHIFT`], what a lap that reaches it counts:
+    /// [`NODE`] (a queen placed in a column before the last two), nothing
+    /// (in the second-to-last column) or, in entry N, one completion (the
+    /// lap that takes the last column's free row). Entry N and entries of
+    /// no free column have no open row.
     fn write(&self, out: &mut Vec<u32>) {
         let at = out.len();
-        for _ in 0..TABLE_WORDS / 2 {
-            out.extend_from_slice(&[u32::MAX, 0]);
-        }
+        out.resize(at + TABLE_WORDS, 0);
+        let n = self.placed + self.free;
         for j in 0..self.free {
             let k = self.placed + j;
-            out[at + 2 * k] = self.blocked[j] | !self.board;
-            out[at + 2 * k + 1] = self.shift[j];
+            let counted = if k + 1 < n { NODE } else { 0 };
+            out[at + 2 * k] = self.board & !self.blocked[j];
+            out[at + 2 * k + 1] = self.shift[j] | counted << COUNT_SHIFT;
         }
+        out[at + 2 * n + 1] = 1 << COUNT_SHIFT;
     }
 
     /// The kernel's task for `node`: its rows in use include the prefix's,
@@ -683,7 +695,9 @@ mod tests {
     }
 
     /// (completions, nodes) below a node: a queen in each column to the last,
-    /// nodes counted in every free column but the last two.
+    /// nodes counted in every free column but the last two. Reads each
+    /// entry's open rows and shift, and checks its count word against the
+    /// column it stands for.
     fn walk(
         t: &[u32],
         last: u32,
@@ -702,12 +716,18 @@ mod tests {
             rem ^= bit;
             let c = cur | bit;
             let k = c.count_ones() as usize;
-            let (blocked, s) = (t[2 * k], t[2 * k + 1]);
+            let (open, s) = (t[2 * k], t[2 * k + 1] & 31);
             let (l, r) = ((left | bit) << s, (right | bit) >> s);
+            let counted = t[2 * k + 1] >> COUNT_SHIFT;
             if k as u32 != last {
+                assert_eq!(counted, NODE, "entry {k}");
                 nodes += 1;
+            } else {
+                assert_eq!(counted, 0, "entry {k}");
+                assert_eq!(t[2 * k + 3] >> COUNT_SHIFT, 1, "entry {}", k + 1);
+                assert_eq!(t[2 * k + 2], 0, "entry {}", k + 1);
             }
-            let (a, b) = walk(t, last, c, l, r, !(c | l | r | blocked));
+            let (a, b) = walk(t, last, c, l, r, open & !(c | l | r));
             count += a;
             nodes += b;
         }
