@@ -8,13 +8,15 @@
 // 32 or more (PTX gives 0, x86 masks the count; UBSan reports it on the
 // host), and only 32- and 64-bit unsigned arithmetic.
 //
-// WORK. A *task* is a node of one sub-problem's search tree, in the column
+// WORK. A *task* is a node of one prefix's search tree, in the column
 // its search reaches next: `cur`, the rows already holding a queen (the
 // prefix's rows included), `left` and `right`, the rows the placed queens
 // attack along both diagonals as seen from that column, and `valid`, the
 // rows of that column still to try. The host (crates/nq-gpu/src/pack.rs)
 // builds the tasks by expanding the first levels of each sub-problem, and one
-// *table* per sub-problem that all its tasks share.
+// *table* per prefix that all its tasks share (a sub-problem's own, or each
+// of those with its strict border lines' queens pre-placed, as the CPU
+// kernels count it).
 //
 // THE TABLE IS INDEXED BY POPCOUNT. Every queen on the board sits on its own
 // row, so popc(cur) is the number of queens placed before the column a node

@@ -15,7 +15,7 @@
 use std::sync::atomic::AtomicBool;
 
 use nq_core::board::Board;
-use nq_core::search::{self, CountStats};
+use nq_core::search::CountStats;
 use nq_core::split::{SplitSpec, SubProblem, Tally, split};
 
 use crate::BLOCK;
@@ -206,10 +206,7 @@ fn run_simt_spilling(
     (batch.fold(&counts, &nodes).unwrap(), stats, spilled)
 }
 
-fn reference(sub: &SubProblem) -> CountStats {
-    let never = AtomicBool::new(false);
-    search::count_masked_reference(sub.prefix(), &sub.forbidden(), &never).unwrap()
-}
+use crate::pack::reference;
 
 /// Counts `subs` on the host kernel of their own size and of size 32 (the
 /// embedded PTX's build), at every expansion depth the host can make (from
@@ -427,7 +424,9 @@ fn spilled_work_counted_in_follow_ups_is_exact() {
     let subs = split(Board::new(14).unwrap(), SplitSpec::border(1).unwrap());
     let want: Vec<CountStats> = subs.iter().map(reference).collect();
     for cap in [1, 1 << 16] {
-        let mut batch = pack(&subs, 1 << 12).unwrap();
+        // Few tasks for the 2,048 lanes, so that many are still busy, more
+        // than a flush (2^12 nodes) from their end, when the queue empties.
+        let mut batch = pack(&subs, 1 << 9).unwrap();
         let mut total = vec![CountStats::default(); subs.len()];
         let mut spilled_tasks = 0;
         let mut launches = 0;
