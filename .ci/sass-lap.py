@@ -3,7 +3,7 @@
 
 Reads `nvdisasm -c` output of the nq_count kernel and finds its hot loop: the
 innermost loop closed by an unconditional backward BRA whose body holds the
-lap's signature (two POPC, one LDS.64 of the table entry, one LDS.128 of the
+lap's signature (a POPC, one LDS.64 of the table entry, one LDS.128 of the
 stack top). It then walks the loop's common path, from the loop head to the
 backward branch, skipping the refill block: at a conditional forward branch it
 takes the side that does not fetch a task (the refill is the only code with an
@@ -57,7 +57,7 @@ def loops(insns, labels):
 def signature(body):
     ops = [op for _, _, op, _ in body]
     return (
-        sum(op == "POPC" for op in ops) >= 2
+        sum(op == "POPC" for op in ops) >= 1
         and any(op.startswith("LDS.64") for op in ops)
         and any(op.startswith("LDS.128") for op in ops)
     )
@@ -176,7 +176,7 @@ def run(argv):
     insns, labels = parse(open(args.sass).read())
     candidates = [(h, b) for h, b in loops(insns, labels) if signature(insns[h : b + 1])]
     if not candidates:
-        print("sass-lap: no loop with the lap's signature (2 POPC, LDS.64, LDS.128)", file=sys.stderr)
+        print("sass-lap: no loop with the lap's signature (POPC, LDS.64, LDS.128)", file=sys.stderr)
         return 1
     head, back = min(candidates, key=lambda hb: hb[1] - hb[0])
     try:

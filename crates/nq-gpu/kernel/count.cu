@@ -8,25 +8,28 @@
 // 32 or more (PTX gives 0, x86 masks the count; UBSan reports it on the
 // host), and only 32- and 64-bit unsigned arithmetic.
 //
-// WORK. A *task* is a node of one sub-problem's search tree, in the column
+// WORK. A *task* is a node of one prefix's search tree, in the column
 // its search reaches next: `cur`, the rows already holding a queen (the
 // prefix's rows included), `left` and `right`, the rows the placed queens
 // attack along both diagonals as seen from that column, and `valid`, the
 // rows of that column still to try. The host (crates/nq-gpu/src/pack.rs)
 // builds the tasks by expanding the first levels of each sub-problem, and one
-// *table* per sub-problem that all its tasks share.
+// *table* per prefix that all its tasks share (a sub-problem's own, or each
+// of those with its strict border lines' queens pre-placed, as the CPU
+// kernels count it).
 //
 // THE TABLE IS INDEXED BY POPCOUNT. Every queen on the board sits on its own
 // row, so popc(cur) is the number of queens placed before the column a node
 // is in: the prefix's P queens and one per free column searched. Entry k of a
 // sub-problem's table describes the free column reached with k queens placed:
-// the rows its prefix attacks or the split forbids, ORed with the rows off
-// the board (bits N..31), and the shift, in columns, from the free column
-// before it. A column that the prefix pre-placed is never visited: its queen
-// is in `cur`, its attacks are in the blocked rows, and the next free column
-// is reached with a shift of 2 or more at no extra cost. The last free column
-// is the one reached with N - 1 queens placed: there the lap adds the
-// popcount of the free rows instead of placing each queen.
+// its open rows (on the board, neither attacked by the prefix nor forbidden
+// by the split), the shift, in columns, from the free column before it, and
+// what a lap that reaches it counts (NQ_COUNT_SHIFT). A column that the
+// prefix pre-placed is never visited: its queen is in `cur`, its attacks are
+// out of the open rows, and the next free column is reached with a shift of
+// 2 or more at no extra cost. The last free column is the one reached with
+// N - 1 queens placed; entry N, reached by placing the last column's queen,
+// is a sink with no open row that counts one completion.
 //
 // ONE LAP = ONE PLACEMENT, with no divergent branch but the rare refill
 // (GPU.md section 8.3.2). A lane's stack, in shared memory, holds the node it
@@ -36,13 +39,14 @@
 //   2. build the child: cur | p, and both diagonals shifted by the table's
 //      shift of the child's column, whose entry k = popc(cur | p) is one
 //      8-byte shared-memory load;
-//   3. if k = N - 1 the child is the last column: add the popcount of its
-//      free rows (its completions);
-//   4. else if the child has a free row, push it.
-// Every step is a select or a predicated store, so all lanes of a warp run
-// the same instructions and each active lane places one queen per lap. A
-// node (the project's meaning: a queen placed in any free column but the
-// last two) is a lap that is not a leaf lap.
+//   3. add the entry's count: a node, a completion (k = N), or nothing;
+//   4. if the child has a free row, push it (in the last column it has at
+//      most one, the row no queen uses; entry N has none).
+// There is no test of k: the table says what each column counts. Every step
+// is a select or a predicated store, so all lanes of a warp run the same
+// instructions and each active lane places one queen per lap. A node (the
+// project's meaning: a queen placed in any free column but the last two) is
+// a lap that reaches a column before the second-to-last.
 //
 // NO LANE WAITS FOR ITS WARP. A lane whose stack is empty writes its task's
 // results and takes the next task (one atomicAdd) inside the loop, then goes
@@ -52,10 +56,10 @@
 // SHARED MEMORY PER LANE, lane-major (entry i of thread t at [i * NQ_BLOCK +
 // t]), so that a warp's 16- or 8-byte accesses take the minimum 4 or 2
 // wavefronts whatever entry each lane reads:
-//   * NQ_DEPTH stack entries of 16 bytes (cur, left, right, valid), after
-//     an unused entry 0 that marks the empty stack;
-//   * NQ_N table entries of 8 bytes, the lane's copy of its task's table,
-//     copied only when a lane's next task is of another sub-problem.
+//   * NQ_DEPTH stack entries of 16 bytes (cur, left, right, valid);
+//   * NQ_N + 1 table entries of 8 bytes, the lane's copy of the entries its
+//     task's table has for the columns after the task's own, copied only
+//     when the lane's column does not hold them already.
 // Per lap a warp loads its stack tops (4 wavefronts), writes back `valid`
 // (4: lanes 8 apart share a bank), loads its table entries (2) and pushes
 // (4, predicated): about ygch's traffic plus the table.
@@ -63,7 +67,7 @@
 // EXACTNESS. Counts and nodes are 64-bit per task; the host bounds every
 // task below 2^64 completions and nodes and folds them into u128. The stack
 // depth is a compile-time bound that the host guarantees: a task leaves at
-// most NQ_DEPTH + 1 free columns to search (pack.rs, MAX_TASK_COLUMNS).
+// most NQ_DEPTH free columns to search (pack.rs, MAX_TASK_COLUMNS).
 
 #ifndef NQ_N
 #error "compile with -DNQ_N=<largest board size>"
@@ -77,10 +81,9 @@
 #define NQ_BLOCK 64
 #endif
 
-// Stack entries per lane. A task in free column j of F stacks nodes of
-// columns j .. F - 2 only (a child in the last column is counted, never
-// pushed), at most F - 1 - j of them: pack.rs keeps F - j <= NQ_DEPTH + 1
-// (MAX_TASK_COLUMNS).
+// Stack entries per lane. A task in free column j of F stacks at most one
+// node of each of the columns j .. F - 1, F - j of them: pack.rs keeps
+// F - j <= NQ_DEPTH (MAX_TASK_COLUMNS).
 #ifndef NQ_DEPTH
 #define NQ_DEPTH 16
 #endif
@@ -93,26 +96,40 @@
 
 // Buffer layout, shared with crates/nq-gpu/src/pack.rs (a test checks that
 // both sides agree).
-// A table: 32 entries of (blocked rows | rows off the board, shift).
-#define NQ_TABLE_WORDS 64
+// A table: 33 entries of (open rows, shift | count << NQ_COUNT_SHIFT), for
+// the columns reached with 0 .. 32 queens placed.
+#define NQ_TABLE_WORDS 66
 // A task: table index, cur, left, right, valid.
 #define NQ_TASK_WORDS 5
 // The spill queue (NULL: no spilling): words reserved, written and capacity
 // (in tasks), one unused word, then the spilled tasks, NQ_TASK_WORDS each.
 #define NQ_SPILL_HEAD 4
 
-// A lap adds to one 32-bit accumulator: 2^20 for a node, or the completions
-// of a leaf lap (0 or 1: the last column has one unused row) in the low 20
-// bits. The lane flushes it into its task's 64-bit totals once the nodes
-// reach 2^11 (the top bit: one compare in the loop's guard). A leaf lap
-// takes a row of the one stack entry in the second-to-last column, which a
-// node lap made (or the task), so between two flushes the completions are
-// at most 32 * (2^11 + 1) < 2^20: neither field can spill into the other.
-#define NQ_NODE (1u << 20)
+// A lap adds to one 32-bit accumulator what its child's table entry says
+// (the entry's shift word from bit NQ_COUNT_SHIFT, added by the same
+// instruction that shifts it down): 2^18 for a node, 1 for a completion (the
+// lap that takes the one free row of a node in the last column), 0 for a
+// queen in the second-to-last column. The lane flushes it into its task's
+// 64-bit totals once the nodes reach 2^12 (bit 30: the loop's guard tests it
+// together with the empty stack's bit 30 in one instruction). A completion
+// lap pops a last-column node that a lap in the second-to-last column pushed,
+// taking a row of the one stack entry there, which a node lap made (or the
+// task, or it was on the stack at the last flush); so between two flushes
+// the completions are at most 32 * (2^12 + 1) + 1 < 2^18, and the nodes at
+// most 2^12: neither field can spill into the other, nor past bit 30.
+#define NQ_NODE (1u << 18)
+#define NQ_COUNT_SHIFT 5
 #define NQ_LEAVES (NQ_NODE - 1u)
+#define NQ_DUE 0x40000000u
 
 // No task, no table: a lane's state before its first fetch.
 #define NQ_NONE 0xffffffffu
+
+// Bytes from one stack entry of a lane to the next (lane-major), and the
+// `top` of an empty stack: entry -1, the one value of top with its top bit
+// set (the stack is far smaller than 2 GiB).
+#define NQ_ENTRY_BYTES (NQ_BLOCK * 16u)
+#define NQ_EMPTY (0u - NQ_ENTRY_BYTES)
 
 // A lane's state between laps. Everything here lives in registers on the GPU;
 // the node being expanded is the top entry of the lane's stack.
@@ -123,12 +140,13 @@ struct nq_lane {
     // every lap (7 instructions on sm_90).
     uint4* stk;
     const uint2* tab;
-    // The top stack entry's index times NQ_BLOCK (so that it is an offset
-    // into the lane's column); 0 when the stack is empty: entry 0 is never
-    // used, so that a pop needs no test.
+    // The byte offset of the top stack entry in the lane's column (entry i
+    // at i * NQ_ENTRY_BYTES), or NQ_EMPTY: its top bit is set only when
+    // the stack is empty, so one test of (top | acc) guards the refill.
     unsigned int top;
-    // The task being counted, and the table copied into the lane's entries.
-    unsigned int task, table;
+    // The task being counted, the table copied into the lane's entries,
+    // and the first entry copied (the others, up to N, follow it).
+    unsigned int task, table, from;
     // The task's completions and nodes so far, without `acc`, which is
     // added in at the next refill.
     unsigned long long count, nodes;
@@ -143,9 +161,10 @@ __device__ __forceinline__ void nq_start(nq_lane& s)
 {
     s.stk = 0;
     s.tab = 0;
-    s.top = 0;
+    s.top = NQ_EMPTY;
     s.task = NQ_NONE;
     s.table = NQ_NONE;
+    s.from = 0;
     s.count = 0;
     s.nodes = 0;
     s.acc = 0;
@@ -155,53 +174,59 @@ __device__ __forceinline__ void nq_start(nq_lane& s)
 // (or it has none yet), or its accumulator is due to be flushed.
 __device__ __forceinline__ bool nq_due(const nq_lane& s)
 {
-    return s.top == 0 || s.acc >= 0x80000000u;
+    return ((s.top | s.acc) & NQ_DUE) != 0;
 }
 
 // One lap: one queen placed on the lowest untried row of the node on top of
-// the stack; the child counted (last column), pushed, or dropped; the node
-// popped when it has no row left. The task is done when the stack is empty.
-// `last` is N - 1. Every step is an unconditional or predicated instruction:
-// no branch.
-__device__ __forceinline__ void nq_lap(nq_lane& s, unsigned int last)
+// the stack; what the child's column counts added; the child pushed or
+// dropped; the node popped when it has no row left. The task is done when
+// the stack is empty. Every step is an unconditional or predicated
+// instruction: no branch.
+__device__ __forceinline__ void nq_lap(nq_lane& s)
 {
-    // The node on top of the stack, and its lowest untried row p:
-    // v & -v isolates it, and v ^ p clears it (one instruction fewer than
-    // v & (v - 1)).
-    const uint4 n = s.stk[s.top];
-    const unsigned int p = n.w & (0u - n.w);
-    const unsigned int rest = n.w ^ p;
+    // The node on top of the stack, the other rows to try (v & (v - 1)) and
+    // the lowest one, p = v ^ rest: written this way the compiler folds p
+    // into each of its three uses (one three-input logic op each) and never
+    // computes it alone.
+    uint4* const at = (uint4*)((char*)s.stk + s.top);
+    const uint4 n = *at;
+    const unsigned int rest = n.w & (n.w - 1u);
+    const unsigned int p = n.w ^ rest;
     // Written back whether or not the node is done: a done node is popped,
     // and its entry is dead.
-    s.stk[s.top].w = rest;
+    at->w = rest;
     const unsigned int c = n.x | p;
-    const int k = __popc(c);
-    // The child's column: the blocked rows (off-board rows included) and the
-    // shift from the parent's column. k <= N - 1 < NQ_N, since the parent
-    // was not the last column.
+    // The child's column, entry popc(c) of the table: its open rows, and its
+    // shift and count word. popc(c) <= N <= NQ_N.
     // Indexed in bytes with an unsigned product, which the compiler folds
     // into one shift-and-add (the plain index costs two instructions).
-    const uint2 e =
-        *(const uint2*)((const char*)s.tab + (unsigned int)k * (NQ_BLOCK * 8u));
-    const unsigned int l = (n.y | p) << e.y;
-    const unsigned int r = (n.z | p) >> e.y;
-    const unsigned int free = ~(c | l | r | e.x);
-    const bool leaf = (unsigned int)k == last;
-    s.acc += leaf ? (unsigned int)__popc(free) : NQ_NODE;
+    const uint2 e = *(const uint2*)((const char*)s.tab +
+                                    (unsigned int)__popc(c) * (NQ_BLOCK * 8u));
+    // Funnel shifts read only the low 5 bits of e.y (the shift), so the
+    // count in its upper bits costs no mask (a plain shift by 32 or more
+    // gives 0).
+    const unsigned int l = __funnelshift_l(0u, n.y | p, e.y);
+    const unsigned int r = __funnelshift_r(n.z | p, 0u, e.y);
+    const unsigned int free = e.x & ~(c | l | r);
+    // A node, a completion, or nothing (NQ_COUNT_SHIFT): one shift-and-add.
+    s.acc += e.y >> NQ_COUNT_SHIFT;
     // The node stays on the stack while it has rows left, else it is popped;
-    // the child (if it has rows and is not the last column) goes above what
-    // stays.
-    const unsigned int below = s.top - (rest == 0 ? NQ_BLOCK : 0u);
-    const bool descend = !leaf && free != 0;
-    if (descend) {
-        s.stk[below + NQ_BLOCK] = make_uint4(c, l, r, free);
+    // the child, if it has a free row, goes above what stays. A child in
+    // the last column has at most one (its column has one unused row), and
+    // its own lap counts it; the sink column after it has none. Addresses
+    // are byte offsets, so that the push is the popped-or-not top's address
+    // plus a constant.
+    const unsigned int pop = rest == 0 ? NQ_ENTRY_BYTES : 0u;
+    uint4* const below = (uint4*)((char*)at - pop);
+    if (free != 0) {
+        below[NQ_BLOCK] = make_uint4(c, l, r, free);
     }
-    s.top = below + (descend ? NQ_BLOCK : 0u);
+    s.top = s.top - pop + (free != 0 ? NQ_ENTRY_BYTES : 0u);
 }
 
 // TAIL CONTROL. When the launch has no task left for anyone, a lane that
 // still has a long task gives back its pending work: at its next flush (every
-// 2^11 nodes) it writes every entry of its stack as a new task (each entry's
+// 2^12 nodes) it writes every entry of its stack as a new task (each entry's
 // untried rows are a part of the remaining subtree, and together they are
 // all of it) to the spill queue, ends its task with what it counted so far,
 // and leaves. The host counts the spilled tasks in a follow-up launch, where
@@ -216,14 +241,14 @@ __device__ __forceinline__ bool nq_spill(nq_lane& s, unsigned int* __restrict__ 
     if (spill == 0 || atomicAdd(next_task, 0u) < task_count) {
         return false;
     }
-    const unsigned int entries = s.top / NQ_BLOCK;
+    const unsigned int entries = (s.top + NQ_ENTRY_BYTES) / NQ_ENTRY_BYTES;
     const unsigned int at = atomicAdd(&spill[0], entries);
     const unsigned int cap = spill[2];
     if (at > cap || cap - at < entries) {
         return false;
     }
     for (unsigned int i = 0; i < entries; ++i) {
-        const uint4 e = s.stk[(i + 1) * NQ_BLOCK];
+        const uint4 e = s.stk[i * NQ_BLOCK];
         unsigned int* const w = spill + NQ_SPILL_HEAD + (at + i) * NQ_TASK_WORDS;
         w[0] = s.table;
         w[1] = e.x;
@@ -232,7 +257,7 @@ __device__ __forceinline__ bool nq_spill(nq_lane& s, unsigned int* __restrict__ 
         w[4] = e.w;
     }
     atomicAdd(&spill[1], entries);
-    s.top = 0;
+    s.top = NQ_EMPTY;
     return true;
 }
 
@@ -253,7 +278,7 @@ __device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
         s.count += s.acc & NQ_LEAVES;
         s.nodes += s.acc / NQ_NODE;
         s.acc = 0;
-        if (s.top != 0 && !nq_spill(s, spill, next_task, task_count)) {
+        if (s.top != NQ_EMPTY && !nq_spill(s, spill, next_task, task_count)) {
             // Only a flush: the task goes on.
             return true;
         }
@@ -272,7 +297,8 @@ __device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
         const unsigned int valid = t[4];
         s.count = 0;
         s.nodes = 0;
-        if ((unsigned int)__popc(cur) == last) {
+        const unsigned int placed = __popc(cur);
+        if (placed == last) {
             // The task's column is the last: each free row is a completion.
             s.count = __popc(valid);
             continue;
@@ -282,15 +308,16 @@ __device__ __forceinline__ bool nq_refill(nq_lane& s, uint4* stk, uint2* tab,
         }
         s.stk = stk;
         s.tab = tab;
-        s.top = NQ_BLOCK;
-        stk[NQ_BLOCK] = make_uint4(cur, t[2], t[3], valid);
-        if (t[0] != s.table) {
-            // A task of another sub-problem: copy its table's entries (the
-            // columns reached with 0 .. N - 1 queens) into the lane's column.
+        s.top = 0;
+        stk[0] = make_uint4(cur, t[2], t[3], valid);
+        // The task's laps read the entries of the columns after its own,
+        // placed + 1 .. N: copied unless the lane's column holds them.
+        if (t[0] != s.table || placed + 1u < s.from) {
             s.table = t[0];
+            s.from = placed + 1u;
             const unsigned int* const w =
                 tables + (unsigned long long)s.table * NQ_TABLE_WORDS;
-            for (unsigned int k = 0; k <= last; ++k) {
+            for (unsigned int k = s.from; k <= last + 1u; ++k) {
                 tab[k * NQ_BLOCK] = make_uint2(w[2 * k], w[2 * k + 1]);
             }
         }
@@ -330,8 +357,8 @@ nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict
          unsigned long long* __restrict__ counts, unsigned long long* __restrict__ nodes_out,
          unsigned int* __restrict__ spill, unsigned long long* __restrict__ counters)
 {
-    __shared__ uint4 stack[(NQ_DEPTH + 1) * NQ_BLOCK];
-    __shared__ uint2 words[NQ_N * NQ_BLOCK];
+    __shared__ uint4 stack[NQ_DEPTH * NQ_BLOCK];
+    __shared__ uint2 words[(NQ_N + 1) * NQ_BLOCK];
     // This thread's column of each: entry i is [i * NQ_BLOCK].
     uint4* const stk = stack + threadIdx.x;
     uint2* const tab = words + threadIdx.x;
@@ -364,7 +391,7 @@ nq_count(const unsigned int* __restrict__ tables, const unsigned int* __restrict
 #endif
             return;
         }
-        nq_lap(s, last);
+        nq_lap(s);
 #ifdef NQ_COUNTERS
         laps += 1;
 #endif

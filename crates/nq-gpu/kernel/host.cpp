@@ -26,8 +26,9 @@ struct nq_host_simt_stats {
     // accumulator), and those lanes.
     unsigned long long flush_steps, flush_lanes;
     // The same for the table copy inside the refill (a lane whose next task
-    // is of another sub-problem).
-    unsigned long long copy_steps, copy_lanes;
+    // needs entries its column does not hold), then the entries the lanes
+    // copied, and the longest copy of each step summed over the steps.
+    unsigned long long copy_steps, copy_lanes, copy_entries, copy_step_entries;
 };
 
 // One copy of the kernel per largest board size: NQ_N sizes the lane's table
@@ -243,7 +244,7 @@ int nq_host_simt(unsigned int kernel_n, unsigned int n, unsigned int warps,
     if (warps == 0 || n == 0 || n > kernel_n) {
         return -1;
     }
-    *stats = nq_host_simt_stats{0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    *stats = nq_host_simt_stats{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 #define NQ_CASE(k)                                                                 \
     case k:                                                                        \
         nq##k::nq_simt(n, warps, tables, tasks, task_count, counts, nodes, spill,  \

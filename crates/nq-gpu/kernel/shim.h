@@ -65,3 +65,17 @@ static inline long long clock64(void)
     static long long ticks;
     return __atomic_add_fetch(&ticks, 1, __ATOMIC_RELAXED);
 }
+
+// The GPU's funnel shifts (PTX shf.l.wrap / shf.r.wrap): the 64-bit hi:lo
+// shifted by the low 5 bits of `shift`, its high (left) or low (right) word.
+static inline unsigned int __funnelshift_l(unsigned int lo, unsigned int hi, unsigned int shift)
+{
+    const unsigned int s = shift & 31u;
+    return s == 0 ? hi : (hi << s) | (lo >> (32u - s));
+}
+
+static inline unsigned int __funnelshift_r(unsigned int lo, unsigned int hi, unsigned int shift)
+{
+    const unsigned int s = shift & 31u;
+    return s == 0 ? lo : (lo >> s) | (hi << (32u - s));
+}

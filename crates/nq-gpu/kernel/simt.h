@@ -21,8 +21,8 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
     const unsigned int last = n - 1;
     unsigned int next = 0;
     // Each warp is threads 0..31 of a block of its own.
-    std::vector<uint4> stack(std::size_t(warps) * (NQ_DEPTH + 1) * NQ_BLOCK);
-    std::vector<uint2> words(std::size_t(warps) * NQ_N * NQ_BLOCK);
+    std::vector<uint4> stack(std::size_t(warps) * NQ_DEPTH * NQ_BLOCK);
+    std::vector<uint2> words(std::size_t(warps) * (NQ_N + 1) * NQ_BLOCK);
     std::vector<nq_lane> lanes(std::size_t(warps) * 32);
     std::vector<unsigned char> live(std::size_t(warps) * 32, 1);
     std::vector<unsigned int> live_in_warp(warps, 32);
@@ -39,6 +39,8 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
             unsigned int refilled = 0;
             unsigned int flushed = 0;
             unsigned int copied = 0;
+            unsigned int copy_entries = 0;
+            unsigned int copy_most = 0;
             unsigned int active = 0;
             for (unsigned int lane = 0; lane < 32; ++lane) {
                 const std::size_t i = std::size_t(w) * 32 + lane;
@@ -46,18 +48,26 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                     continue;
                 }
                 nq_lane& s = lanes[i];
-                uint4* const stk = &stack[std::size_t(w) * (NQ_DEPTH + 1) * NQ_BLOCK + lane];
-                uint2* const tab = &words[std::size_t(w) * NQ_N * NQ_BLOCK + lane];
+                uint4* const stk = &stack[std::size_t(w) * NQ_DEPTH * NQ_BLOCK + lane];
+                uint2* const tab = &words[std::size_t(w) * (NQ_N + 1) * NQ_BLOCK + lane];
                 if (nq_due(s)) {
                     // A lane with a task flushes its accumulator only: the
                     // short path of the refill.
-                    const bool flush = s.top != 0;
+                    const bool flush = s.top != NQ_EMPTY;
                     refilled += flush ? 0 : 1;
                     flushed += flush ? 1 : 0;
                     const unsigned int table = s.table;
+                    const unsigned int from = s.from;
                     const bool more = nq_refill(s, stk, tab, tables, tasks, task_count, &next,
                                                 last, counts, nodes, spill);
-                    copied += s.table != table && s.table != NQ_NONE ? 1 : 0;
+                    if ((s.table != table || s.from != from) && s.table != NQ_NONE) {
+                        // The entries from s.from to N, in the copy loop
+                        // that the warp runs as long as its longest copy.
+                        const unsigned int entries = last + 2u - s.from;
+                        copied += 1;
+                        copy_entries += entries;
+                        copy_most = entries > copy_most ? entries : copy_most;
+                    }
                     if (!more) {
                         live[i] = 0;
                         live_in_warp[w] -= 1;
@@ -65,7 +75,7 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                         continue;
                     }
                 }
-                nq_lap(s, last);
+                nq_lap(s);
                 active += 1;
             }
             if (steady) {
@@ -75,6 +85,8 @@ static inline void nq_simt(unsigned int n, unsigned int warps, const unsigned in
                 st->refill_lanes += refilled;
                 st->copy_steps += copied != 0 ? 1 : 0;
                 st->copy_lanes += copied;
+                st->copy_entries += copy_entries;
+                st->copy_step_entries += copy_most;
             }
             if (active != 0) {
                 st->steps += 1;

@@ -6,7 +6,7 @@
 //!
 //! This is what can be checked without a GPU: the kernel's logic (task
 //! decoding, the stack and its indexing, the table looked up by popcount, the
-//! leaf count, the 32-bit counters and their flush, 64-bit sums, the
+//! table's count words, the 32-bit counters and their flush, 64-bit sums, the
 //! persistent-thread loop and its in-loop refill under a shared counter) and
 //! the host's packing and folding. Not checked here: the driver path and
 //! speed; SIMT behaviour only as far as the lock-step model goes (each lane's
@@ -15,7 +15,7 @@
 use std::sync::atomic::AtomicBool;
 
 use nq_core::board::Board;
-use nq_core::search::{self, CountStats};
+use nq_core::search::CountStats;
 use nq_core::split::{SplitSpec, SubProblem, Tally, split};
 
 use crate::BLOCK;
@@ -46,6 +46,10 @@ struct SimtStats {
     /// The same for the table copy inside the refill.
     copy_steps: u64,
     copy_lanes: u64,
+    /// Table entries the lanes copied, and the longest copy of each steady
+    /// step summed over the steps (the warp runs the copy loop that long).
+    copy_entries: u64,
+    copy_step_entries: u64,
 }
 
 unsafe extern "C" {
@@ -202,10 +206,7 @@ fn run_simt_spilling(
     (batch.fold(&counts, &nodes).unwrap(), stats, spilled)
 }
 
-fn reference(sub: &SubProblem) -> CountStats {
-    let never = AtomicBool::new(false);
-    search::count_masked_reference(sub.prefix(), &sub.forbidden(), &never).unwrap()
-}
+use crate::pack::reference;
 
 /// Counts `subs` on the host kernel of their own size and of size 32 (the
 /// embedded PTX's build), at every expansion depth the host can make (from
@@ -248,7 +249,7 @@ fn layout_matches_the_kernel_source() {
         assert_eq!(nq_host_depth() as usize, STACK_DEPTH);
         assert_eq!(nq_host_spill_head() as usize, SPILL_HEAD);
     }
-    assert_eq!(MAX_TASK_COLUMNS, STACK_DEPTH + 1);
+    assert_eq!(MAX_TASK_COLUMNS, STACK_DEPTH);
 }
 
 /// Every sub-problem of N = 4..14, border split with 0, 1 and 2 extra
@@ -312,21 +313,21 @@ fn the_lock_step_run_counts_exactly() {
 /// Floors of the lane-utilisation check (issue 24, item 4): in steady state
 /// (while tasks are left) at least 28 of 32 lanes active per issued warp
 /// instruction, the refill branch priced in; at most 1.10 laps per node (a
-/// lap is a node, or a queen in the second-to-last column whose child is
-/// counted by popcount).
+/// lap is a node, a queen in the second-to-last column, or the completion
+/// that takes the last column's free row).
 const MIN_STEADY_LANES: f64 = 28.0;
 const MAX_LAPS_PER_NODE: f64 = 1.10;
 
 /// SASS instructions a warp issues per lap, per refill without a table copy,
-/// per flush of the accumulator alone, and per table copy, for N = 16..21 on sm_90 (the lap as `.ci/sass-lap.py`
-/// counts it; the refill's path read from the same disassembly, the copy at
-/// about 3.2 instructions per table entry).
-const LAP_INSNS: f64 = 36.0;
-const REFILL_INSNS: f64 = 70.0;
-const FLUSH_INSNS: f64 = 12.0;
-fn copy_insns(n: u8) -> f64 {
-    3.2 * f64::from(n)
-}
+/// per flush of the accumulator alone (the spill check's atomic included),
+/// and per table entry copied, for N = 21 on sm_90 (the lap as
+/// `.ci/sass-lap.py` counts it; the refill's and the flush's paths read from
+/// the same disassembly beyond the lap's guard; the copy loop, unrolled four
+/// times, at about 3.2 instructions per entry).
+const LAP_INSNS: f64 = 29.0;
+const REFILL_INSNS: f64 = 75.0;
+const FLUSH_INSNS: f64 = 25.0;
+const COPY_INSNS_PER_ENTRY: f64 = 3.2;
 
 /// Warps of the lock-step run: an eighth of an H100's resident warps at this
 /// kernel's occupancy (132 SMs × 16 warps), so that each lane gets about as
@@ -377,15 +378,14 @@ fn lane_utilisation_emulation_meets_its_floors() {
         // Lanes active per issued warp instruction in steady state: lap
         // instructions run on every lane with a task, refill and copy
         // instructions on the lanes that refill while the others wait.
-        let copy = copy_insns(n);
         let thread_insns = LAP_INSNS * f(s.steady_lane_laps)
             + REFILL_INSNS * f(s.refill_lanes)
             + FLUSH_INSNS * f(s.flush_lanes)
-            + copy * f(s.copy_lanes);
+            + COPY_INSNS_PER_ENTRY * f(s.copy_entries);
         let warp_insns = LAP_INSNS * f(s.steady_steps)
             + REFILL_INSNS * f(s.refill_steps)
             + FLUSH_INSNS * f(s.flush_steps)
-            + copy * f(s.copy_steps);
+            + COPY_INSNS_PER_ENTRY * f(s.copy_step_entries);
         let steady = thread_insns / warp_insns;
         let per_lap = f(s.steady_lane_laps) / f(s.steady_steps);
         let tail = (f(s.lane_laps) / f(s.steps)) / per_lap;
@@ -394,12 +394,13 @@ fn lane_utilisation_emulation_meets_its_floors() {
             "lane emulation N={n} (border(1), 1 in {every} sub-problems, {} tasks, \
              {WARPS} warps): steady state {steady:.2} of 32 lanes active per issued \
              instruction ({per_lap:.2} per lap; refill in {:.2}% of steps, flush only in \
-             {:.2}%, table copy in {:.2}%), tail efficiency {tail:.3}, {laps_per_node:.4} \
-             laps per node, {} lane laps, {} nodes",
+             {:.2}%, table copy in {:.2}%, {:.1} entries per copy), tail efficiency \
+             {tail:.3}, {laps_per_node:.4} laps per node, {} lane laps, {} nodes",
             batch.task_count(),
             100.0 * f(s.refill_steps) / f(s.steady_steps),
             100.0 * f(s.flush_steps) / f(s.steady_steps),
             100.0 * f(s.copy_steps) / f(s.steady_steps),
+            f(s.copy_entries) / f(s.copy_lanes),
             s.lane_laps,
             kernel_nodes,
         );
@@ -423,7 +424,9 @@ fn spilled_work_counted_in_follow_ups_is_exact() {
     let subs = split(Board::new(14).unwrap(), SplitSpec::border(1).unwrap());
     let want: Vec<CountStats> = subs.iter().map(reference).collect();
     for cap in [1, 1 << 16] {
-        let mut batch = pack(&subs, 1 << 12).unwrap();
+        // Few tasks for the 2,048 lanes, so that many are still busy, more
+        // than a flush (2^12 nodes) from their end, when the queue empties.
+        let mut batch = pack(&subs, 1 << 9).unwrap();
         let mut total = vec![CountStats::default(); subs.len()];
         let mut spilled_tasks = 0;
         let mut launches = 0;

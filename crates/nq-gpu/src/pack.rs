@@ -6,13 +6,17 @@
 //!
 //! # The buffers (see the layout comment in `kernel/count.cu`)
 //!
-//! * One *table* per sub-problem, [`TABLE_WORDS`] words: per free column,
+//! * One *table* per prefix that nq-core's own count of a sub-problem
+//!   searches ([`SubProblem::solve_prefixes`]: the sub-problem's prefix, or,
+//!   where the CPU pre-places the queens of the strict border lines, each
+//!   prefix with them placed), [`TABLE_WORDS`] words: per free column,
 //!   indexed by the number of queens placed before it (the prefix's and one
-//!   per free column before it), the rows the prefix and the border split's
-//!   strict lines block (with the rows off the board) and the shift from the
-//!   previous free column. This is nq-core's own plan of a masked count,
-//!   rebuilt here from the public [`SubProblem::prefix`] and
-//!   [`SubProblem::forbidden`].
+//!   per free column before it), the rows open to a queen (on the board, not
+//!   attacked by the prefix, not forbidden by the border split's strict
+//!   lines), the shift from the previous free column and what a lap counts
+//!   there. This is nq-core's own plan of a masked count, rebuilt here from
+//!   the public prefixes and [`SubProblem::forbidden`], so the kernel visits
+//!   the nodes the CPU kernels visit.
 //! * One or more *tasks* per sub-problem, [`TASK_WORDS`] words: a node of its
 //!   search tree (the rows holding a queen, the prefix's included; both
 //!   diagonals; the rows to try). The host expands the first levels of each
@@ -32,14 +36,15 @@
 //! adds. A sub-problem with no free column (its prefix is complete) is its
 //! own single completion and needs no task.
 
-use nq_core::board::{Board, MAX_N};
+use nq_core::board::{Board, MAX_N, Prefix};
 use nq_core::search::{CountStats, blocked_rows};
 use nq_core::split::SubProblem;
 
 use crate::{Error, Result};
 
-/// Words per table; `NQ_TABLE_WORDS` in the kernel.
-pub const TABLE_WORDS: usize = 64;
+/// Words per table; `NQ_TABLE_WORDS` in the kernel: two per entry, for the
+/// columns reached with 0 to 32 queens placed.
+pub const TABLE_WORDS: usize = 66;
 /// Words per task; `NQ_TASK_WORDS` in the kernel.
 pub const TASK_WORDS: usize = 5;
 /// Words before the tasks of the kernel's spill queue; `NQ_SPILL_HEAD`.
@@ -47,15 +52,21 @@ pub const SPILL_HEAD: usize = 4;
 /// Stack entries per lane; `NQ_DEPTH` in the kernel.
 pub const STACK_DEPTH: usize = 16;
 /// The most free columns a task leaves to search, its own included: its
-/// stack holds at most one node per column but the last, so
-/// [`STACK_DEPTH`] + 1; and it bounds a task's count by `17! < 2^64`.
-pub const MAX_TASK_COLUMNS: usize = STACK_DEPTH + 1;
+/// stack holds at most one node per column (the last column's included), so
+/// [`STACK_DEPTH`]; and it bounds a task's count by `16! < 2^64`.
+pub const MAX_TASK_COLUMNS: usize = STACK_DEPTH;
 /// The deepest expansion [`pack`] does to reach `min_tasks` (beyond what
 /// [`MAX_TASK_COLUMNS`] demands): each level multiplies the tasks by about
 /// N/3, so four levels turn even one sub-problem into thousands.
 const MAX_HOST_DEPTH: usize = 4;
 
 const MAX: usize = MAX_N as usize;
+
+/// Where a table entry's count starts in its shift word; `NQ_COUNT_SHIFT`.
+const COUNT_SHIFT: u32 = 5;
+/// A node in the kernel's 32-bit accumulator (completions go in the bits
+/// below); `NQ_NODE`.
+const NODE: u32 = 1 << 18;
 
 /// A sub-problem's search, as the kernel reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +81,12 @@ struct Table {
     full: u32,
     /// Free columns.
     free: usize,
+    /// Queens of the prefix that nq-core's count pre-placed on the strict
+    /// border lines, beyond the sub-problem's own prefix: they stand for
+    /// levels of the sub-problem's search, so the host's expansion counts
+    /// them ([`target_level`]), and a sub-problem's tasks come out about as
+    /// large as without them.
+    lines: usize,
     /// `shift[j]`: columns from free column `j - 1` to free column `j`.
     shift: [u32; MAX],
     /// `blocked[j]`: rows of free column `j` the prefix attacks or the split
@@ -78,13 +95,12 @@ struct Table {
 }
 
 impl Table {
-    /// The plan of nq-core's masked count (`search::count_masked`), built the
-    /// same way: the prefix's rows leave `full`, and the squares its queens
-    /// attack and the forbidden squares are folded into `blocked` by nq-core's
-    /// own rule ([`blocked_rows`]).
-    fn of(sub: &SubProblem) -> Table {
-        let prefix = sub.prefix();
-        let forbidden = sub.forbidden();
+    /// The plan of nq-core's masked count (`search::count_masked`) of
+    /// `prefix` avoiding `forbidden`, built the same way: the prefix's rows
+    /// leave `full`, and the squares its queens attack and the forbidden
+    /// squares are folded into `blocked` by nq-core's own rule
+    /// ([`blocked_rows`]).
+    fn of(prefix: &Prefix, forbidden: &[u32; MAX]) -> Table {
         let n = prefix.board().n();
         let full = prefix.board().full_mask() & !prefix.used_rows();
         let mut t = Table {
@@ -93,6 +109,7 @@ impl Table {
             placed: prefix.len(),
             full,
             free: 0,
+            lines: 0,
             shift: [0; MAX],
             blocked: [0; MAX],
         };
@@ -108,18 +125,23 @@ impl Table {
 
     /// The kernel's table: entry `k` (words `2k`, `2k + 1`) is the free
     /// column reached with `k` queens placed, the prefix's `placed` first:
-    /// its blocked rows with the rows off the board, and its shift. Entries
-    /// of no free column block every row.
+    /// its open rows (on the board, not blocked), and its shift (bits 0..4)
+    /// plus, from bit [`COUNT_SHIFT`], what a lap that reaches it counts:
+    /// [`NODE`] (a queen placed in a column before the last two), nothing
+    /// (in the second-to-last column) or, in entry N, one completion (the
+    /// lap that takes the last column's free row). Entry N and entries of
+    /// no free column have no open row.
     fn write(&self, out: &mut Vec<u32>) {
         let at = out.len();
-        for _ in 0..TABLE_WORDS / 2 {
-            out.extend_from_slice(&[u32::MAX, 0]);
-        }
+        out.resize(at + TABLE_WORDS, 0);
+        let n = self.placed + self.free;
         for j in 0..self.free {
             let k = self.placed + j;
-            out[at + 2 * k] = self.blocked[j] | !self.board;
-            out[at + 2 * k + 1] = self.shift[j];
+            let counted = if k + 1 < n { NODE } else { 0 };
+            out[at + 2 * k] = self.board & !self.blocked[j];
+            out[at + 2 * k + 1] = self.shift[j] | counted << COUNT_SHIFT;
         }
+        out[at + 2 * n + 1] = 1 << COUNT_SHIFT;
     }
 
     /// The kernel's task for `node`: its rows in use include the prefix's,
@@ -200,10 +222,13 @@ struct Node {
 pub struct Batch {
     /// The board every sub-problem is on.
     board: Board,
-    /// [`TABLE_WORDS`] words per sub-problem, in the order given to [`pack`].
+    /// [`TABLE_WORDS`] words per table: the prefixes of each sub-problem in
+    /// the order given to [`pack`].
     tables: Vec<u32>,
+    /// The sub-problem of each table.
+    owner: Vec<u32>,
     /// [`TASK_WORDS`] words per task, in any order: a task's first word is
-    /// its sub-problem's index.
+    /// its table's index.
     tasks: Vec<u32>,
     /// Completions and nodes the host counted itself, per sub-problem: the
     /// nodes its expansion placed, and the single completion of a complete
@@ -256,7 +281,7 @@ impl Batch {
         if !spilled.len().is_multiple_of(TASK_WORDS)
             || spilled
                 .chunks(TASK_WORDS)
-                .any(|t| t[0] as usize >= self.subproblems())
+                .any(|t| t[0] as usize >= self.owner.len())
         {
             return Err(bad());
         }
@@ -267,6 +292,7 @@ impl Batch {
         Ok(Batch {
             board: self.board,
             tables: self.tables.clone(),
+            owner: self.owner.clone(),
             tasks: order.concat(),
             host: vec![CountStats::default(); self.subproblems()],
         })
@@ -288,8 +314,8 @@ impl Batch {
         }
         let mut out = self.host.clone();
         for ((task, &count), &n) in self.tasks.chunks(TASK_WORDS).zip(counts).zip(nodes) {
-            // pack wrote the index of one of the sub-problems.
-            let stats = &mut out[task[0] as usize];
+            // pack wrote the index of one of the tables.
+            let stats = &mut out[self.owner[task[0] as usize] as usize];
             stats.count = stats
                 .count
                 .checked_add(u128::from(count))
@@ -302,8 +328,11 @@ impl Batch {
 
 /// Packs `subs` into the kernel's buffers for one launch, with tail control:
 ///
+/// 0. each sub-problem becomes one table per prefix that nq-core's count
+///    searches ([`SubProblem::solve_prefixes`]);
 /// 1. every sub-problem is expanded on the host to the first depth (at most
-///    `MAX_HOST_DEPTH`) that gives at least `min_tasks` tasks, and always
+///    `MAX_HOST_DEPTH` levels below its pre-placed lines, which count as
+///    levels) that gives at least `min_tasks` tasks, and always
 ///    far enough that no task leaves more than [`MAX_TASK_COLUMNS`] free
 ///    columns;
 /// 2. each task's work is estimated (Knuth's estimator: a few random probes
@@ -320,12 +349,38 @@ impl Batch {
 /// task counter.
 pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
     let board = board_of(subs)?;
-    let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+    let (tables, owner) = tables_of(subs)?;
+    // MAX_HOST_DEPTH levels of search below the pre-placed lines at most.
+    let deepest = MAX_HOST_DEPTH + tables.iter().map(|t| t.lines).max().unwrap_or(0);
     let mut depth = 0;
-    while depth < MAX_HOST_DEPTH && count_tasks(&tables, depth) < min_tasks {
+    while depth < deepest && count_tasks(&tables, depth) < min_tasks {
         depth += 1;
     }
-    pack_tables(board, &tables, depth, true)
+    pack_tables(board, &tables, &owner, subs.len(), depth, true)
+}
+
+/// The tables of `subs` (one per prefix that nq-core's count searches,
+/// [`SubProblem::solve_prefixes`]), and the sub-problem of each.
+fn tables_of(subs: &[SubProblem]) -> Result<(Vec<Table>, Vec<u32>)> {
+    let mut tables = vec![];
+    let mut owner = vec![];
+    for (i, sub) in subs.iter().enumerate() {
+        let i =
+            u32::try_from(i).map_err(|_| Error::TooManyTasks { tasks: subs.len() })?;
+        let forbidden = sub.forbidden();
+        for prefix in sub.solve_prefixes() {
+            let mut table = Table::of(&prefix, &forbidden);
+            table.lines = prefix.len() - sub.prefix().len();
+            tables.push(table);
+            owner.push(i);
+        }
+    }
+    if u32::try_from(tables.len()).is_err() {
+        return Err(Error::TooManyTasks {
+            tasks: tables.len(),
+        });
+    }
+    Ok((tables, owner))
 }
 
 /// Packs `subs` with every sub-problem expanded to level `depth` (or as deep
@@ -338,8 +393,8 @@ pub fn pack(subs: &[SubProblem], min_tasks: usize) -> Result<Batch> {
 /// As [`pack`].
 pub fn pack_at_depth(subs: &[SubProblem], depth: usize) -> Result<Batch> {
     let board = board_of(subs)?;
-    let tables: Vec<Table> = subs.iter().map(Table::of).collect();
-    pack_tables(board, &tables, depth, false)
+    let (tables, owner) = tables_of(subs)?;
+    pack_tables(board, &tables, &owner, subs.len(), depth, false)
 }
 
 /// The one board of `subs`.
@@ -357,50 +412,53 @@ fn board_of(subs: &[SubProblem]) -> Result<Board> {
     Ok(board)
 }
 
-/// A task on its way into a batch: its sub-problem and node, and the
-/// estimate of its work.
+/// A task on its way into a batch: its table and node, and the estimate of
+/// its work.
 struct Pending {
     table: u32,
     node: Node,
     estimate: f64,
 }
 
+/// Packs `tables` (of `subproblems` sub-problems, `owner` giving each
+/// table's) with each expanded to level `depth`, then balanced if asked.
 fn pack_tables(
     board: Board,
     tables: &[Table],
+    owner: &[u32],
+    subproblems: usize,
     depth: usize,
     balance: bool,
 ) -> Result<Batch> {
     let mut batch = Batch {
         board,
         tables: Vec::with_capacity(tables.len() * TABLE_WORDS),
+        owner: owner.to_vec(),
         tasks: vec![],
-        host: Vec::with_capacity(tables.len()),
+        host: vec![CountStats::default(); subproblems],
     };
     let mut pending = vec![];
-    for (i, table) in tables.iter().enumerate() {
+    for ((i, table), &sub) in tables.iter().enumerate().zip(owner) {
         table.write(&mut batch.tables);
-        let index = u32::try_from(i).map_err(|_| Error::TooManyTasks {
-            tasks: tables.len(),
-        })?;
+        // tables_of checked that every table index fits.
+        let index = i as u32;
+        let host = &mut batch.host[sub as usize];
         if table.free == 0 {
             // A complete prefix: its own single completion, no search.
-            batch.host.push(CountStats { count: 1, nodes: 0 });
+            host.count += 1;
             continue;
         }
-        let mut nodes = 0;
         let target = target_level(table, depth);
-        expand(table, table.root(), target, &mut nodes, &mut |node| {
+        expand(table, table.root(), target, &mut host.nodes, &mut |node| {
             pending.push(Pending {
                 table: index,
                 node,
                 estimate: 0.0,
             });
         });
-        batch.host.push(CountStats { count: 0, nodes });
     }
     if balance {
-        pending = split_heavy(tables, pending, &mut batch.host);
+        pending = split_heavy(tables, owner, pending, &mut batch.host);
         // Longest first; ties keep the sub-problem order.
         pending.sort_by(|a, b| b.estimate.total_cmp(&a.estimate));
     }
@@ -423,10 +481,11 @@ pub const HEAVY: f64 = 2.0;
 const PROBES: u32 = 4;
 
 /// Estimates every task and splits, level by level, each one above [`HEAVY`]
-/// times the mean into its children (adding the queens placed to `host`),
-/// while it can be expanded.
+/// times the mean into its children (adding the queens placed to `host`, per
+/// sub-problem: `owner` gives each table's), while it can be expanded.
 fn split_heavy(
     tables: &[Table],
+    owner: &[u32],
     mut pending: Vec<Pending>,
     host: &mut [CountStats],
 ) -> Vec<Pending> {
@@ -453,7 +512,7 @@ fn split_heavy(
                 estimate,
             });
         });
-        let stats = &mut host[p.table as usize];
+        let stats = &mut host[owner[p.table as usize] as usize];
         stats.nodes += placed;
     }
     out
@@ -501,10 +560,13 @@ fn estimate(table: &Table, index: u32, node: &Node) -> f64 {
     sum / f64::from(PROBES)
 }
 
-/// The level a sub-problem's tasks start at: `depth`, or deeper when that
-/// would leave more than [`MAX_TASK_COLUMNS`] free columns below a task.
+/// The level a table's tasks start at: `depth` queens below the
+/// sub-problem's prefix (its pre-placed line queens count), or deeper when
+/// that would leave more than [`MAX_TASK_COLUMNS`] free columns below a task.
 fn target_level(table: &Table, depth: usize) -> usize {
-    depth.max(table.free.saturating_sub(MAX_TASK_COLUMNS))
+    depth
+        .saturating_sub(table.lines)
+        .max(table.free.saturating_sub(MAX_TASK_COLUMNS))
 }
 
 /// Emits the nodes of `node`'s subtree at level `target` (or the deepest
@@ -542,11 +604,27 @@ fn count_tasks(tables: &[Table], depth: usize) -> usize {
     tasks
 }
 
+/// nq-core's depth-first reference count of `sub`'s completions, summed
+/// over the prefixes its own count searches: the completions and the nodes
+/// the kernel must report. For the tests.
+#[cfg(test)]
+pub(crate) fn reference(sub: &SubProblem) -> CountStats {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    let forbidden = sub.forbidden();
+    let mut total = CountStats::default();
+    for prefix in sub.solve_prefixes() {
+        let s = nq_core::search::count_masked_reference(&prefix, &forbidden, &never)
+            .expect("never stopped");
+        total.count += s.count;
+        total.nodes += s.nodes;
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicBool;
 
-    use nq_core::search;
     use nq_core::split::{SplitSpec, split};
 
     use super::*;
@@ -566,13 +644,12 @@ mod tests {
                     let (counts, nodes) = walk_batch(&batch);
                     let got = batch.fold(&counts, &nodes).unwrap();
                     for (sub, got) in subs.iter().zip(got) {
-                        let want = search::count_masked_reference(
-                            sub.prefix(),
-                            &sub.forbidden(),
-                            &never,
-                        )
-                        .unwrap();
+                        let want = reference(sub);
                         assert_eq!(got, want, "n={n} extra={extra} {:?}", sub.prefix());
+                        // The nodes nq-core's own count reports: the
+                        // kernel visits what the CPU kernels visit.
+                        let (counts, cpu) = sub.solve(&never).unwrap();
+                        assert_eq!((got.count, got.nodes), (counts.count, cpu.nodes));
                     }
                 }
             }
@@ -585,7 +662,11 @@ mod tests {
         let subs = split(board, SplitSpec::BORDER);
         let few = pack_at_depth(&subs, 0).unwrap();
         let many = pack(&subs, 100_000).unwrap();
-        assert_eq!(few.task_count() as usize, subs.len());
+        // One task per table (no prefix of N = 16 is complete), and at
+        // least one table per sub-problem.
+        let tables = few.tables().len() / TABLE_WORDS;
+        assert_eq!(few.task_count() as usize, tables);
+        assert!(tables > subs.len(), "no line was pre-placed");
         assert!(many.task_count() >= 100_000, "{}", many.task_count());
         // N = 24 leaves 23 free columns after the column-0 queen: the host
         // must place at least three more before a task is small enough.
@@ -603,7 +684,7 @@ mod tests {
     #[test]
     fn heavy_tasks_are_split_and_the_longest_go_first() {
         let subs = split(Board::new(16).unwrap(), SplitSpec::border(1).unwrap());
-        let tables: Vec<Table> = subs.iter().map(Table::of).collect();
+        let (tables, _) = tables_of(&subs).unwrap();
         let plain = pack_at_depth(&subs, 1).unwrap();
         let batch = pack(&subs, plain.task_count() as usize).unwrap();
         assert!(batch.task_count() > plain.task_count(), "nothing was split");
@@ -638,14 +719,10 @@ mod tests {
             assert!(e <= limit || !splittable, "{e} over the limit {limit}");
         }
         // And the counts stay exact (the order is free: fold reads each
-        // task's sub-problem from the task).
-        let never = AtomicBool::new(false);
+        // task's table from the task).
         let (counts, nodes) = walk_batch(&batch);
         for (sub, got) in subs.iter().zip(batch.fold(&counts, &nodes).unwrap()) {
-            let want =
-                search::count_masked_reference(sub.prefix(), &sub.forbidden(), &never)
-                    .unwrap();
-            assert_eq!(got, want, "{:?}", sub.prefix());
+            assert_eq!(got, reference(sub), "{:?}", sub.prefix());
         }
     }
 
@@ -683,7 +760,9 @@ mod tests {
     }
 
     /// (completions, nodes) below a node: a queen in each column to the last,
-    /// nodes counted in every free column but the last two.
+    /// nodes counted in every free column but the last two. Reads each
+    /// entry's open rows and shift, and checks its count word against the
+    /// column it stands for.
     fn walk(
         t: &[u32],
         last: u32,
@@ -702,12 +781,18 @@ mod tests {
             rem ^= bit;
             let c = cur | bit;
             let k = c.count_ones() as usize;
-            let (blocked, s) = (t[2 * k], t[2 * k + 1]);
+            let (open, s) = (t[2 * k], t[2 * k + 1] & 31);
             let (l, r) = ((left | bit) << s, (right | bit) >> s);
+            let counted = t[2 * k + 1] >> COUNT_SHIFT;
             if k as u32 != last {
+                assert_eq!(counted, NODE, "entry {k}");
                 nodes += 1;
+            } else {
+                assert_eq!(counted, 0, "entry {k}");
+                assert_eq!(t[2 * k + 3] >> COUNT_SHIFT, 1, "entry {}", k + 1);
+                assert_eq!(t[2 * k + 2], 0, "entry {}", k + 1);
             }
-            let (a, b) = walk(t, last, c, l, r, !(c | l | r | blocked));
+            let (a, b) = walk(t, last, c, l, r, open & !(c | l | r));
             count += a;
             nodes += b;
         }

@@ -48,7 +48,9 @@ use crate::{Error, Result};
 const MIN_TASKS: usize = 1 << 19;
 
 /// Sub-problems gathered into one launch at most, which bounds the host
-/// buffers (a table is 256 bytes).
+/// buffers (a table is 264 bytes, and a sub-problem has one per prefix that
+/// its CPU count searches: a few where the strict border lines are
+/// pre-placed).
 const MAX_BATCH: usize = 1 << 20;
 
 /// One job for the GPU.

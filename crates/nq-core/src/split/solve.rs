@@ -54,6 +54,27 @@ impl SubProblem {
         search::search_masked(&self.prefix, &self.forbidden(), sink)
     }
 
+    /// The prefixes whose masked counts [`SubProblem::solve`] adds up: the
+    /// queens of the strict border lines pre-placed (see [`count_by_lines`])
+    /// when it does that, else the sub-problem's own prefix. Each avoids
+    /// [`SubProblem::forbidden`]; their completions partition the
+    /// sub-problem's, and their searches' nodes add up to the nodes
+    /// `solve` reports. For an outside kernel (the GPU's) that is to visit
+    /// the nodes the CPU kernels visit.
+    pub fn solve_prefixes(&self) -> Vec<Prefix> {
+        let mut out = vec![];
+        match self.kind {
+            Kind::Border { k, strict, .. } if k <= PRE_PLACE_MAX_K => {
+                let forbidden = self.forbidden();
+                for_each_line_prefix(&self.prefix, &forbidden, strict, &mut |p| {
+                    out.push(*p)
+                });
+            }
+            _ => out.push(self.prefix),
+        }
+        out
+    }
+
     /// An estimate of the work of [`SubProblem::solve`], in arbitrary units that
     /// are comparable within one split. Used for progress, ETA and job sizes,
     /// never for counts.
@@ -90,15 +111,7 @@ fn count_by_lines(
     kernel: Kernel,
     stop: &AtomicBool,
 ) -> Option<CountStats> {
-    let n = prefix.board().n();
-    let used = prefix.used_rows();
-    let line: Vec<(u8, u8)> = if lines & LINE_RIGHT != 0 && prefix.get(n - 1).is_none() {
-        (0..n).map(|r| (n - 1, r)).collect()
-    } else if lines & LINE_BOTTOM != 0 && used & 1 == 0 {
-        (0..n).map(|c| (c, 0)).collect()
-    } else if lines & LINE_TOP != 0 && used & (1 << (n - 1)) == 0 {
-        (0..n).map(|c| (c, n - 1)).collect()
-    } else {
+    let Some(line) = next_line(prefix, lines) else {
         return search::count_masked(prefix, forbidden, kernel, stop);
     };
     let mut total = CountStats::default();
@@ -112,6 +125,43 @@ fn count_by_lines(
         }
     }
     Some(total)
+}
+
+/// The squares of the first line in `lines` that `prefix` leaves without a
+/// queen (column N−1, then row 0, then row N−1), or `None` when it fills
+/// them all: the line [`count_by_lines`] pre-places next.
+fn next_line(prefix: &Prefix, lines: u8) -> Option<Vec<(u8, u8)>> {
+    let n = prefix.board().n();
+    let used = prefix.used_rows();
+    if lines & LINE_RIGHT != 0 && prefix.get(n - 1).is_none() {
+        Some((0..n).map(|r| (n - 1, r)).collect())
+    } else if lines & LINE_BOTTOM != 0 && used & 1 == 0 {
+        Some((0..n).map(|c| (c, 0)).collect())
+    } else if lines & LINE_TOP != 0 && used & (1 << (n - 1)) == 0 {
+        Some((0..n).map(|c| (c, n - 1)).collect())
+    } else {
+        None
+    }
+}
+
+/// Calls `f` on each prefix whose masked count [`count_by_lines`] adds up,
+/// in its order.
+fn for_each_line_prefix(
+    prefix: &Prefix,
+    forbidden: &[u32; MAX_N as usize],
+    lines: u8,
+    f: &mut dyn FnMut(&Prefix),
+) {
+    let Some(line) = next_line(prefix, lines) else {
+        return f(prefix);
+    };
+    for (c, r) in line {
+        if forbidden[usize::from(c)] & (1 << r) == 0 && prefix.allows(c, r) {
+            let mut p = *prefix;
+            p.place(c, r).expect("an allowed square");
+            for_each_line_prefix(&p, forbidden, lines, f);
+        }
+    }
 }
 
 /// Counts Q(N) and U(N) single-threaded through the split. The reference
@@ -167,6 +217,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The prefixes `solve` counts partition each sub-problem: their masked
+    /// reference counts add up to `solve`'s completions and nodes, and some
+    /// sub-problems do have lines pre-placed.
+    #[test]
+    fn solve_prefixes_add_up_to_solve() {
+        let mut split_up = 0;
+        for n in 6..=12u64 {
+            for extra in 0..=2 {
+                let spec = SplitSpec::border(extra).unwrap();
+                for sub in split(Board::new(n).unwrap(), spec) {
+                    let forbidden = sub.forbidden();
+                    let prefixes = sub.solve_prefixes();
+                    split_up += usize::from(prefixes.len() > 1);
+                    let mut sum = CountStats::default();
+                    for p in &prefixes {
+                        let s = search::count_masked_reference(p, &forbidden, &never())
+                            .unwrap();
+                        sum.count += s.count;
+                        sum.nodes += s.nodes;
+                    }
+                    let (counts, stats) = sub.solve(&never()).unwrap();
+                    assert_eq!(
+                        (sum.count, sum.nodes),
+                        (counts.count, stats.nodes),
+                        "n={n} {sub:?}"
+                    );
+                }
+            }
+        }
+        assert!(
+            split_up > 100,
+            "{split_up} sub-problems had lines pre-placed"
+        );
     }
 
     /// N = 13 and 14 through both splits, against OEIS A000170 / A002562.
