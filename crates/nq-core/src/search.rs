@@ -796,7 +796,7 @@ const ESTIMATE_PROBES: u32 = 4;
 /// with the nodes actually searched, and only 453 of the 1,126 largest
 /// sub-problems were among the 1 % with the largest estimates; this one
 /// correlates 0.76 and finds 870 of them, at 2.4–3× the cost (about 4 µs a
-/// sub-problem there, 15 µs at N = 28; BENCHMARKS.md §24).
+/// sub-problem there, 15 µs at N = 28; BENCHMARKS.md §25).
 ///
 /// The descents are seeded by the placement's masks, so a prefix always gets
 /// the same estimate: a plan's creation, resumed, groups the same jobs.
