@@ -519,6 +519,36 @@ pub struct Settlement {
     pub unchecked: bool,
 }
 
+#[cfg(test)]
+impl Settlement {
+    /// The ledger's decision for one copy of `job` (estimated work 1, first
+    /// attempt, one vote) that counts `counted` and settles the job: no
+    /// lease, reporter, kernel, loser, confirmation or mark. A test sets the
+    /// fields it is about with struct update syntax, so that each literal
+    /// names only what the test is about.
+    pub(crate) fn one_copy(job: JobId, counted: Option<Tally>) -> Settlement {
+        Settlement {
+            job,
+            lease: None,
+            counted_before: None,
+            counted,
+            work: 1,
+            attempts: 1,
+            votes: 1,
+            settled: true,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![],
+            beaten: Beaten::default(),
+            needs_trusted: false,
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        }
+    }
+}
+
 /// What a [`Scheduler::settle`] changed beyond its job: the caller must
 /// re-examine other jobs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
