@@ -463,14 +463,23 @@ impl Coord {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Coord> {
-        let mut all = vec![
-            "--data".to_owned(),
-            dir.display().to_string(),
-            "--listen".to_owned(),
-            listen.to_owned(),
-        ];
-        all.extend(args.iter().map(|a| (*a).to_owned()));
-        let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &all, env)?;
+        let data = dir.display().to_string();
+        let mut all = vec!["--data", &data, "--listen", listen];
+        all.extend_from_slice(args);
+        Coord::spawn(dir, &all, env).await
+    }
+
+    /// Starts `nq-coord ARGS…` with exactly the arguments `args` (a
+    /// configuration file may name the data directory and the address) and
+    /// the environment `env`, and waits for its `listening on <addr>` line;
+    /// `dir` is the data directory the arguments name.
+    ///
+    /// # Errors
+    ///
+    /// As [`Coord::start`].
+    pub async fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Coord> {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, env)?;
         let line = proc
             .line(|pipe, l| pipe == Pipe::Stdout && l.starts_with("listening on "))
             .await?;

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
-use nq_e2e::{Coord, LOG_ENV, Pipe, Proc, Report, binary, within};
+use nq_e2e::{Coord, LOG_ENV, Proc, Report, binary, within};
 
 use crate::{LIMIT, data_dir};
 
@@ -19,25 +19,6 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
     std::fs::write(&path, text)
         .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path)
-}
-
-/// Starts `nq-coord ARGS…` and waits for its `listening on` line; `dir` is
-/// the data directory its options name.
-async fn start(dir: &Path, args: &[&str]) -> Result<Coord> {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, LOG_ENV)?;
-    let line = proc
-        .line(|pipe, l| pipe == Pipe::Stdout && l.starts_with("listening on "))
-        .await?;
-    let addr = line["listening on ".len()..]
-        .trim()
-        .parse()
-        .with_context(|| format!("bad readiness line {line:?}"))?;
-    Ok(Coord {
-        proc,
-        addr,
-        dir: dir.to_owned(),
-    })
 }
 
 /// Runs `nq-coord ARGS…` to its end; returns its exit code and output.
@@ -70,7 +51,9 @@ async fn a_coordinator_started_from_a_toml_file_completes_its_run() -> Result<()
                 dir.display().to_string()
             ),
         )?;
-        let mut coord = start(&dir, &["--config", &file.display().to_string()]).await?;
+        let mut coord =
+            Coord::spawn(&dir, &["--config", &file.display().to_string()], LOG_ENV)
+                .await?;
         let report = coord.finish().await?;
         report.check_published()?;
         ensure!(report.n == 10, "the file's n was not used: {}", report.json);
@@ -249,7 +232,7 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
                 "n = 11\ndata = {data:?}\nlisten = \"127.0.0.1:0\"\nlocal-threads = 0\nverify = 0\n"
             ),
         )?;
-        let mut made = start(&dir, &["--config", &file.display().to_string()]).await?;
+        let mut made = Coord::spawn(&dir, &["--config", &file.display().to_string()], LOG_ENV).await?;
         made.proc.line_containing("serving workers").await?;
         made.proc.signal(libc::SIGINT)?;
         let status = made.proc.wait().await?;
@@ -266,8 +249,8 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
         ensure!(!out.contains("listening on"), "the refused resume listened:\n{out}");
 
         // Left out, the setting is the stored one (not the default, auto).
-        // Logged before `listening on`, which `start` waits for.
-        let mut kept = start(&dir, &resume).await?;
+        // Logged before `listening on`, which `Coord::spawn` waits for.
+        let mut kept = Coord::spawn(&dir, &resume, LOG_ENV).await?;
         let judged = kept
             .proc
             .lines_containing("judging by the settings stored with the run");
@@ -281,7 +264,7 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
         ensure!(status.code() == Some(3), "interrupted resume exited with {status}");
 
         let changed = [&resume[..], &["--verify", "auto", "--change-settings"]].concat();
-        let mut coord = start(&dir, &changed).await?;
+        let mut coord = Coord::spawn(&dir, &changed, LOG_ENV).await?;
         let report = coord.finish().await?;
         report.check_published()?;
         let warned = coord.proc.lines_containing("changing a setting that decides what counts");

@@ -504,7 +504,7 @@ impl Row {
             work,
             state,
             verification: verification_of(&copies, core),
-            votes_needed: if core.selected(job) { 2 } else { 1 },
+            votes_needed: if core.job(job).selected() { 2 } else { 1 },
             counted: copies.first().map(|c| {
                 (
                     c.tally,
@@ -523,10 +523,10 @@ impl Row {
 
 /// A job's `state` column.
 fn state_of(record: &JobState, job: JobId, core: &Core, finished: bool) -> &'static str {
-    match (record, core.is_done(job)) {
+    match (record, core.job(job).is_done()) {
         (_, true) | (JobState::Done(_), false) if finished => "settled",
         (_, true) => "settled",
-        (JobState::Done(_), false) if core.is_counted(job) => "in_check",
+        (JobState::Done(_), false) if core.job(job).is_counted() => "in_check",
         (JobState::Done(_), false) => "recompute",
         (JobState::Leased { .. }, _) => "leased",
         (JobState::Pending, _) => "pending",

@@ -174,7 +174,7 @@ impl Voters {
                 DuplicateKind::Conflict => self.conflicts += 1,
             }
         }
-        core.learn_records(job, copies);
+        core.restorer().learn_records(job, copies);
     }
 
     /// Gives `core` what was learnt: the duplicates' counts, and the
@@ -223,9 +223,9 @@ pub(crate) fn restore_job(
     let job = entry.job;
     let mut out = RestoredJob::default();
     match checked {
-        Some(checked) if entry.is_done() && !core.is_done(job) => {
+        Some(checked) if entry.is_done() && !core.job(job).is_done() => {
             let attempts = entry.record.attempts;
-            let (settlement, moved) = core.judge_restored(
+            let (settlement, moved) = core.restorer().judge_restored(
                 job,
                 entry.into_copies(),
                 (attempts, checked.work),
@@ -237,12 +237,12 @@ pub(crate) fn restore_job(
         }
         _ if entry.is_done() => {}
         _ => {
-            if core.is_restoring(job) {
+            if core.job(job).is_restoring() {
                 core.restorer().not_stored(job);
                 out.not_stored = true;
             }
             // The leased jobs of the last session are pending again.
-            if core.attempts(job) == 0 {
+            if core.job(job).attempts() == 0 {
                 core.restorer().restore_attempts(job, entry.record.attempts);
             }
         }
@@ -401,7 +401,7 @@ fn keep_lease(
     if own_threads(w) {
         return false;
     }
-    if core.is_done(job) {
+    if core.job(job).is_done() {
         return false; // a stale record: the job was done meanwhile
     }
     let id = WorkerId(worker.clone());
@@ -530,7 +530,11 @@ mod tests {
         s.restorer().begin_store_check();
         let standing = s.standing();
         assert_eq!(
-            (s.restoring(), standing.jobs_pending, standing.jobs_done),
+            (
+                standing.jobs_restoring,
+                standing.jobs_pending,
+                standing.jobs_done
+            ),
             (2, 2, 0)
         );
         assert_eq!(
@@ -548,7 +552,7 @@ mod tests {
         // Job 0's copy, checked, is judged and counted.
         let r = restore_job(&mut s, stored(0, Some(5)), CHECKED, false).unwrap();
         assert_eq!(r.judged, Some(true));
-        assert!(s.is_done(JobId(0)) && !s.is_restoring(JobId(0)));
+        assert!(s.job(JobId(0)).is_done() && !s.job(JobId(0)).is_restoring());
         assert_eq!(s.standing().tally.total, 40);
         // Job 1 has no result after all (a wrong index): pending again, and
         // handed out next.

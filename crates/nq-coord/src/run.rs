@@ -264,7 +264,7 @@ impl Ended<'_> {
                 self.manifest,
                 &config.data_dir,
                 totals,
-                core.faulty_workers(),
+                core.verification().faulty_workers(),
             );
             (
                 report,
@@ -575,7 +575,7 @@ async fn linger(engine: &Engine, stop: &CancellationToken, cap: Duration) {
     loop {
         let untold = {
             let core = engine.core();
-            core.still_to_tell(Instant::now())
+            core.workers().still_to_tell(Instant::now())
         };
         if untold == 0 {
             return;

@@ -280,9 +280,9 @@ fn log_restored(core: &Core) {
             "restored finished jobs"
         );
     }
-    if core.restoring() > 0 {
+    if standing.jobs_restoring > 0 {
         info!(
-            stored = core.restoring(),
+            stored = standing.jobs_restoring,
             jobs = standing.jobs,
             "done jobs found in the state index: not handed out; their stored copies are checked and counted in the background"
         );
@@ -502,7 +502,7 @@ fn finished_report(
         // Every job settled in the finished run; those that judging now
         // leaves waiting for a check settled without one too.
         Totals::of_summary(s, 0, standing.jobs_unchecked + standing.jobs_in_check),
-        core.faulty_workers(),
+        core.verification().faulty_workers(),
     );
     report.audit_digest = Some(crate::audit::digest(store)?);
     report.setting_changes = settings::changes(store)?;

@@ -310,13 +310,16 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         let deadlines = StreamDeadlines::for_job(
             self.engine.ttl,
             definition.subs.len(),
-            self.engine.core().expected(admitted.issued.identity),
+            self.engine
+                .core()
+                .workers()
+                .expected(admitted.issued.identity),
         );
         // A stream that holds the job's claim ends with its lease, so that
         // the job's next holder is never refused as busy past the lease.
         let lease = admitted.lease;
         let engine = Arc::clone(&self.engine);
-        let live = move || engine.core().is_live(lease);
+        let live = move || engine.core().leases().is_live(lease);
         let claim = writer
             .as_ref()
             .is_some_and(SolutionWriter::stores)

@@ -6,9 +6,16 @@
 //! scheduler's (its field is private). It composes the
 //! `scheduler::Scheduler` (jobs, leases, workers, verification and
 //! counters, each its own owner), the jobs whose solutions a report is
-//! writing (claims), and the history of counters behind the rates. A method
-//! that needs several owners is a `Core` method whose body reads as
-//! orchestration. What only a restart does goes through `Core::restorer`.
+//! writing (claims), and the history of counters behind the rates.
+//!
+//! `Core`'s methods are what the engine and the adapters do: build a
+//! session, register, lease, release, judge, settle, acknowledge, tick, and
+//! read the run's standing, snapshot and progress. The small read-only
+//! questions they ask go through borrowed views named for what they show
+//! ([`views`]): `Core::job` (one job), `Core::leases`, `Core::workers` and
+//! `Core::verification`. A method that needs several owners is a `Core`
+//! method whose body reads as orchestration. What only a restart does goes
+//! through `Core::restorer`.
 //!
 //! The rule book is [`quorum`], the judging of a job's copies `ledger`
 //! (which returns its decision as data, and reads only the owners it needs:
@@ -29,6 +36,7 @@ pub mod report;
 pub(crate) mod scheduler;
 pub mod status;
 pub(crate) mod tag;
+pub(crate) mod views;
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -40,14 +48,13 @@ use nq_store::{JobId, StoredResult};
 
 use crate::core::lease::{Lease, LeaseId, WorkerId};
 use crate::core::ledger::{Decision, JobCopies, Verified, Write};
-use crate::core::quorum::{Identities, IdentityId, Policy};
-use crate::core::report::FaultyWorker;
+use crate::core::quorum::Policy;
 use crate::core::scheduler::{
-    Fallout, Grant, HandOut, Issued, Outcome, Reclaimed, Restorer, Scheduler, Settlement,
-    Worker,
+    Fallout, Grant, HandOut, Outcome, Reclaimed, Restorer, Scheduler, Settlement,
 };
 use crate::core::status::{History, Progress, Snapshot};
 use crate::core::tag::Caller;
+use crate::core::views::{JobView, LeasesView, VerificationView, WorkersView};
 use crate::error::Result;
 
 /// The state of one coordinator session. The engine keeps it behind one
@@ -89,6 +96,12 @@ pub(crate) struct Standing {
     pub(crate) jobs_disputed: u64,
     /// Jobs settled on one copy that needed a check.
     pub(crate) jobs_unchecked: u64,
+    /// Jobs done in the store that wait for the check of their stored
+    /// copies (a restart that serves before it checked them).
+    pub(crate) jobs_restoring: u64,
+    /// True while the stored copies of a restart are not all checked: the
+    /// run is not complete before, whatever is settled.
+    pub(crate) store_unchecked: bool,
     /// Copies that confirmed another.
     pub(crate) confirmations: u64,
     /// Copies that disagreed with another.
@@ -111,16 +124,22 @@ pub(crate) struct Ticked {
 impl Core {
     // --- Construction and restore -------------------------------------
 
-    /// The core of a session whose scheduler is `sched`, starting at `now`
-    /// (tests and the simulations; the coordinator builds it with
-    /// [`Core::with_works`] or [`Core::with_order`]).
-    pub(crate) fn new(sched: Scheduler, now: Instant) -> Core {
+    /// The core of a session whose scheduler is `sched`, starting at `now`.
+    fn around(sched: Scheduler, now: Instant) -> Core {
         Core {
             history: History::new(&sched, now),
             sched,
             claims: HashSet::new(),
             restored: (0, 0),
         }
+    }
+
+    /// The core of a session whose scheduler is `sched`, starting at `now`
+    /// (the simulations; the coordinator builds it with
+    /// [`Core::with_works`] or [`Core::with_order`]).
+    #[cfg(test)]
+    pub(crate) fn new(sched: Scheduler, now: Instant) -> Core {
+        Core::around(sched, now)
     }
 
     /// The core of a run of jobs `0..works.len()` with the given estimated
@@ -134,7 +153,7 @@ impl Core {
         policy: Policy,
         now: Instant,
     ) -> Core {
-        Core::new(Scheduler::new(works, session, ttl, policy), now)
+        Core::around(Scheduler::new(works, session, ttl, policy), now)
     }
 
     /// The core of a run of jobs `0..jobs` of `total_work` in all, all
@@ -148,7 +167,7 @@ impl Core {
         now: Instant,
     ) -> Core {
         let sched = Scheduler::with_order(jobs, total_work, source, session, ttl, policy);
-        Core::new(sched, now)
+        Core::around(sched, now)
     }
 
     /// Starts serving at `now`: the rates count from here, not from what a
@@ -160,67 +179,6 @@ impl Core {
     /// The doors that only a restore uses (see [`Restorer`]).
     pub(crate) fn restorer(&mut self) -> Restorer<'_> {
         self.sched.restorer()
-    }
-
-    /// Restore: learns from done `job`'s stored `copies` (the counted one
-    /// first) the conflicts its voters lost and the results they had
-    /// confirmed, judged as the job was when it settled (see
-    /// [`ledger::records_in`]).
-    pub(crate) fn learn_records(&mut self, job: JobId, copies: &[StoredResult]) {
-        let (identities, at) = self.sched.judging(job);
-        let records = ledger::records_in(identities, at, copies);
-        let mut restorer = self.sched.restorer();
-        for loser in records.losers {
-            restorer.restore_loss(loser, &records.beaten);
-        }
-        for confirmed in records.confirmed {
-            restorer.restore_confirmation(confirmed);
-        }
-    }
-
-    /// Restore: judges and settles a done job from its stored `copies`
-    /// (see [`ledger::judge_restored`]). Returns the settlement applied and
-    /// the writes that move its Done record to the copy that counts now.
-    ///
-    /// # Errors
-    ///
-    /// [`crate::Error::Inconsistent`] if the totals overflow.
-    pub(crate) fn judge_restored(
-        &mut self,
-        job: JobId,
-        copies: Vec<StoredResult>,
-        (attempts, work): (u32, u64),
-        stored: bool,
-        solutions_mode: bool,
-    ) -> Result<(Settlement, Vec<Write>)> {
-        let (identities, at) = self.sched.judging(job);
-        let (settlement, moved) = ledger::judge_restored(
-            identities,
-            at,
-            job,
-            copies,
-            (attempts, work),
-            stored,
-            solutions_mode,
-        );
-        self.sched.settle(&settlement, false)?;
-        Ok((settlement, moved))
-    }
-
-    /// Jobs waiting for the check of their stored copies (a restart that
-    /// serves before it checked them).
-    pub(crate) fn restoring(&self) -> u64 {
-        self.sched.restoring()
-    }
-
-    /// True when `job` waits for the check of its stored copies.
-    pub(crate) fn is_restoring(&self, job: JobId) -> bool {
-        self.sched.is_restoring(job)
-    }
-
-    /// True while the stored copies of a restart are not all checked.
-    pub(crate) fn store_unchecked(&self) -> bool {
-        self.sched.store_unchecked()
     }
 
     // --- Workers and hand-out -----------------------------------------
@@ -271,19 +229,6 @@ impl Core {
         Ok((again, kept))
     }
 
-    /// The registered worker `id`, if any.
-    pub(crate) fn worker(&self, id: &WorkerId) -> Option<&Worker> {
-        self.sched.worker(id)
-    }
-
-    /// The ids of the registered remote workers.
-    pub(crate) fn remote_workers(&self) -> impl Iterator<Item = &WorkerId> {
-        self.sched
-            .workers()
-            .filter(|(_, w)| !w.local)
-            .map(|(id, _)| id)
-    }
-
     /// Leases up to `want` jobs to `worker` at `now` (see
     /// [`Scheduler::lease`]).
     ///
@@ -315,77 +260,12 @@ impl Core {
         self.sched.leave(worker, now)
     }
 
-    /// How long `identity` is expected to take for a job (its allowance's
-    /// estimate), for the deadlines of a report's stream.
-    pub(crate) fn expected(&self, identity: IdentityId) -> Duration {
-        self.sched.allowances().expected(identity)
-    }
-
     /// Stops granting leases: the session is shutting down.
     pub(crate) fn close(&mut self) {
         self.sched.close();
     }
 
-    /// The lease lifetime.
-    pub(crate) fn ttl(&self) -> Duration {
-        self.sched.ttl()
-    }
-
-    // --- Admission and judging ----------------------------------------
-
-    /// Binds a report to what this session issued (see
-    /// [`Scheduler::check_report`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`Scheduler::check_report`].
-    pub(crate) fn check_report(
-        &self,
-        job: JobId,
-        lease: LeaseId,
-        worker: &WorkerId,
-    ) -> Result<Issued> {
-        self.sched.check_report(job, lease, worker)
-    }
-
-    /// True when `lease` is no longer live (expired, released or taken
-    /// back).
-    pub(crate) fn is_late(&self, lease: LeaseId) -> bool {
-        self.sched.is_late(lease)
-    }
-
-    /// True while `lease` is live.
-    pub(crate) fn is_live(&self, lease: LeaseId) -> bool {
-        self.sched.is_live(lease)
-    }
-
-    /// True when `job` is settled.
-    pub(crate) fn is_done(&self, job: JobId) -> bool {
-        self.sched.is_done(job)
-    }
-
-    /// Solutions mode: true when a copy of `job` should store its
-    /// solutions.
-    pub(crate) fn wants_solutions(&self, job: JobId) -> bool {
-        self.sched.wants_solutions(job)
-    }
-
-    /// How many times `job` was leased.
-    pub(crate) fn attempts(&self, job: JobId) -> u32 {
-        self.sched.attempts(job)
-    }
-
-    /// The stored copies of `job` as the core should judge them (see
-    /// [`JobCopies::new`]).
-    pub(crate) fn copies_of(
-        &self,
-        job: JobId,
-        copies: Vec<StoredResult>,
-        attempts: u32,
-        work: u64,
-    ) -> JobCopies {
-        JobCopies::new(self.sched.job_phases(), job, copies, attempts, work)
-    }
+    // --- Judging --------------------------------------------------------
 
     /// Judges `job`'s copies `jc`, with `new` if a copy just arrived (see
     /// [`ledger::decide`]).
@@ -398,16 +278,6 @@ impl Core {
     ) -> Decision {
         let (identities, at) = self.sched.judging(job);
         ledger::decide(identities, at, job, jc, new, solutions_mode)
-    }
-
-    /// Refuses a copy `v` under a lease no longer live when its job has no
-    /// other copy (see [`ledger::refuse_late_alone`]).
-    ///
-    /// # Errors
-    ///
-    /// As [`ledger::refuse_late_alone`].
-    pub(crate) fn refuse_late_alone(&self, v: &Verified, has_copies: bool) -> Result<()> {
-        ledger::refuse_late_alone(v, has_copies, self.sched.is_late(v.lease))
     }
 
     /// Applies a durable decision (see [`Scheduler::settle`]); `here` when
@@ -423,33 +293,6 @@ impl Core {
     /// Counts how a copy fared (confirmations and conflicts).
     pub(crate) fn note_outcome(&mut self, outcome: Outcome) {
         self.sched.note_outcome(outcome);
-    }
-
-    /// The jobs in memory that `fallout` may have changed the verdict of
-    /// (see [`Scheduler::jobs_to_judge_again`]).
-    pub(crate) fn jobs_to_judge_again(&self, fallout: &Fallout) -> Vec<JobId> {
-        self.sched.jobs_to_judge_again(fallout)
-    }
-
-    /// True when a second machine began since the last tick: jobs settled
-    /// before may now be selected for a check.
-    pub(crate) fn selection_pending(&self) -> bool {
-        self.sched.selection_pending()
-    }
-
-    /// True while two machines are at work: a check is possible.
-    pub(crate) fn second_source(&self) -> bool {
-        self.sched.second_source()
-    }
-
-    /// The verification identities and their records.
-    pub(crate) fn identities(&self) -> &Identities {
-        self.sched.identities()
-    }
-
-    /// The verification settings.
-    pub(crate) fn policy(&self) -> &Policy {
-        self.sched.policy()
     }
 
     /// The verdict of the rule book ([`quorum::judge`]) on `copies`, the
@@ -526,6 +369,55 @@ impl Core {
         }
     }
 
+    // --- Views ----------------------------------------------------------
+
+    /// Job `job` as the core sees it now.
+    pub(crate) fn job(&self, job: JobId) -> JobView<'_> {
+        JobView {
+            sched: &self.sched,
+            job,
+        }
+    }
+
+    /// The leases this session issued, and the lease lifetime.
+    pub(crate) fn leases(&self) -> LeasesView<'_> {
+        LeasesView { sched: &self.sched }
+    }
+
+    /// The registered workers.
+    pub(crate) fn workers(&self) -> WorkersView<'_> {
+        WorkersView { sched: &self.sched }
+    }
+
+    /// The rules of verification and the identities they judge.
+    pub(crate) fn verification(&self) -> VerificationView<'_> {
+        VerificationView { sched: &self.sched }
+    }
+
+    /// True once every job is settled and the stored copies are checked.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.sched.is_complete()
+    }
+
+    /// Where the run's jobs stand.
+    pub(crate) fn standing(&self) -> Standing {
+        let s = &self.sched;
+        Standing {
+            complete: s.is_complete(),
+            tally: s.tally(),
+            jobs: s.jobs(),
+            jobs_done: s.jobs_done(),
+            jobs_pending: s.jobs_pending(),
+            jobs_in_check: s.jobs_in_check(),
+            jobs_disputed: s.jobs_disputed(),
+            jobs_unchecked: s.jobs_unchecked(),
+            jobs_restoring: s.restoring(),
+            store_unchecked: s.store_unchecked(),
+            confirmations: s.confirmations(),
+            conflicts: s.conflicts(),
+        }
+    }
+
     /// The run's snapshot at `now`.
     pub(crate) fn snapshot(
         &self,
@@ -540,8 +432,6 @@ impl Core {
     pub(crate) fn progress(&self, now: Instant) -> Progress {
         Progress::of(&self.sched, &self.history, now)
     }
-
-    // --- Views ----------------------------------------------------------
 
     /// The scheduler inside, for the simulations' invariant checks, which
     /// compare its whole state with a model's (tests only: the engine and
@@ -563,49 +453,52 @@ impl Core {
     pub(crate) fn into_sched(self) -> Scheduler {
         self.sched
     }
+}
 
-    /// True once every job is settled and the stored copies are checked.
-    pub(crate) fn is_complete(&self) -> bool {
-        self.sched.is_complete()
-    }
-
-    /// Where the run's jobs stand.
-    pub(crate) fn standing(&self) -> Standing {
-        let s = &self.sched;
-        Standing {
-            complete: s.is_complete(),
-            tally: s.tally(),
-            jobs: s.jobs(),
-            jobs_done: s.jobs_done(),
-            jobs_pending: s.jobs_pending(),
-            jobs_in_check: s.jobs_in_check(),
-            jobs_disputed: s.jobs_disputed(),
-            jobs_unchecked: s.jobs_unchecked(),
-            confirmations: s.confirmations(),
-            conflicts: s.conflicts(),
+/// The restore doors that judge stored copies by the rule book. They live
+/// here, beside the ledger, rather than with the rest of [`Restorer`] in the
+/// scheduler, which the ledger reads and which does not read the ledger.
+impl Restorer<'_> {
+    /// Learns from done `job`'s stored `copies` (the counted one first) the
+    /// conflicts its voters lost and the results they had confirmed, judged
+    /// as the job was when it settled (see [`ledger::records_in`]).
+    pub(crate) fn learn_records(&mut self, job: JobId, copies: &[StoredResult]) {
+        let (identities, at) = self.sched.judging(job);
+        let records = ledger::records_in(identities, at, copies);
+        for loser in records.losers {
+            self.restore_loss(loser, &records.beaten);
+        }
+        for confirmed in records.confirmed {
+            self.restore_confirmation(confirmed);
         }
     }
 
-    /// True when `job` is chosen for a second copy now.
-    pub(crate) fn selected(&self, job: JobId) -> bool {
-        self.sched.selected(job)
-    }
-
-    /// True when `job`'s copy is counted in the totals (settled, or
-    /// waiting for a check).
-    pub(crate) fn is_counted(&self, job: JobId) -> bool {
-        self.sched.is_counted(job)
-    }
-
-    /// The workers that lost verification conflicts.
-    pub(crate) fn faulty_workers(&self) -> Vec<FaultyWorker> {
-        crate::core::report::faulty_workers(&self.sched)
-    }
-
-    /// Workers the coordinator still waits for before it stops: those at
-    /// work at `now` not yet told the run is complete, and the identities
-    /// of earlier sessions that have not come back.
-    pub(crate) fn still_to_tell(&self, now: Instant) -> usize {
-        self.sched.untold_workers(now) + self.sched.not_back()
+    /// Judges and settles a done job from its stored `copies` (see
+    /// [`ledger::judge_restored`]). Returns the settlement applied and the
+    /// writes that move its Done record to the copy that counts now.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::Error::Inconsistent`] if the totals overflow.
+    pub(crate) fn judge_restored(
+        &mut self,
+        job: JobId,
+        copies: Vec<StoredResult>,
+        (attempts, work): (u32, u64),
+        stored: bool,
+        solutions_mode: bool,
+    ) -> Result<(Settlement, Vec<Write>)> {
+        let (identities, at) = self.sched.judging(job);
+        let (settlement, moved) = ledger::judge_restored(
+            identities,
+            at,
+            job,
+            copies,
+            (attempts, work),
+            stored,
+            solutions_mode,
+        );
+        self.sched.settle(&settlement, false)?;
+        Ok((settlement, moved))
     }
 }

@@ -1036,23 +1036,8 @@ mod tests {
     /// Settles `job` as the ledger would for a single unselected copy.
     fn settle(s: &mut Scheduler, w: &WorkerId, job: u64, total: u128, burnside: u128) {
         let settlement = Settlement {
-            job: JobId(job),
-            lease: None,
-            counted_before: None,
-            counted: Some(Tally { total, burnside }),
             work: [30, 10][job as usize],
-            attempts: 1,
-            votes: 1,
-            settled: true,
-            reporters: vec![],
-            kernels: vec![],
-            losers: vec![],
-            beaten: crate::core::quorum::Beaten::default(),
-            needs_trusted: false,
-            disputed: false,
-            solutions_missing: false,
-            confirmed: vec![],
-            unchecked: false,
+            ..Settlement::one_copy(JobId(job), Some(Tally { total, burnside }))
         };
         s.settle(&settlement, true).unwrap();
         s.note_copy(
@@ -1168,23 +1153,9 @@ mod tests {
         assert!(!local.0.is_empty());
         let history = History::new(&s, t0);
         let mut waiting = Settlement {
-            job: JobId(0),
-            lease: None,
-            counted_before: None,
-            counted: None,
             work: 30,
-            attempts: 1,
-            votes: 1,
             settled: false,
-            reporters: vec![],
-            kernels: vec![],
-            losers: vec![],
-            beaten: crate::core::quorum::Beaten::default(),
-            needs_trusted: false,
-            disputed: false,
-            solutions_missing: false,
-            confirmed: vec![],
-            unchecked: false,
+            ..Settlement::one_copy(JobId(0), None)
         };
         s.settle(&waiting, true).unwrap();
         // A second copy that still waits does not count its work twice.
@@ -1249,26 +1220,15 @@ mod tests {
         assert_eq!(quiet.jobs_unchecked, 0);
         assert!(!quiet.to_text().contains("WARNING"), "{}", quiet.to_text());
         let alone = Settlement {
-            job: JobId(0),
-            lease: None,
-            counted_before: None,
-            counted: Some(Tally {
-                total: 50,
-                burnside: 48,
-            }),
             work: 30,
-            attempts: 1,
-            votes: 1,
-            settled: true,
-            reporters: vec![],
-            kernels: vec![],
-            losers: vec![],
-            beaten: crate::core::quorum::Beaten::default(),
-            needs_trusted: false,
-            disputed: false,
-            solutions_missing: false,
-            confirmed: vec![],
             unchecked: true,
+            ..Settlement::one_copy(
+                JobId(0),
+                Some(Tally {
+                    total: 50,
+                    burnside: 48,
+                }),
+            )
         };
         s.settle(&alone, true).unwrap();
         let snap = Snapshot::build(&shape(), "r", &s, &history, t0);

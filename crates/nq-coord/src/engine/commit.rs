@@ -194,7 +194,7 @@ fn read(engine: &Engine, job: JobId) -> Result<Stored> {
 fn load(engine: &Engine, job: JobId, work: u64) -> Result<JobCopies> {
     let stored = read(engine, job)?;
     let core = engine.core();
-    Ok(core.copies_of(job, stored.copies, stored.attempts, work))
+    Ok(core.job(job).copies(stored.copies, stored.attempts, work))
 }
 
 /// Decides, writes, flushes, settles and acknowledges one group.
@@ -206,7 +206,7 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
     // checked and counted first: the copies below are judged with them.
     // Listed only while some job waits: after a restart's check, this is
     // one lock per group and no allocation.
-    if engine.core().restoring() > 0 {
+    if engine.core().standing().jobs_restoring > 0 {
         let jobs = group
             .iter()
             .flat_map(|req| req.copies.iter().map(|v| v.job))
@@ -239,7 +239,7 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
                     let s = stored.remove(&v.job).expect("read above");
-                    e.insert(core.copies_of(v.job, s.copies, s.attempts, v.work))
+                    e.insert(core.job(v.job).copies(s.copies, s.attempts, v.work))
                 }
             };
             let mut d = core.decide(v.job, jc, Some(v), engine.shape.solutions);
@@ -290,7 +290,7 @@ fn refuse_late_alone(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<
     for mut req in group.drain(..) {
         let mut judged = Vec::with_capacity(req.copies.len());
         for (at, v) in std::mem::take(&mut req.copies).into_iter().enumerate() {
-            let late = engine.core().is_late(v.lease);
+            let late = engine.core().leases().is_late(v.lease);
             // The store is read only for late copies, which are rare.
             let has_copies = seen.contains(&v.job)
                 || (late
@@ -298,7 +298,7 @@ fn refuse_late_alone(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result<
                         blocking(|| engine.store.job_record(v.job))?.state,
                         JobState::Done(_)
                     ));
-            let verdict = engine.core().refuse_late_alone(&v, has_copies);
+            let verdict = ledger::refuse_late_alone(&v, has_copies, late);
             if let Err(e) = verdict {
                 warn!(job = %v.job, lease = %v.lease, worker = %v.result.identity, "refused a late copy: its lease is no longer live and the job has no other copy");
                 req.refused.push((at, e));
@@ -393,7 +393,7 @@ fn warn_alone(engine: &Engine, settled: &Settlement) {
 /// waiting for checks a single machine cannot give).
 fn announce(engine: &Engine, fallout: &Fallout) -> Vec<JobId> {
     let core = engine.core();
-    let s = &*core;
+    let s = core.verification();
     for &id in &fallout.discredited {
         let (name, lost) = (s.identities().label(id), s.identities().lost(id));
         if s.identities().is_banned(id, s.policy().ban_after) {
@@ -471,7 +471,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
                 fallout
                     .discredited
                     .iter()
-                    .map(|&id| core.identities().name(id).to_owned())
+                    .map(|&id| core.verification().identities().name(id).to_owned())
                     .collect()
             };
             jobs.extend(jobs_voted_by(engine, names).await?);

@@ -169,18 +169,18 @@ impl Engine {
         // The workers registered before the engine starts are the restored
         // ones: their registrations are stored already.
         let recorded: std::collections::HashSet<WorkerId> =
-            core.remote_workers().cloned().collect();
+            core.workers().remote().cloned().collect();
         let complete = CancellationToken::new();
         if core.is_complete() {
             complete.cancel();
         }
         let checked = CancellationToken::new();
-        if !core.store_unchecked() {
+        if !core.standing().store_unchecked {
             checked.cancel();
         }
         let engine = Engine {
             store,
-            ttl: core.ttl(),
+            ttl: core.leases().ttl(),
             core: Mutex::new(core),
             shape,
             run_id,
@@ -341,7 +341,7 @@ impl Engine {
         }
         let (worker, job, lease) =
             (WorkerId(worker.to_owned()), JobId(job), LeaseId(lease));
-        let issued = self.core().check_report(job, lease, &worker)?;
+        let issued = self.core().leases().check_report(job, lease, &worker)?;
         Ok(Admitted {
             worker,
             job,
@@ -386,6 +386,7 @@ impl Engine {
     ) -> Result<Verified> {
         let identity = self
             .core()
+            .verification()
             .identities()
             .name(admitted.issued.identity)
             .to_owned();
@@ -461,7 +462,7 @@ impl Engine {
             .collect();
         // A first delivery may have made a second machine at work: judge
         // again now what that selects, not at the next tick.
-        if core.selection_pending() {
+        if core.verification().selection_pending() {
             self.machines_changed.notify_one();
         }
         Ok(accepted)
@@ -539,7 +540,7 @@ impl Engine {
         {
             let core = self.core();
             for &job in jobs {
-                let attempts = core.attempts(job);
+                let attempts = core.job(job).attempts();
                 records.push((
                     job,
                     None,
@@ -586,10 +587,14 @@ impl Engine {
         {
             let core = self.core();
             for id in &workers {
-                if let Some(w) = core.worker(id) {
+                if let Some(w) = core.workers().get(id) {
                     let stored = nq_store::StoredWorker {
                         name: w.name.clone(),
-                        identity: core.identities().name(w.identity).to_owned(),
+                        identity: core
+                            .verification()
+                            .identities()
+                            .name(w.identity)
+                            .to_owned(),
                         address: w.address.map(|a| a.to_string()),
                         threads: w.threads,
                     };
@@ -597,8 +602,8 @@ impl Engine {
                 }
             }
             for (job, lease, record) in &records {
-                let current =
-                    !core.is_done(*job) && lease.is_none_or(|l| core.is_live(l));
+                let current = !core.job(*job).is_done()
+                    && lease.is_none_or(|l| core.leases().is_live(l));
                 if current {
                     batch.record(*job, record);
                 }

@@ -138,10 +138,12 @@ pub(crate) async fn settle_block(engine: &Engine, block: Block) -> Result<()> {
 pub(crate) async fn restore_now(engine: &Engine, jobs: Vec<JobId>) -> Result<()> {
     let mut waiting: Vec<JobId> = {
         let core = engine.core();
-        if core.restoring() == 0 {
+        if core.standing().jobs_restoring == 0 {
             return Ok(());
         }
-        jobs.into_iter().filter(|&j| core.is_restoring(j)).collect()
+        jobs.into_iter()
+            .filter(|&j| core.job(j).is_restoring())
+            .collect()
     };
     if waiting.is_empty() {
         return Ok(());

@@ -56,7 +56,7 @@ impl SolutionWriter {
         // overturned the copy whose solutions were stored).
         let write = {
             let mut core = engine.core();
-            let write = core.wants_solutions(job);
+            let write = core.job(job).wants_solutions();
             if write && !core.claim(job) {
                 return Err(Error::Busy { job });
             }

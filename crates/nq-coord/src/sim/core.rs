@@ -906,7 +906,8 @@ impl Sim {
             let v = &item.1.0;
             let has_copies = seen.contains(&v.job)
                 || self.model.jobs[v.job.0 as usize].record.is_some();
-            if self.core.refuse_late_alone(v, has_copies).is_ok() {
+            let late = self.core.leases().is_late(v.lease);
+            if ledger::refuse_late_alone(v, has_copies, late).is_ok() {
                 seen.insert(v.job);
                 kept.push(item);
             }

@@ -597,7 +597,7 @@ impl Sim {
 
     /// The scheduler, taken out of the stopped engine.
     fn take_sched(&self) -> Scheduler {
-        let policy = self.engine().core().policy().clone();
+        let policy = self.engine().core().verification().policy().clone();
         let empty = Core::with_works(Vec::new(), 0, TTL, policy, Instant::now());
         std::mem::replace(&mut *self.engine().core(), empty).into_sched()
     }

@@ -43,6 +43,32 @@ impl Counts {
         self.tally = tally;
         Ok(())
     }
+
+    /// Counts an outcome of a copy (for the report).
+    pub(super) fn note_outcome(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Accepted => {}
+            Outcome::Confirmed => self.confirmations += 1,
+            Outcome::Conflict => self.conflicts += 1,
+        }
+    }
+
+    /// Counts a job of estimated `work` settled, `here` when this session
+    /// computed it.
+    pub(super) fn settled(&mut self, work: u128, here: bool) {
+        self.done_jobs += 1;
+        self.done_work += work;
+        if here {
+            self.done_here += 1;
+            self.work_here += work;
+        }
+    }
+
+    /// Uncounts a settled job of estimated `work` that a check reopened.
+    pub(super) fn reopened(&mut self, work: u128) {
+        self.done_jobs -= 1;
+        self.done_work -= work;
+    }
 }
 
 impl Scheduler {
@@ -80,11 +106,7 @@ impl Scheduler {
 
     /// Counts an outcome of a copy (for the report).
     pub fn note_outcome(&mut self, outcome: Outcome) {
-        match outcome {
-            Outcome::Accepted => {}
-            Outcome::Confirmed => self.counts.confirmations += 1,
-            Outcome::Conflict => self.counts.conflicts += 1,
-        }
+        self.counts.note_outcome(outcome);
     }
 
     /// The totals of the counted copies.

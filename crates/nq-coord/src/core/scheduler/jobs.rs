@@ -46,6 +46,17 @@ pub(crate) struct Jobs {
     pub(super) unchecked_store: bool,
 }
 
+/// How a settlement changed its job's phase ([`Jobs::apply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PhaseChange {
+    /// The job was not settled and is now.
+    Settled,
+    /// The job was settled and now waits for another copy.
+    Reopened,
+    /// Neither.
+    None,
+}
+
 impl Jobs {
     /// Checks that `job` is one of the run's.
     pub(super) fn known(&self, job: JobId) -> Result<()> {
@@ -83,6 +94,168 @@ impl Jobs {
 }
 
 impl Jobs {
+    /// The next candidate for a fresh grant: a requeued job, else the next
+    /// job of the hand-out order (read from the source a batch at a time),
+    /// from the small end of what was read when `smallest`. The first fresh
+    /// pending jobs of a restarted session are set aside (see
+    /// [`Scheduler::defer_unrecorded`]) and come only once no other is left.
+    pub(super) fn next_pending(&mut self, smallest: bool) -> Result<Option<JobId>> {
+        if let Some(job) = self.requeued.pop_front() {
+            return Ok(Some(job));
+        }
+        loop {
+            while self.window.is_empty() && !self.source_drained {
+                let batch = self.source.next_batch()?;
+                self.source_drained = batch.is_empty();
+                self.window.extend(batch);
+            }
+            let next = if smallest {
+                self.window.pop_back()
+            } else {
+                self.window.pop_front()
+            };
+            let Some(job) = next else {
+                return Ok(self.deferred.pop_front());
+            };
+            let pending = self.table.phase(job) == Phase::Pending;
+            // The jobs set aside are the first of the order: the small end
+            // holds none of them.
+            if !smallest
+                && self.defer_left > 0
+                && pending
+                && !self.open.contains_key(&job)
+            {
+                self.defer_left -= 1;
+                self.deferred.push_back(job);
+                continue;
+            }
+            return Ok(Some(job));
+        }
+    }
+
+    /// Ends the set-aside of [`Scheduler::defer_unrecorded`] at its time:
+    /// the jobs still pending go to the front of the queue, like expired
+    /// leases' jobs.
+    pub(super) fn end_deferral(&mut self, now: Instant) {
+        if self.deferred_until.is_none_or(|t| now < t) {
+            return;
+        }
+        self.deferred_until = None;
+        self.defer_left = 0;
+        while let Some(job) = self.deferred.pop_back() {
+            self.requeued.push_front(job);
+        }
+    }
+
+    /// Puts a job whose live lease just ended back in its queue.
+    pub(super) fn requeue(&mut self, job: JobId) {
+        if self.table.phase(job) == Phase::Leased {
+            self.table.set_phase(job, Phase::Pending);
+            self.pending_count += 1;
+            self.queue_late(job);
+        }
+    }
+
+    /// Puts pending `job` at the front of its queue, the checks' if it
+    /// waits for one: it is late.
+    pub(super) fn queue_late(&mut self, job: JobId) {
+        if self.open.contains_key(&job) {
+            self.checks.push_front(job);
+        } else {
+            self.requeued.push_front(job);
+        }
+    }
+
+    /// Marks pending `job` leased.
+    pub(super) fn mark_leased(&mut self, job: JobId) {
+        self.table.set_phase(job, Phase::Leased);
+        self.pending_count -= 1;
+    }
+
+    /// How many times `job` was leased (0 for a settled job: its record
+    /// holds the count).
+    pub(super) fn attempts(&self, job: JobId) -> u32 {
+        self.attempts.get(&job).copied().unwrap_or(0)
+    }
+
+    /// Holds the job of `s`, not settled, open for another copy, with its
+    /// reporters and kernels as `s` has them (its work counted once in the
+    /// open work).
+    pub(super) fn hold_open(&mut self, s: &Settlement) {
+        let open = Open {
+            reporters: s.reporters.clone(),
+            kernels: s.kernels.clone(),
+            trusted_only: s.needs_trusted,
+            work: s.work,
+        };
+        if let Some(before) = self.open.insert(s.job, open) {
+            self.open_work -= u128::from(before.work);
+        }
+        self.open_work += u128::from(s.work);
+    }
+
+    /// Closes `job`'s entry in the open jobs, if it has one.
+    pub(super) fn close_open(&mut self, job: JobId) {
+        if let Some(open) = self.open.remove(&job) {
+            self.open_work -= u128::from(open.work);
+        }
+    }
+
+    /// The live lease of `job` ended with a decision about it: a leased job
+    /// is pending again, and [`Jobs::apply`] queues it as the decision says.
+    pub(super) fn lease_ended(&mut self, job: JobId) {
+        if self.table.phase(job) == Phase::Leased {
+            self.table.set_phase(job, Phase::Pending);
+            self.pending_count += 1;
+        }
+    }
+
+    /// Applies settlement `s` to its job (one of the run's): its phase,
+    /// whether it is counted and verified, whether it is open for another
+    /// copy, and its marks ([`Jobs::note_marks`]). Returns how its phase
+    /// changed, for the leases and the counters.
+    pub(super) fn apply(&mut self, s: &Settlement) -> PhaseChange {
+        let phase = self.table.phase(s.job);
+        let was_done = phase == Phase::Done;
+        if phase == Phase::Restoring {
+            // Judged now: settled below, or pending for another copy.
+            self.restoring -= 1;
+            if !s.settled {
+                self.table.set_phase(s.job, Phase::Pending);
+                self.pending_count += 1;
+                self.checks.push_back(s.job);
+            }
+        }
+        self.table.set_flag(s.job, COUNTED, s.counted.is_some());
+        self.table.set_flag(s.job, VERIFIED, s.votes >= 2);
+        let mut change = PhaseChange::None;
+        if s.settled {
+            if !was_done {
+                if phase == Phase::Pending {
+                    self.pending_count -= 1;
+                }
+                self.table.set_phase(s.job, Phase::Done);
+                self.attempts.remove(&s.job);
+                self.close_open(s.job);
+                change = PhaseChange::Settled;
+            }
+        } else {
+            self.hold_open(s);
+            if was_done {
+                self.table.set_phase(s.job, Phase::Pending);
+                self.attempts.insert(s.job, s.attempts);
+                self.pending_count += 1;
+                self.checks.push_back(s.job);
+                change = PhaseChange::Reopened;
+            } else if phase == Phase::Pending {
+                // Not leased (or its lease just ended): wait for a check.
+                self.checks.push_back(s.job);
+            }
+        }
+        self.note_marks(s);
+        change
+    }
+
     /// Notes what settlement `s` says of its job besides its phase: whether
     /// it is disputed, whether its stored solutions are the counted copy's,
     /// and whether it settled unchecked.
@@ -163,72 +336,6 @@ impl Scheduler {
         self.jobs.unchecked_store
     }
 
-    /// The next candidate for a fresh grant: a requeued job, else the next
-    /// job of the hand-out order (read from the source a batch at a time),
-    /// from the small end of what was read when `smallest`. The first fresh
-    /// pending jobs of a restarted session are set aside (see
-    /// [`Scheduler::defer_unrecorded`]) and come only once no other is left.
-    pub(super) fn next_pending(&mut self, smallest: bool) -> Result<Option<JobId>> {
-        if let Some(job) = self.jobs.requeued.pop_front() {
-            return Ok(Some(job));
-        }
-        loop {
-            while self.jobs.window.is_empty() && !self.jobs.source_drained {
-                let batch = self.jobs.source.next_batch()?;
-                self.jobs.source_drained = batch.is_empty();
-                self.jobs.window.extend(batch);
-            }
-            let next = if smallest {
-                self.jobs.window.pop_back()
-            } else {
-                self.jobs.window.pop_front()
-            };
-            let Some(job) = next else {
-                return Ok(self.jobs.deferred.pop_front());
-            };
-            let pending = self.jobs.table.phase(job) == Phase::Pending;
-            // The jobs set aside are the first of the order: the small end
-            // holds none of them.
-            if !smallest
-                && self.jobs.defer_left > 0
-                && pending
-                && !self.jobs.open.contains_key(&job)
-            {
-                self.jobs.defer_left -= 1;
-                self.jobs.deferred.push_back(job);
-                continue;
-            }
-            return Ok(Some(job));
-        }
-    }
-
-    /// Ends the set-aside of [`Scheduler::defer_unrecorded`] at its time:
-    /// the jobs still pending go to the front of the queue, like expired
-    /// leases' jobs.
-    pub(super) fn end_deferral(&mut self, now: Instant) {
-        if self.jobs.deferred_until.is_none_or(|t| now < t) {
-            return;
-        }
-        self.jobs.deferred_until = None;
-        self.jobs.defer_left = 0;
-        while let Some(job) = self.jobs.deferred.pop_back() {
-            self.jobs.requeued.push_front(job);
-        }
-    }
-
-    /// Puts a job whose live lease just ended back in its queue.
-    pub(super) fn requeue(&mut self, job: JobId) {
-        if self.jobs.table.phase(job) == Phase::Leased {
-            self.jobs.table.set_phase(job, Phase::Pending);
-            self.jobs.pending_count += 1;
-            if self.jobs.open.contains_key(&job) {
-                self.jobs.checks.push_front(job);
-            } else {
-                self.jobs.requeued.push_front(job);
-            }
-        }
-    }
-
     /// True when `job` is settled: its result counts and needs no copy.
     pub fn is_done(&self, job: JobId) -> bool {
         self.jobs.is_done(job)
@@ -249,7 +356,7 @@ impl Scheduler {
     /// How many times `job` was leased (0 for a settled job: its record
     /// holds the count).
     pub fn attempts(&self, job: JobId) -> u32 {
-        self.jobs.attempts.get(&job).copied().unwrap_or(0)
+        self.jobs.attempts(job)
     }
 
     /// Settled jobs with a single vote that the current selection wants
@@ -279,29 +386,6 @@ impl Scheduler {
     /// machine left"). A run that completes with any is `unchecked`.
     pub fn jobs_unchecked(&self) -> u64 {
         self.jobs.unchecked.ones
-    }
-
-    /// Holds the job of `s`, not settled, open for another copy, with its
-    /// reporters and kernels as `s` has them (its work counted once in the
-    /// open work).
-    pub(super) fn hold_open(&mut self, s: &Settlement) {
-        let open = Open {
-            reporters: s.reporters.clone(),
-            kernels: s.kernels.clone(),
-            trusted_only: s.needs_trusted,
-            work: s.work,
-        };
-        if let Some(before) = self.jobs.open.insert(s.job, open) {
-            self.jobs.open_work -= u128::from(before.work);
-        }
-        self.jobs.open_work += u128::from(s.work);
-    }
-
-    /// Closes `job`'s entry in the open jobs, if it has one.
-    pub(super) fn close_open(&mut self, job: JobId) {
-        if let Some(open) = self.jobs.open.remove(&job) {
-            self.jobs.open_work -= u128::from(open.work);
-        }
     }
 
     /// True when every job is settled (checked or not).

@@ -54,9 +54,9 @@ impl Scheduler {
             let w = self.admit(worker)?;
             (w.threads, w.identity, w.local)
         };
-        self.heard_from(worker, now);
+        self.workers.heard_from(worker, now);
         if complete {
-            self.mark_told(worker);
+            self.workers.mark_told(worker);
         }
         self.note_machine(now);
         // `threads` is whatever the worker registered with: saturate, never
@@ -127,11 +127,7 @@ impl Scheduler {
             let Some(lease) = self.fresh_lease_id(worker, job) else {
                 // Every nonce of this job and worker is on record: it goes
                 // back to the front of its queue, for another worker.
-                if self.jobs.open.contains_key(&job) {
-                    self.jobs.checks.push_front(job);
-                } else {
-                    self.jobs.requeued.push_front(job);
-                }
+                self.jobs.queue_late(job);
                 break;
             };
             let attempts = self.jobs.attempts.entry(job).or_insert(0);
@@ -203,7 +199,7 @@ impl Scheduler {
         if self.leases.table.remove(lease.id).is_none() {
             return;
         }
-        self.requeue(lease.job);
+        self.jobs.requeue(lease.job);
         let stalled = self.workers.allowances.note_revoked(lease.identity, now);
         let name = match self.workers.by_id.get_mut(&lease.worker) {
             Some(w) => {
@@ -346,7 +342,7 @@ impl Scheduler {
             i += 1;
         }
         let smallest = !trusted && self.checked_from_the_small_end(identity);
-        while let Some(job) = self.next_pending(smallest)? {
+        while let Some(job) = self.jobs.next_pending(smallest)? {
             if self.jobs.table.phase(job) != Phase::Pending
                 || self.jobs.open.contains_key(&job)
             {
@@ -388,7 +384,7 @@ impl Scheduler {
         leases: &[LeaseId],
         now: Instant,
     ) -> Vec<JobId> {
-        self.heard_from(worker, now);
+        self.workers.heard_from(worker, now);
         let mut out = vec![];
         for &id in leases {
             if self
@@ -398,7 +394,7 @@ impl Scheduler {
                 .is_some_and(|l| l.worker == *worker)
             {
                 let lease = self.leases.table.remove(id).expect("just checked");
-                self.requeue(lease.job);
+                self.jobs.requeue(lease.job);
                 out.push(lease.job);
             }
         }
@@ -408,12 +404,12 @@ impl Scheduler {
     /// Expires every lease whose deadline is before `now`; their jobs go to
     /// the front of their queue. Returns the expired leases.
     pub fn expire(&mut self, now: Instant) -> Vec<Lease> {
-        self.end_deferral(now);
+        self.jobs.end_deferral(now);
         let expired = self.leases.table.expire(now);
         self.counts.expiries += expired.len() as u64;
         // Pushed to the front in reverse, so the oldest grant is reissued first.
         for lease in expired.iter().rev() {
-            self.requeue(lease.job);
+            self.jobs.requeue(lease.job);
         }
         expired
     }
@@ -474,21 +470,8 @@ impl Scheduler {
     /// Leases pending `issued.job` under `lease` until `deadline`: the job
     /// is leased, the lease live and bound to its worker and job.
     pub(super) fn issue(&mut self, lease: LeaseId, issued: Issued, deadline: Instant) {
-        let job = issued.job;
-        self.jobs.table.set_phase(job, Phase::Leased);
-        self.jobs.pending_count -= 1;
-        self.leases.table.insert(Lease {
-            id: lease,
-            job,
-            worker: issued.worker.clone(),
-            identity: issued.identity,
-            granted: issued.granted,
-            deadline,
-        });
-        if let Some(before) = self.leases.issued_by_job.insert(job, lease) {
-            self.leases.issued_before.insert(lease, before);
-        }
-        self.leases.issued.insert(lease, issued);
+        self.jobs.mark_leased(issued.job);
+        self.leases.issue(lease, issued, deadline);
     }
 
     /// Forgets issued leases of settled jobs: no report under them can
@@ -510,12 +493,38 @@ impl Scheduler {
             }
         }
     }
+}
+
+impl Leases {
+    /// Makes `lease` live for `issued.job` until `deadline`, bound to its
+    /// worker and job, and records it as issued.
+    pub(super) fn issue(&mut self, lease: LeaseId, issued: Issued, deadline: Instant) {
+        self.table.insert(Lease {
+            id: lease,
+            job: issued.job,
+            worker: issued.worker.clone(),
+            identity: issued.identity,
+            granted: issued.granted,
+            deadline,
+        });
+        self.record_issued(lease, issued);
+    }
+
+    /// Records `lease` as issued for `issued.job` (live or not), after the
+    /// job's lease before it, so that [`Scheduler::prune_issued`] finds
+    /// both when the job is settled.
+    pub(super) fn record_issued(&mut self, lease: LeaseId, issued: Issued) {
+        if let Some(before) = self.issued_by_job.insert(issued.job, lease) {
+            self.issued_before.insert(lease, before);
+        }
+        self.issued.insert(lease, issued);
+    }
 
     /// Lists `job`, just settled, for [`Scheduler::prune_issued`] if it has
     /// issued leases (the jobs restored as settled have none).
     pub(super) fn note_settled(&mut self, job: JobId) {
-        if self.leases.issued_by_job.contains_key(&job) {
-            self.leases.settled_since_prune.push(job);
+        if self.issued_by_job.contains_key(&job) {
+            self.settled_since_prune.push(job);
         }
     }
 }

@@ -58,9 +58,13 @@
 //!   whether a second machine (or a trusted one) is at work;
 //! * `Counts` (`counts.rs`): the counters of what settled and how.
 //!
-//! Each file also holds the `Scheduler` methods that work on its owner;
-//! [`Scheduler::settle`], which changes several, stays here and reads as
-//! their orchestration. [`Restorer`] (`restore.rs`) holds the doors that
+//! What changes one owner's state alone is a method of that owner (a job
+//! requeued, pending jobs read from the source, a decision applied to its
+//! job's phase: `Jobs`; a lease issued: `Leases`; a worker heard from or
+//! forgotten: `Workers`; the selection: `Verification`; an outcome counted:
+//! `Counts`). Each file also holds the `Scheduler` methods that work on its
+//! owner with others; [`Scheduler::settle`], which changes several, stays
+//! here and reads as their orchestration. [`Restorer`] (`restore.rs`) holds the doors that
 //! only a restart uses. Outside the core, the scheduler is reached only
 //! through `crate::core::Core`.
 
@@ -134,6 +138,7 @@ mod workers;
 
 use counts::Counts;
 pub(crate) use jobs::Jobs;
+use jobs::PhaseChange;
 use leases::Leases;
 pub(crate) use restore::Restorer;
 use verification::Verification;
@@ -514,6 +519,36 @@ pub struct Settlement {
     pub unchecked: bool,
 }
 
+#[cfg(test)]
+impl Settlement {
+    /// The ledger's decision for one copy of `job` (estimated work 1, first
+    /// attempt, one vote) that counts `counted` and settles the job: no
+    /// lease, reporter, kernel, loser, confirmation or mark. A test sets the
+    /// fields it is about with struct update syntax, so that each literal
+    /// names only what the test is about.
+    pub(crate) fn one_copy(job: JobId, counted: Option<Tally>) -> Settlement {
+        Settlement {
+            job,
+            lease: None,
+            counted_before: None,
+            counted,
+            work: 1,
+            attempts: 1,
+            votes: 1,
+            settled: true,
+            reporters: vec![],
+            kernels: vec![],
+            losers: vec![],
+            beaten: Beaten::default(),
+            needs_trusted: false,
+            disputed: false,
+            solutions_missing: false,
+            confirmed: vec![],
+            unchecked: false,
+        }
+    }
+}
+
 /// What a [`Scheduler::settle`] changed beyond its job: the caller must
 /// re-examine other jobs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -739,62 +774,23 @@ impl Scheduler {
             && self.leases.table.get(lease).is_some_and(|l| l.job == s.job)
         {
             self.leases.table.remove(lease);
-            if self.jobs.table.phase(s.job) == Phase::Leased {
-                self.jobs.table.set_phase(s.job, Phase::Pending);
-                self.jobs.pending_count += 1;
-            }
+            self.jobs.lease_ended(s.job);
         }
-        let phase = self.jobs.table.phase(s.job);
+        // The totals first: they are all that can fail.
         self.counts.recount(s)?;
-        let was_done = phase == Phase::Done;
-        if phase == Phase::Restoring {
-            // Judged now: settled below, or pending for another copy.
-            self.jobs.restoring -= 1;
-            if !s.settled {
-                self.jobs.table.set_phase(s.job, Phase::Pending);
-                self.jobs.pending_count += 1;
-                self.jobs.checks.push_back(s.job);
-            }
-        }
-        self.jobs
-            .table
-            .set_flag(s.job, COUNTED, s.counted.is_some());
-        self.jobs.table.set_flag(s.job, VERIFIED, s.votes >= 2);
         let work = u128::from(s.work);
-        if s.settled {
-            if !was_done {
-                if phase == Phase::Pending {
-                    self.jobs.pending_count -= 1;
-                }
-                self.jobs.table.set_phase(s.job, Phase::Done);
-                self.note_settled(s.job);
-                self.jobs.attempts.remove(&s.job);
+        let change = self.jobs.apply(s);
+        match change {
+            PhaseChange::Settled => {
+                self.leases.note_settled(s.job);
                 self.leases.table.remove_job(s.job);
-                self.close_open(s.job);
-                self.counts.done_jobs += 1;
-                self.counts.done_work += work;
-                if here {
-                    self.counts.done_here += 1;
-                    self.counts.work_here += work;
-                }
+                self.counts.settled(work, here);
             }
-        } else {
-            self.hold_open(s);
-            if was_done {
-                self.counts.done_jobs -= 1;
-                self.counts.done_work -= work;
-                self.jobs.table.set_phase(s.job, Phase::Pending);
-                self.jobs.attempts.insert(s.job, s.attempts);
-                self.jobs.pending_count += 1;
-                self.jobs.checks.push_back(s.job);
-            } else if phase == Phase::Pending {
-                // Not leased (or its lease just ended): wait for a check.
-                self.jobs.checks.push_back(s.job);
-            }
+            PhaseChange::Reopened => self.counts.reopened(work),
+            PhaseChange::None => {}
         }
-        self.jobs.note_marks(s);
         let mut left = Vec::new();
-        if s.settled && !was_done {
+        if change == PhaseChange::Settled {
             // Once per settlement of the job: a job settled again after it
             // was reopened (a voter discredited) counts again, which only
             // shortens a probation that its voters' losses already weighed.

@@ -18,7 +18,7 @@ use crate::core::quorum::{Beaten, IdentityId};
 #[derive(Debug)]
 pub(crate) struct Restorer<'a> {
     /// The scheduler being restored.
-    pub(super) sched: &'a mut Scheduler,
+    pub(in crate::core) sched: &'a mut Scheduler,
 }
 
 impl Restorer<'_> {

@@ -50,23 +50,8 @@ fn setup(works: &[u64]) -> (Scheduler, Clock) {
 /// The ledger's decision for a single, unselected copy: it settles.
 fn first_copy(s: &mut Scheduler, job: JobId, lease: LeaseId, total: u128) -> Fallout {
     let settlement = Settlement {
-        job,
         lease: Some(lease),
-        counted_before: None,
-        counted: Some(tally(total)),
-        work: 1,
-        attempts: 1,
-        votes: 1,
-        settled: true,
-        reporters: vec![],
-        kernels: vec![],
-        losers: vec![],
-        beaten: crate::core::quorum::Beaten::default(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(job, Some(tally(total)))
     };
     s.settle(&settlement, true).unwrap()
 }
@@ -158,23 +143,11 @@ fn a_selected_job_is_checked_by_another_worker_whose_lease_looks_like_a_first_co
     let (job, lease, first_kernel) = (g.jobs[0].job, g.jobs[0].lease, g.jobs[0].kernel);
     let ia = s.worker(&a).unwrap().identity;
     let one_vote = Settlement {
-        job,
         lease: Some(lease),
-        counted_before: None,
-        counted: Some(tally(5)),
-        work: 1,
-        attempts: 1,
-        votes: 1,
         settled: false,
         reporters: vec![ia],
         kernels: vec!["avx512".to_owned()],
-        losers: vec![],
-        beaten: crate::core::quorum::Beaten::default(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(job, Some(tally(5)))
     };
     s.settle(&one_vote, true).unwrap();
     assert_eq!(
@@ -258,23 +231,10 @@ fn one_address_is_one_voice_whatever_names_it_registers() {
     // The first copy's reporter cannot check it under another name.
     let g = s.lease(&a, 1, &[], now).unwrap();
     let one = Settlement {
-        job: g.jobs[0].job,
         lease: Some(g.jobs[0].lease),
-        counted_before: None,
-        counted: Some(tally(1)),
-        work: 1,
-        attempts: 1,
-        votes: 1,
         settled: false,
         reporters: vec![ia],
-        kernels: vec![],
-        losers: vec![],
-        beaten: crate::core::quorum::Beaten::default(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(g.jobs[0].job, Some(tally(1)))
     };
     s.settle(&one, true).unwrap();
     assert!(s.lease(&b, 1, &[], now).unwrap().jobs.is_empty());
@@ -442,23 +402,9 @@ fn confirmations_end_probation_and_unchecked_jobs_are_counted_and_reopened() {
     assert!(!s.rules().second_machine);
     // A lone probationer's job settles unchecked, and is counted as such.
     let lone = Settlement {
-        job: JobId(0),
-        lease: None,
-        counted_before: None,
-        counted: Some(tally(3)),
-        work: 1,
-        attempts: 1,
-        votes: 1,
-        settled: true,
         reporters: vec![ia],
-        kernels: vec![],
-        losers: vec![],
-        beaten: crate::core::quorum::Beaten::default(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
         unchecked: true,
+        ..Settlement::one_copy(JobId(0), Some(tally(3)))
     };
     s.settle(&lone, true).unwrap();
     assert_eq!(s.jobs_unchecked(), 1);
@@ -508,23 +454,11 @@ fn losers_are_discredited_then_refused() {
     let liar = s.register("liar", 1, None, now).unwrap();
     let il = s.worker(&liar).unwrap().identity;
     let lost = |job| Settlement {
-        job: JobId(job),
-        lease: None,
-        counted_before: None,
-        counted: Some(tally(1)),
-        work: 1,
-        attempts: 1,
         votes: 2,
-        settled: true,
-        reporters: vec![],
         kernels: vec!["scalar".into()],
         losers: vec![il],
         beaten: crate::core::quorum::Beaten::trusted(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(JobId(job), Some(tally(1)))
     };
     assert_eq!(s.settle(&lost(0), true).unwrap().discredited, vec![il]);
     assert!(
@@ -556,26 +490,14 @@ fn losses_to_addresses_alone_never_ban_but_losses_to_two_credentials_do() {
     // A dispute `iv` lost against winners of which `by_credentials`
     // are credentials (the others being addresses).
     let lost = |job, by_credentials| Settlement {
-        job: JobId(job),
-        lease: None,
-        counted_before: None,
-        counted: Some(tally(1)),
-        work: 1,
-        attempts: 1,
         votes: 2,
-        settled: true,
-        reporters: vec![],
-        kernels: vec![],
         losers: vec![iv],
         beaten: Beaten {
             by_trusted: false,
             by_credentials,
         },
-        needs_trusted: false,
         disputed: true,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(JobId(job), Some(tally(1)))
     };
     // Two addresses outvote it three times: suspect, never banned.
     for job in 0..3 {
@@ -616,23 +538,14 @@ fn a_dispute_goes_only_to_the_trusted_threads_on_a_kernel_no_copy_ran() {
     );
     let lease = s.lease(&a, 1, &[], now).unwrap().jobs[0].lease;
     let disputed = Settlement {
-        job: JobId(0),
         lease: Some(lease),
-        counted_before: None,
-        counted: Some(tally(5)),
-        work: 1,
         attempts: 2,
-        votes: 1,
         settled: false,
         reporters: vec![ia, ib],
         kernels: vec!["avx512".into()],
-        losers: vec![],
-        beaten: Beaten::default(),
         needs_trusted: true,
         disputed: true,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(JobId(0), Some(tally(5)))
     };
     s.settle(&disputed, true).unwrap();
     assert!(
@@ -1265,23 +1178,8 @@ fn completion_is_announced_to_every_recent_worker() {
 fn restored_jobs_are_never_granted() {
     let (mut s, clock) = setup(&[5, 4, 3]);
     let restored = Settlement {
-        job: JobId(0),
-        lease: None,
-        counted_before: None,
-        counted: Some(tally(10)),
         work: 5,
-        attempts: 1,
-        votes: 1,
-        settled: true,
-        reporters: vec![],
-        kernels: vec![],
-        losers: vec![],
-        beaten: crate::core::quorum::Beaten::default(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(JobId(0), Some(tally(10)))
     };
     s.settle(&restored, false).unwrap();
     s.restorer().restore_attempts(JobId(1), 3);

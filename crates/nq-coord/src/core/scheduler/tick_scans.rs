@@ -69,23 +69,9 @@ fn scanned_overdue(s: &Scheduler, now: Instant) -> Vec<LeaseId> {
 /// job.
 fn decided(job: JobId, lease: Option<LeaseId>, settled: bool) -> Settlement {
     Settlement {
-        job,
         lease,
-        counted_before: None,
-        counted: None,
-        work: 1,
-        attempts: 1,
-        votes: 1,
         settled,
-        reporters: vec![],
-        kernels: vec![],
-        losers: vec![],
-        beaten: crate::core::quorum::Beaten::default(),
-        needs_trusted: false,
-        disputed: false,
-        solutions_missing: false,
-        confirmed: vec![],
-        unchecked: false,
+        ..Settlement::one_copy(job, None)
     }
 }
 

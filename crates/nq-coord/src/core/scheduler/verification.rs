@@ -28,6 +28,14 @@ pub(crate) struct Verification {
     pub(super) local_arbiter: bool,
 }
 
+impl Verification {
+    /// True when `job` is chosen for a second copy now (the policy's
+    /// selection, which depends on whether a second machine is at work).
+    pub(super) fn selected(&self, job: JobId) -> bool {
+        self.policy.selected(job, self.two_machines)
+    }
+}
+
 impl Scheduler {
     /// What judging `job` reads: the identities (new voters are interned),
     /// and the rules of the moment with whether `job` is selected for a
@@ -161,7 +169,7 @@ impl Scheduler {
 
     /// True when `job` is chosen for a second copy now.
     pub fn selected(&self, job: JobId) -> bool {
-        self.verify.policy.selected(job, self.second_source())
+        self.verify.selected(job)
     }
 
     /// Charges a settled dispute's `losers` with a conflict lost against
@@ -192,7 +200,7 @@ impl Scheduler {
                         .is_some_and(|w| !w.local && w.identity == loser)
                 });
                 for lease in revoked.iter().rev() {
-                    self.requeue(lease.job);
+                    self.jobs.requeue(lease.job);
                 }
             }
         }

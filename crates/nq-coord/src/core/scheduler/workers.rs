@@ -228,10 +228,7 @@ impl Scheduler {
             local: false,
             granted: now,
         };
-        if let Some(before) = self.leases.issued_by_job.insert(job, lease) {
-            self.leases.issued_before.insert(lease, before);
-        }
-        self.leases.issued.insert(lease, issued);
+        self.leases.record_issued(lease, issued);
         if self.jobs.table.phase(job) == Phase::Done {
             // Forgotten at the next prune, as the leases of a job settled
             // now.
@@ -367,9 +364,7 @@ impl Scheduler {
 
     /// Records that `worker` was told the run is complete (in a report ack).
     pub fn mark_told(&mut self, worker: &WorkerId) {
-        if let Some(w) = self.workers.by_id.get_mut(worker) {
-            w.told_complete = true;
-        }
+        self.workers.mark_told(worker);
     }
 
     /// Forgets workers not heard from for three lease TTLs
@@ -388,7 +383,7 @@ impl Scheduler {
             return;
         }
         for id in &gone {
-            self.forget_worker(id);
+            self.workers.forget(id);
         }
         let (registrations, leases) = (&self.workers.registrations, &self.leases.table);
         self.workers.allowances.retain(|id| {
@@ -398,22 +393,6 @@ impl Scheduler {
         shrink(&mut self.workers.by_id);
         shrink(&mut self.workers.registrations);
         shrink(&mut self.workers.registrations_by_address);
-    }
-
-    /// Removes remote worker `id` (its leases stay, to expire or be
-    /// reported): it is no longer at work, nor counts towards its
-    /// identity's and address's registrations. An unknown worker is
-    /// ignored.
-    pub(super) fn forget_worker(&mut self, id: &WorkerId) {
-        // Presence lists only registered workers.
-        let Some(w) = self.workers.by_id.remove(id) else {
-            return;
-        };
-        self.workers.presence.forget(id, w.identity, w.last_seen);
-        release_count(&mut self.workers.registrations, w.identity);
-        if let Some(ip) = w.address {
-            release_count(&mut self.workers.registrations_by_address, ip);
-        }
     }
 
     /// Remote worker `id` drained and leaves the run (its `Release` says
@@ -431,7 +410,7 @@ impl Scheduler {
             .collect();
         let released = self.release(id, &held, now);
         if self.workers.by_id.get(id).is_some_and(|w| !w.local) {
-            self.forget_worker(id);
+            self.workers.forget(id);
         }
         released
     }
@@ -452,16 +431,39 @@ impl Scheduler {
     pub fn local_threads(&self) -> u32 {
         self.workers.local_threads
     }
+}
 
+impl Workers {
     /// Records that `worker` called in at `now`.
     pub(super) fn heard_from(&mut self, worker: &WorkerId, now: Instant) {
-        if let Some(w) = self.workers.by_id.get_mut(worker) {
+        if let Some(w) = self.by_id.get_mut(worker) {
             let before = std::mem::replace(&mut w.last_seen, now);
             if !w.local {
-                self.workers
-                    .presence
-                    .touch(worker, w.identity, Some(before), now);
+                self.presence.touch(worker, w.identity, Some(before), now);
             }
+        }
+    }
+
+    /// Removes remote worker `id` (its leases stay, to expire or be
+    /// reported): it is no longer at work, nor counts towards its
+    /// identity's and address's registrations. An unknown worker is
+    /// ignored.
+    pub(super) fn forget(&mut self, id: &WorkerId) {
+        // Presence lists only registered workers.
+        let Some(w) = self.by_id.remove(id) else {
+            return;
+        };
+        self.presence.forget(id, w.identity, w.last_seen);
+        release_count(&mut self.registrations, w.identity);
+        if let Some(ip) = w.address {
+            release_count(&mut self.registrations_by_address, ip);
+        }
+    }
+
+    /// Records that `worker` was told the run is complete.
+    pub(super) fn mark_told(&mut self, worker: &WorkerId) {
+        if let Some(w) = self.by_id.get_mut(worker) {
+            w.told_complete = true;
         }
     }
 }
