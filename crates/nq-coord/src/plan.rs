@@ -359,6 +359,25 @@ mod tests {
         out
     }
 
+    /// A whole creation of the plan `params` into `store`, from the start.
+    fn create(
+        store: &Store,
+        board: Board,
+        spec: SplitSpec,
+        params: PlanParams,
+    ) -> Manifest {
+        begin(store, board, spec, params);
+        build(
+            store,
+            board,
+            spec,
+            params,
+            Checkpoint::default(),
+            &AtomicBool::new(false),
+        )
+        .unwrap()
+    }
+
     fn begin(store: &Store, board: Board, spec: SplitSpec, params: PlanParams) {
         store
             .begin_creation(&Creation {
@@ -406,16 +425,7 @@ mod tests {
             let store = Store::temporary().unwrap();
             let p = params(board, spec, target, size);
             assert_eq!(p.subproblems, want.len() as u64);
-            begin(&store, board, spec, p);
-            let m = build(
-                &store,
-                board,
-                spec,
-                p,
-                Checkpoint::default(),
-                &AtomicBool::new(false),
-            )
-            .unwrap();
+            let m = create(&store, board, spec, p);
             let (got, works) = stored(&store);
             assert_eq!(got, rows, "target {target}");
             assert_eq!(m.total_work, total);
@@ -445,16 +455,7 @@ mod tests {
             let store = Store::temporary().unwrap();
             let p = params(board, spec, target, MAX_SUBS_PER_JOB);
             assert!(p.subproblems > target, "{}", p.subproblems);
-            begin(&store, board, spec, p);
-            let m = build(
-                &store,
-                board,
-                spec,
-                p,
-                Checkpoint::default(),
-                &AtomicBool::new(false),
-            )
-            .unwrap();
+            let m = create(&store, board, spec, p);
             assert!(
                 (target / 2..=2 * target).contains(&m.jobs),
                 "{} jobs for a target of {target} at n={n} 0:{extra}",
