@@ -12,7 +12,7 @@
 //! session, register, lease, release, judge, settle, acknowledge, tick, and
 //! read the run's standing, snapshot and progress. The small read-only
 //! questions they ask go through borrowed views named for what they show
-//! ([`views`]): `Core::job` (one job), `Core::leases`, `Core::workers` and
+//! (`views`): `Core::job` (one job), `Core::leases`, `Core::workers` and
 //! `Core::verification`. A method that needs several owners is a `Core`
 //! method whose body reads as orchestration. What only a restart does goes
 //! through `Core::restorer`.
