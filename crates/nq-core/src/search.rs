@@ -788,7 +788,7 @@ const ESTIMATE_PROBES: u32 = 4;
 ///
 /// Knuth's estimator ("Estimating the efficiency of backtrack programs",
 /// 1975), stratified by the first free column: for each placement there,
-/// [`ESTIMATE_PROBES`] random descents, each adding `d₁ + d₁d₂ + …` (the
+/// `ESTIMATE_PROBES` (4) random descents, each adding `d₁ + d₁d₂ + …` (the
 /// free rows met on the way, multiplied up), and their mean added to the
 /// exact count of the levels above. It replaces "placements in the first
 /// three columns × 3 per further column", which knew nothing below the third

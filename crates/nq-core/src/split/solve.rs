@@ -55,7 +55,7 @@ impl SubProblem {
     }
 
     /// The prefixes whose masked counts [`SubProblem::solve`] adds up: the
-    /// queens of the strict border lines pre-placed (see [`count_by_lines`])
+    /// queens of the strict border lines pre-placed (see `count_by_lines`)
     /// when it does that, else the sub-problem's own prefix. Each avoids
     /// [`SubProblem::forbidden`]; their completions partition the
     /// sub-problem's, and their searches' nodes add up to the nodes
