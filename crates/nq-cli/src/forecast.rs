@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use nq_core::Board;
-use nq_core::search::Kernel;
+use nq_core::search::{Kernel, nth_set_bit};
 use nq_core::split::{SplitSpec, count_split_with};
 
 /// The board of the calibration count: long enough to time (about 12 ms
@@ -134,7 +134,7 @@ pub(crate) fn tree_size(board: Board, probes: u32, seed: u64) -> f64 {
             let choices = free.count_ones();
             weight *= f64::from(choices);
             nodes += weight;
-            let bit = nth_bit(free, (rng.next() % u64::from(choices)) as u32);
+            let bit = nth_set_bit(free, (rng.next() % u64::from(choices)) as u32);
             rows |= bit;
             up = ((up | bit) << 1) & full;
             down = (down | bit) >> 1;
@@ -142,15 +142,6 @@ pub(crate) fn tree_size(board: Board, probes: u32, seed: u64) -> f64 {
         sum += nodes;
     }
     sum / f64::from(probes.max(1))
-}
-
-/// The `k`-th set bit (from 0, lowest first) of `mask`, as a mask; `k` is
-/// below the number of set bits.
-fn nth_bit(mut mask: u32, k: u32) -> u32 {
-    for _ in 0..k {
-        mask &= mask - 1;
-    }
-    mask & mask.wrapping_neg()
 }
 
 /// Steele, Lea and Flood's SplitMix64: a small, fast generator, good enough
@@ -250,14 +241,6 @@ mod tests {
         // Q(32) is about 10^21 and the tree a good deal larger: a count of
         // N = 32 is never forecast as anything short.
         assert!(sizes.last().unwrap() > &1e21, "{sizes:?}");
-    }
-
-    #[test]
-    fn nth_bit_walks_the_set_bits() {
-        assert_eq!(nth_bit(0b1011_0100, 0), 0b100);
-        assert_eq!(nth_bit(0b1011_0100, 1), 0b1_0000);
-        assert_eq!(nth_bit(0b1011_0100, 3), 0b1000_0000);
-        assert_eq!(nth_bit(u32::MAX, 31), 1 << 31);
     }
 
     #[test]

@@ -854,8 +854,10 @@ impl Plan {
     }
 }
 
-/// The `i`-th lowest set bit of `mask` (`i` below its popcount).
-fn nth_set_bit(mut mask: u32, i: u32) -> u32 {
+/// The `i`-th set bit (from 0, lowest first) of `mask`, as a mask; `i` is
+/// below the number of set bits. Knuth's estimators pick their random row
+/// with it (here and in `nq count`'s forecast).
+pub fn nth_set_bit(mut mask: u32, i: u32) -> u32 {
     for _ in 0..i {
         mask &= mask - 1;
     }
@@ -1222,6 +1224,14 @@ mod tests {
             (0.9..1.1).contains(&ratio),
             "estimated {estimated} against {exact} nodes"
         );
+    }
+
+    #[test]
+    fn nth_set_bit_walks_the_set_bits() {
+        assert_eq!(nth_set_bit(0b1011_0100, 0), 0b100);
+        assert_eq!(nth_set_bit(0b1011_0100, 1), 0b1_0000);
+        assert_eq!(nth_set_bit(0b1011_0100, 3), 0b1000_0000);
+        assert_eq!(nth_set_bit(u32::MAX, 31), 1 << 31);
     }
 
     /// `CountStats::nodes` means the same on every kernel: the placements in
