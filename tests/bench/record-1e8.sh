@@ -156,24 +156,7 @@ loadtest=$!
 # process, whose peak /usr/bin/time would mix with its children's); status
 # and metrics latency every $poll seconds while a coordinator runs. A probe
 # that fails (the coordinator restarting) is recorded as such.
-curl_ms() { # curl_ms URL: the answer's time in milliseconds, or "fail"
-  local t
-  if t=$(curl -sf -o /dev/null --max-time 10 -w '%{time_total}' "$1" 2>/dev/null); then
-    awk -v t="$t" 'BEGIN {printf "%.0f\n", t * 1000}'
-  else
-    echo fail
-  fi
-}
-status_ms() { # status_ms ADDR: `nq-coord status` in milliseconds, or "fail"
-  local t0 t1
-  t0=$(date +%s%N)
-  if "$bin/nq-coord" status --connect "$1" --json --timeout 10s >/dev/null 2>&1; then
-    t1=$(date +%s%N)
-    echo $(((t1 - t0) / 1000000))
-  else
-    echo fail
-  fi
-}
+. tests/bench/latency-probes.sh
 echo -e "seconds\trole\tpid\trss_kib\thwm_kib" >"$out/mem.tsv"
 echo -e "seconds\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms" >"$out/latency.tsv"
 t0=$(date +%s%N)

@@ -48,25 +48,7 @@ t0=$(date +%s%N)
 coord=$!
 trap 'kill "$coord" 2>/dev/null || true' EXIT
 
-curl_ms() { # curl_ms URL: the answer's time in milliseconds, or "fail"
-  local t
-  if t=$(curl -sf -o /dev/null --max-time 10 -w '%{time_total}' "$1" 2>/dev/null); then
-    awk -v t="$t" 'BEGIN {printf "%.0f\n", t * 1000}'
-  else
-    echo fail
-  fi
-}
-status_ms() { # status_ms: `nq-coord status` in milliseconds, or "fail"
-  local a b
-  a=$(date +%s%N)
-  if "$bin/nq-coord" status --connect "127.0.0.1:$grpc_port" --json --timeout 10s \
-    >/dev/null 2>&1; then
-    b=$(date +%s%N)
-    echo $(((b - a) / 1000000))
-  else
-    echo fail
-  fi
-}
+. tests/bench/latency-probes.sh
 echo -e "ms\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms" >"$out/latency.tsv"
 echo -e "ms\trss_kib\thwm_kib" >"$out/mem.tsv"
 stopped=0
@@ -77,7 +59,7 @@ while kill -0 "$coord" 2>/dev/null; do
   [ -n "$mem" ] && echo -e "$at\t$mem" >>"$out/mem.tsv"
   if grep -q 'serving workers' "$out/coord.err"; then
     web=http://127.0.0.1:$metrics_port
-    echo -e "$at\t$(status_ms)\t$(curl_ms "$web/metrics")\t$(
+    echo -e "$at\t$(status_ms "127.0.0.1:$grpc_port")\t$(curl_ms "$web/metrics")\t$(
       curl_ms "$web/status.json")\t$(curl_ms "$web/")" >>"$out/latency.tsv"
   fi
   if ((limit_ms > 0 && at >= limit_ms)); then
