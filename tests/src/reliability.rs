@@ -113,6 +113,16 @@ pub const FAULTS: &[Fault] = &[
                PERMISSION_DENIED.",
     },
     Fault {
+        id: "two-crashes-in-a-lease-lifetime",
+        fault: "Coordinator SIGKILLed twice within one lease lifetime",
+        done: "A worker leases a job just after the first restart and the \
+               coordinator is killed again at once. After the second restart \
+               another worker must not be handed that job, and its holder's \
+               report must be accepted: the second restart still sets aside \
+               the jobs the first one did, and the lease granted between \
+               them.",
+    },
+    Fault {
         id: "worker-moved-between-runs",
         fault: "An honest worker moved from a killed run to a new run on the same address",
         done: "N=16. `kill -9` run A's coordinator while its worker holds a result it \

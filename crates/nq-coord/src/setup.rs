@@ -13,8 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_store::{
-    Checkpoint, Creation, Manifest, NewRun, PlanParams, RunKey, RunSummary, Store,
-    StoreKey, StoreOptions,
+    Checkpoint, Creation, Manifest, NewRun, PlanParams, RunKey, RunSummary, SetAside,
+    Store, StoreKey, StoreOptions,
 };
 use tracing::{info, warn};
 
@@ -22,7 +22,9 @@ use crate::config::{Config, default_split, default_target_jobs};
 use crate::core::Core;
 use crate::core::lease::WorkerId;
 use crate::core::quorum::Policy;
-use crate::core::scheduler::{EXACT_ORDER_UP_TO, ExactOrder, HandOut, claimed_cap};
+use crate::core::scheduler::{
+    EXACT_ORDER_UP_TO, ExactOrder, HandOut, MAX_DEFERRED, claimed_cap,
+};
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
@@ -194,7 +196,7 @@ pub(crate) fn build(
     core.restorer()
         .trust(deciding.trusted.iter().map(String::as_str));
     let leased = restore_results(&store, &manifest, &mut core, created)?;
-    restore_previous_leases(&store, leased, &mut core)?;
+    restore_previous_leases(&store, leased, &mut core, config.lease_ttl)?;
     log_restored(&core);
     let elapsed_before = Duration::from_millis(store.elapsed_ms()?);
     info!(
@@ -241,6 +243,7 @@ fn restore_previous_leases(
     store: &Store,
     leased: Vec<(nq_store::JobId, nq_store::JobRecord)>,
     core: &mut Core,
+    ttl: Duration,
 ) -> Result<()> {
     // Leases granted in the second before a crash have no record; their
     // jobs are set aside, so that their holders report them first (issue
@@ -253,7 +256,11 @@ fn restore_previous_leases(
         .filter(|(_, w)| !crate::restore::own_threads(w))
         .map(|(_, w)| claimed_cap(w.threads))
         .sum();
-    core.restorer().defer_unrecorded(caps, Instant::now());
+    let set_aside =
+        set_aside_at_restart(store.set_aside()?, caps, unix_ms(SystemTime::now()), ttl);
+    core.restorer()
+        .defer_unrecorded(set_aside.jobs, Instant::now());
+    store.record_set_aside(set_aside)?;
     // A worker recognised by its id keeps its recorded name and identity.
     core.restorer()
         .expect_recorded(recorded.into_iter().map(|(id, w)| (WorkerId(id), w)));
@@ -267,6 +274,31 @@ fn restore_previous_leases(
         );
     }
     Ok(())
+}
+
+/// The fresh jobs a restart sets aside, and until when: the recorded
+/// workers' lease `caps`, plus the `last` restart's set-aside if its time
+/// had not run out. A crash within a lease lifetime of the last restart
+/// leaves that restart's set-aside jobs first in the hand-out order, never
+/// handed out, with the unrecorded leases of the session between right
+/// after them: setting aside `caps` jobs again would set aside the same
+/// jobs and hand those leases' jobs to other workers before their holders
+/// report them (two kills 25 s apart lost 718 leases in the record run's
+/// dry run, BENCHMARKS.md §27).
+fn set_aside_at_restart(
+    last: Option<SetAside>,
+    caps: u64,
+    now_unix_ms: u64,
+    ttl: Duration,
+) -> SetAside {
+    let carried = last
+        .filter(|s| s.until_unix_ms > now_unix_ms)
+        .map_or(0, |s| s.jobs);
+    SetAside {
+        jobs: caps.saturating_add(carried).min(MAX_DEFERRED),
+        until_unix_ms: now_unix_ms
+            .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+    }
 }
 
 /// Logs what the restored core holds.
@@ -537,5 +569,35 @@ impl HandOut for StoredOrder {
             }
             None => Ok(Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_crash_within_a_lease_lifetime_of_a_restart_sets_aside_both_sessions_jobs() {
+        let first = set_aside_at_restart(None, 16, 1_000, TTL);
+        assert_eq!(
+            first,
+            SetAside {
+                jobs: 16,
+                until_unix_ms: 31_000
+            }
+        );
+        // 25 s later the first set-aside still holds its jobs back: they
+        // come first in the order, then the leases of the session between.
+        assert_eq!(set_aside_at_restart(Some(first), 16, 26_000, TTL).jobs, 32);
+        // Once its time ran out, its jobs were handed out again.
+        assert_eq!(set_aside_at_restart(Some(first), 16, 31_000, TTL).jobs, 16);
+        // A crash loop cannot grow it past the cap.
+        let mut last = first;
+        for t in 0..200_000u64 {
+            last = set_aside_at_restart(Some(last), 64, 1_000 + t, TTL);
+        }
+        assert_eq!(last.jobs, MAX_DEFERRED);
     }
 }

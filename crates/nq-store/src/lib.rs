@@ -31,7 +31,7 @@
 //!
 //! | tree | key | value |
 //! |---|---|---|
-//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary`, `verify_secret`, `run_settings` ([`settings`]), the creation records; `store_key_check` in keyed stores | see the types |
+//! | `meta` | `manifest`, `boot`, `elapsed_ms`, `summary`, `verify_secret`, `set_aside`, `run_settings` ([`settings`]), the creation records; `store_key_check` in keyed stores | see the types |
 //! | `jobs` | job id / [`job::JOBS_PER_CHUNK`] (8) | that many jobs: work (8) and prefixes (N bytes each) |
 //! | `records` | job id / [`job::RECORDS_PER_CHUNK`] (8) | that many [`JobRecord`]s, with the result once done; an absent record means pending, 0 attempts |
 //! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |
@@ -124,6 +124,8 @@ const BOOT: &[u8] = b"boot";
 const ELAPSED: &[u8] = b"elapsed_ms";
 const SUMMARY: &[u8] = b"summary";
 const SECRET: &[u8] = b"verify_secret";
+/// The last restart's set-aside of fresh jobs ([`SetAside`]).
+const SET_ASIDE: &[u8] = b"set_aside";
 /// Set when the `states` and `voters` trees cover every record (see
 /// [`states`]): from a run's creation on, or once
 /// [`Store::rebuild_indexes`] built them for a store written before they
@@ -133,6 +135,20 @@ const INDEXED: &[u8] = b"indexed";
 /// (see [`seal`]). The one value that carries no tag: it is what tells a
 /// keyed store.
 const KEY_CHECK: &[u8] = b"store_key_check";
+
+/// The fresh jobs a restarted session set aside for the holders of leases
+/// that had no record at the crash, and until when (see the coordinator's
+/// `defer_unrecorded`). Stored so that a second crash within that time
+/// knows the first jobs of the hand-out order are still set aside, and the
+/// unrecorded leases of the session between come after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SetAside {
+    /// How many of the first fresh pending jobs were set aside.
+    pub jobs: u64,
+    /// Until when (Unix time in milliseconds): wall time, because it must
+    /// mean the same to the next process.
+    pub until_unix_ms: u64,
+}
 
 /// Options for [`Store::open`].
 #[derive(Clone, Debug)]
@@ -1073,6 +1089,40 @@ impl Store {
         Ok(())
     }
 
+    /// The set-aside recorded by the last restart, if any.
+    ///
+    /// # Errors
+    ///
+    /// sled errors, [`Error::Corrupt`] for a value of the wrong size.
+    pub fn set_aside(&self) -> Result<Option<SetAside>> {
+        let Some(b) = self.meta.get(SET_ASIDE)? else {
+            return Ok(None);
+        };
+        let mut r = Reader::new("meta", &b);
+        let set_aside = SetAside {
+            jobs: r.u64()?,
+            until_unix_ms: r.u64()?,
+        };
+        r.end()?;
+        Ok(Some(set_aside))
+    }
+
+    /// Records a restart's set-aside, durably (flushed before it returns):
+    /// the leases it protects are granted from then on, and a crash right
+    /// after must still find it.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn record_set_aside(&self, set_aside: SetAside) -> Result<()> {
+        let mut v = Vec::with_capacity(16);
+        v.extend_from_slice(&set_aside.jobs.to_be_bytes());
+        v.extend_from_slice(&set_aside.until_unix_ms.to_be_bytes());
+        self.meta.insert(SET_ASIDE, v)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// The summary of a finished run.
     ///
     /// # Errors
@@ -1478,6 +1528,13 @@ mod tests {
                 )
                 .unwrap();
             store.set_elapsed_ms(1234).unwrap();
+            assert_eq!(store.set_aside().unwrap(), None);
+            store
+                .record_set_aside(SetAside {
+                    jobs: 64,
+                    until_unix_ms: 99,
+                })
+                .unwrap();
             store.flush().unwrap();
         }
         let store = Store::open(&path, &StoreOptions::default()).unwrap();
@@ -1518,6 +1575,13 @@ mod tests {
         );
         assert_eq!(store.job_record(JobId(1)).unwrap(), JobRecord::default());
         assert_eq!(store.elapsed_ms().unwrap(), 1234);
+        assert_eq!(
+            store.set_aside().unwrap(),
+            Some(SetAside {
+                jobs: 64,
+                until_unix_ms: 99
+            })
+        );
     }
 
     #[test]
