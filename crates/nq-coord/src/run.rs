@@ -405,10 +405,9 @@ impl Tasks {
         let tick_token = CancellationToken::new();
         if let Some(listener) = config.http_listener.take() {
             // Stops with the ticker: it shows the run until the report is due.
-            let listener = http::listener(&listener)?;
             let (engine, token) = (Arc::clone(engine), tick_token.clone());
             tracker.spawn(async move {
-                if let Err(e) = http::serve(engine, listener, token).await {
+                if let Err(e) = http::serve_apart(engine, &listener, token).await {
                     error!(error = %e.chain(), "the HTTP port stopped");
                 }
             });

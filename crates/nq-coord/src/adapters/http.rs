@@ -7,7 +7,10 @@
 //!   JS, nothing fetched from elsewhere) that polls `/status.json`.
 //!
 //! Every answer is built from one snapshot under the scheduler's lock, held
-//! for microseconds (the engine's core lock); nothing here can change the run. The port serves plain
+//! for microseconds (the engine's core lock); nothing here can change the
+//! run. It runs on a thread of its own ([`serve_apart`]), so that it
+//! answers at once however busy the workers keep the coordinator. The port
+//! serves plain
 //! HTTP/1.1: put it behind a proxy, or bind it to a private address, where
 //! the workers' names and addresses must not be public.
 //!
@@ -32,13 +35,61 @@ use crate::error::{Error, Result};
 /// The status page, built into the binary.
 const STATUS_PAGE: &str = include_str!("../status_page.html");
 
+/// Serves the HTTP port on `listener` until `token` is cancelled, on a
+/// thread of its own with its own single-threaded runtime; returns when
+/// that thread is done.
+///
+/// Not on the coordinator's runtime: a thousand busy workers keep its
+/// queue full, and a scrape queued behind their calls took 100–200 ms in
+/// the 10^8 run (BENCHMARKS.md §26), where a snapshot takes microseconds.
+/// On its own thread, the kernel's scheduler gives a request a core within
+/// a time slice, whatever the runtime's queue holds.
+///
+/// # Errors
+///
+/// [`Error::Io`] when the thread or its runtime cannot start, or accepting
+/// connections fails.
+pub(crate) async fn serve_apart(
+    engine: Arc<Engine>,
+    listener: &std::net::TcpListener,
+    token: CancellationToken,
+) -> Result<()> {
+    let io = |context: &str| {
+        let context = context.to_owned();
+        move |source| Error::Io { context, source }
+    };
+    let listener = listener
+        .try_clone()
+        .map_err(io("cannot use the --metrics listener"))?;
+    let (done, served) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("nq-http".into())
+        .spawn(move || {
+            let served = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(io("cannot start the HTTP port's runtime"))
+                .and_then(|rt| {
+                    rt.block_on(async {
+                        // Registered with this thread's runtime, which
+                        // drives its I/O.
+                        serve(engine, self::listener(&listener)?, token).await
+                    })
+                });
+            // The receiver is gone only if the coordinator stopped waiting.
+            let _ = done.send(served);
+        })
+        .map_err(io("cannot start the HTTP port's thread"))?;
+    served.await.unwrap_or(Ok(()))
+}
+
 /// Serves the HTTP port on `listener` until `token` is cancelled, then lets
 /// open requests finish.
 ///
 /// # Errors
 ///
 /// [`Error::Io`] when accepting connections fails.
-pub(crate) async fn serve(
+async fn serve(
     engine: Arc<Engine>,
     listener: TcpListener,
     token: CancellationToken,
@@ -71,7 +122,7 @@ pub(crate) async fn serve(
 
 /// The tokio form of the caller's bound HTTP listener (a duplicate of its
 /// socket, so that the caller's copy may stay in the config).
-pub(crate) fn listener(l: &std::net::TcpListener) -> Result<TcpListener> {
+fn listener(l: &std::net::TcpListener) -> Result<TcpListener> {
     let io = |source| Error::Io {
         context: "cannot use the --metrics listener".into(),
         source,
