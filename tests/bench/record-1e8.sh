@@ -67,6 +67,13 @@
 #                      time (store and audit, store and backup, backup and
 #                      restored copy: about 360 bytes a job)
 #
+# Resuming: run it again on the same OUT once the load test has ended (its
+# JSON written) and the scans that were done are skipped: a session that
+# ends in the scans loses none of the load test's hours. The load test
+# itself cannot be resumed (its workers' tallies die with it): start it at
+# the beginning of a session. Its end includes the coordinator's
+# end-of-run digest, three passes over the store (BENCHMARKS.md §27).
+#
 # "Serving again" after a restart is the load test's `resume_seconds`: from
 # the SIGKILL to the new process's `data directory ready`, which it logs
 # just before `serving workers` (BENCHMARKS.md §14).
@@ -100,97 +107,111 @@ done
 for tool in /usr/bin/time curl python3; do
   command -v "$tool" >/dev/null || { echo "record-1e8: needs $tool" >&2; exit 2; }
 done
+# A directory whose load test ended (its JSON written) goes on with the
+# scans not done yet: a session that ends during them loses none of the
+# load test's hours.
+resume=0
 if [ -e "$out" ]; then
-  echo "record-1e8: $out exists: give a new directory (its data would be mixed)" >&2
-  exit 2
+  if [ -s "$out/loadtest.json" ] && [ -s "$out/meta.txt" ]; then
+    resume=1
+    echo "record-1e8: the load test in $out ended; going on with the scans not done yet" >&2
+  else
+    echo "record-1e8: $out exists: give a new directory (its data would be mixed)" >&2
+    exit 2
+  fi
 fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 data=$out/data
 
-# The plan: how many jobs, and so where the kills fall.
-subproblems=$("$bin/nq-loadtest" --n "$n" --split "$split" --plan |
-  sed -n 's/.*subproblems=\([0-9]*\).*/\1/p')
-jobs=$subproblems
-kill_after=$(python3 -c "
-import sys
+if [ "$resume" = 0 ]; then
+  # The plan: how many jobs, and so where the kills fall.
+  subproblems=$("$bin/nq-loadtest" --n "$n" --split "$split" --plan |
+    sed -n 's/.*subproblems=\([0-9]*\).*/\1/p')
+  jobs=$subproblems
+  kill_after=$(python3 -c "
 print(','.join(str(int(float(s) * $jobs)) for s in '$kills'.split(',')))")
-need=$((jobs * disk_per_job))
-free=$(($(df --output=avail -B1 "$out" | tail -1)))
-if [ "$free" -lt "$need" ]; then
-  echo "record-1e8: $jobs jobs need about $((need / 1000000000)) GB free in $out" \
-    "(NQ_RECORD_DISK_PER_JOB=$disk_per_job bytes a job: store, backup, restored" \
-    "copy, audit); it has $((free / 1000000000)) GB" >&2
-  exit 2
-fi
+  need=$((jobs * disk_per_job))
+  free=$(($(df --output=avail -B1 "$out" | tail -1)))
+  if [ "$free" -lt "$need" ]; then
+    echo "record-1e8: $jobs jobs need about $((need / 1000000000)) GB free in $out" \
+      "(NQ_RECORD_DISK_PER_JOB=$disk_per_job bytes a job: store, backup, restored" \
+      "copy, audit); it has $((free / 1000000000)) GB" >&2
+    exit 2
+  fi
 
-{
-  echo "cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
-  echo "cores=$(nproc)"
-  echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "started=$(date -u +%FT%TZ)"
-  echo "load=$(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "n=$n split=$split jobs=$jobs kill_after=$kill_after workers=$workers"
-  echo "lean_disk=$lean_disk"
-} | tee "$out/meta.txt"
+  {
+    echo "cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)"
+    echo "cores=$(nproc)"
+    echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "started=$(date -u +%FT%TZ)"
+    echo "load=$(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "n=$n split=$split jobs=$jobs kill_after=$kill_after workers=$workers"
+    echo "lean_disk=$lean_disk"
+  } | tee "$out/meta.txt"
 
-metrics_port=$(python3 -c '
+  metrics_port=$(python3 -c '
 import socket
 s = socket.socket()
 s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
 
-# 1. The load test, to the end of the run.
-started=$(date +%s.%N)
-# CARGO=/bin/true: the load test takes the nq-coord beside it as built,
-# instead of building one for its profile.
-CARGO=/bin/true /usr/bin/time -v -o "$out/loadtest.time" \
-  "$bin/nq-loadtest" --n "$n" --split "$split" --jobs "$jobs" \
-  --workers "$workers" --want 8 --duration "$duration" \
-  --kill-after "$kill_after" --data "$data" \
-  -- --metrics "127.0.0.1:$metrics_port" \
-  >"$out/loadtest.json" 2>"$out/loadtest.err" &
-loadtest=$!
+  # 1. The load test, to the end of the run.
+  started=$(date +%s.%N)
+  # CARGO=/bin/true: the load test takes the nq-coord beside it as built,
+  # instead of building one for its profile.
+  CARGO=/bin/true /usr/bin/time -v -o "$out/loadtest.time" \
+    "$bin/nq-loadtest" --n "$n" --split "$split" --jobs "$jobs" \
+    --workers "$workers" --want 8 --duration "$duration" \
+    --kill-after "$kill_after" --data "$data" \
+    -- --metrics "127.0.0.1:$metrics_port" \
+    >"$out/loadtest.json" 2>"$out/loadtest.err" &
+  loadtest=$!
 
-# 2. Memory every second (each coordinator process, and the load test's own
-# process, whose peak /usr/bin/time would mix with its children's); status
-# and metrics latency every $poll seconds while a coordinator runs. A probe
-# that fails (the coordinator restarting) is recorded as such.
-. tests/bench/latency-probes.sh
-echo -e "seconds\trole\tpid\trss_kib\thwm_kib" >"$out/mem.tsv"
-echo -e "seconds\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms" >"$out/latency.tsv"
-t0=$(date +%s%N)
-next_poll=0
-while kill -0 "$loadtest" 2>/dev/null; do
-  at=$((($(date +%s%N) - t0) / 1000000000))
-  coords=$(pgrep -f -- "nq-coord --data $data" || true)
-  for pid in $(pgrep -P "$loadtest" || true) $coords; do
-    role=coordinator
-    [[ " $coords " == *" $pid "* ]] || role=loadtest
-    mem=$(awk '/^VmRSS:/ {r = $2} /^VmHWM:/ {h = $2} END {if (r) print r "\t" h}' \
-      "/proc/$pid/status" 2>/dev/null || true)
-    [ -n "$mem" ] && echo -e "$at\t$role\t$pid\t$mem" >>"$out/mem.tsv"
+  # 2. Memory every second (each coordinator process, and the load test's own
+  # process, whose peak /usr/bin/time would mix with its children's); status
+  # and metrics latency every $poll seconds while a coordinator runs. A probe
+  # that fails (the coordinator restarting) is recorded as such.
+  . tests/bench/latency-probes.sh
+  echo -e "seconds\trole\tpid\trss_kib\thwm_kib" >"$out/mem.tsv"
+  echo -e "seconds\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms" >"$out/latency.tsv"
+  t0=$(date +%s%N)
+  next_poll=0
+  while kill -0 "$loadtest" 2>/dev/null; do
+    at=$((($(date +%s%N) - t0) / 1000000000))
+    coords=$(pgrep -f -- "nq-coord --data $data" || true)
+    for pid in $(pgrep -P "$loadtest" || true) $coords; do
+      role=coordinator
+      [[ " $coords " == *" $pid "* ]] || role=loadtest
+      mem=$(awk '/^VmRSS:/ {r = $2} /^VmHWM:/ {h = $2} END {if (r) print r "\t" h}' \
+        "/proc/$pid/status" 2>/dev/null || true)
+      [ -n "$mem" ] && echo -e "$at\t$role\t$pid\t$mem" >>"$out/mem.tsv"
+    done
+    addr=$(sed -n 's/^coordinator on \([0-9.:]*\) ready.*/\1/p' "$out/loadtest.err" | head -1)
+    if [ -n "$coords" ] && [ -n "$addr" ] && [ "$at" -ge "$next_poll" ]; then
+      web=http://127.0.0.1:$metrics_port
+      echo -e "$at\t$(status_ms "$addr")\t$(curl_ms "$web/metrics")\t$(
+        curl_ms "$web/status.json")\t$(curl_ms "$web/")" >>"$out/latency.tsv"
+      next_poll=$((at + poll))
+    fi
+    sleep 1
   done
-  addr=$(sed -n 's/^coordinator on \([0-9.:]*\) ready.*/\1/p' "$out/loadtest.err" | head -1)
-  if [ -n "$coords" ] && [ -n "$addr" ] && [ "$at" -ge "$next_poll" ]; then
-    web=http://127.0.0.1:$metrics_port
-    echo -e "$at\t$(status_ms "$addr")\t$(curl_ms "$web/metrics")\t$(
-      curl_ms "$web/status.json")\t$(curl_ms "$web/")" >>"$out/latency.tsv"
-    next_poll=$((at + poll))
-  fi
-  sleep 1
-done
-wait "$loadtest" || {
-  echo "record-1e8: the load test failed (exit $?): see $out/loadtest.err" >&2
-  exit 1
-}
+  wait "$loadtest" || {
+    echo "record-1e8: the load test failed (exit $?): see $out/loadtest.err" >&2
+    exit 1
+  }
+fi
 
 # 3. The scans, one after the other. A command's own verdict is kept in its
 # log; the load test's zero counts make the audit and the re-check report
 # differences from the published values (see the header).
-timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v
+timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v, once
   local name=$1
   shift
+  if grep -q 'Exit status' "$out/$name.time" 2>/dev/null; then
+    echo "$name: done before"
+    return
+  fi
   /usr/bin/time -v -o "$out/$name.time" "$@" >"$out/$name.out" 2>"$out/$name.err" || true
   echo "$name: $(grep -m1 'Exit status' "$out/$name.time" | sed 's/.*: //') exit," \
     "$(grep 'Elapsed (wall' "$out/$name.time" | sed 's/.*: //'),"\
@@ -198,14 +219,18 @@ timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v
 }
 timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$out/audit.csv"
 timed recheck "$bin/nq" recheck "$out/audit.csv" --sample "$sample" --seed record-1e8
-grep '^# end ' "$out/audit.csv" >"$out/audit.end" || true
-du -sb "$data" | cut -f1 >"$out/data.bytes"
-if [ "$lean_disk" = 1 ]; then
+# (Each file below is written while what it describes is there: a resumed
+# lean run deleted the audit or the store before.)
+if [ -e "$out/audit.csv" ]; then
+  grep '^# end ' "$out/audit.csv" >"$out/audit.end" || true
+fi
+[ -d "$data" ] && du -sb "$data" | cut -f1 >"$out/data.bytes"
+if [ "$lean_disk" = 1 ] && [ -e "$out/audit.csv" ]; then
   du -sb "$out/audit.csv" | cut -f1 >"$out/audit.bytes"
   rm -f "$out/audit.csv"
 fi
 timed backup "$bin/nq-coord" backup --data "$data" --to "$out/run.backup"
-if [ "$lean_disk" = 1 ]; then
+if [ "$lean_disk" = 1 ] && [ -d "$data" ]; then
   cp "$data/report.json" "$out/report.json" 2>/dev/null || true
   rm -rf "$data"
 fi
