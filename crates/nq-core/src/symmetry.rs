@@ -112,8 +112,8 @@ impl Symmetry {
             let (x, y) = self.apply(board.n(), (c, r));
             rows[usize::from(x)] = y;
         }
-        Prefix::from_rows(board, &rows[..board.len()])
-            .expect("a symmetry maps a valid placement to a valid placement")
+        // A symmetry maps a valid placement to a valid placement.
+        Prefix::from_valid_rows(board, rows)
     }
 
     /// The image of a placement given as `rows[col]` ([`EMPTY`] allowed), written
