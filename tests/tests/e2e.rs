@@ -17,6 +17,7 @@ mod batch;
 mod chaos;
 mod config_file;
 mod creation;
+mod diversity;
 mod drain;
 mod faults;
 mod first_hour;

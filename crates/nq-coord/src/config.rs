@@ -19,7 +19,7 @@ use nq_core::pool::MAX_THREADS;
 use nq_core::split::SplitSpec;
 use tokio::sync::watch;
 
-use crate::core::quorum::{DEFAULT_BAN_AFTER, Fraction};
+use crate::core::quorum::{DEFAULT_BAN_AFTER, DEFAULT_GPU_SAMPLE, Fraction};
 use crate::core::status::Progress;
 use crate::error::{Error, Result};
 
@@ -94,6 +94,14 @@ pub struct Config {
     /// Lost verification conflicts after which a worker is refused (never
     /// zero: the first lost conflict would then ban before it is counted).
     pub ban_after: NonZeroU32,
+    /// The share of the jobs, 0 to 1, that the trusted side (the local
+    /// threads, `--trust` machines) recomputes on a CPU kernel when every
+    /// copy ran on a GPU (`--gpu-sample`, the CPU sample of
+    /// [`crate::quorum`]; [`DEFAULT_GPU_SAMPLE`]). Configuration of the
+    /// session, not stored with the run: it adds trusted checks to the
+    /// stored `--verify`, and a resume with another share judges the jobs
+    /// still open by the new one.
+    pub gpu_sample: f64,
     /// When set, every call of the `nqueens.v1.Coordinator` service must
     /// carry `authorization: Bearer <token>`; others get UNAUTHENTICATED. The
     /// health and reflection services stay open.
@@ -186,6 +194,7 @@ impl Config {
             progress_log: None,
             verify: Fraction::Auto,
             ban_after: DEFAULT_BAN_AFTER_NONZERO,
+            gpu_sample: DEFAULT_GPU_SAMPLE,
             token: None,
             worker_tokens: None,
             trusted: Vec::new(),
@@ -245,6 +254,9 @@ impl Config {
         {
             return refuse("--verify", share.to_string(), VERIFY_FORMS);
         }
+        if !(0.0..=1.0).contains(&self.gpu_sample) {
+            return refuse("--gpu-sample", self.gpu_sample.to_string(), SHARE_FORMS);
+        }
         if self.backup.as_ref().is_some_and(|b| b.every.is_zero()) {
             return refuse("--backup-every", "0s".into(), "more than zero, such as 1h");
         }
@@ -289,6 +301,9 @@ pub fn default_target_jobs(board: Board) -> u64 {
 const VERIFY_FORMS: &str =
     "`auto`, or a share of the jobs from 0 to 1 such as 0.05 or 5%";
 
+/// The values `--gpu-sample` accepts, for error messages.
+const SHARE_FORMS: &str = "a share of the jobs from 0 to 1 such as 0.005 or 0.5%";
+
 /// Parses `--verify`: `auto`, or a share of the jobs from 0 to 1 (`0.05`, or
 /// a percentage such as `5%`).
 ///
@@ -296,15 +311,30 @@ const VERIFY_FORMS: &str =
 ///
 /// [`Error::Option`] naming the accepted forms.
 pub fn parse_verify(input: &str) -> Result<Fraction> {
-    let bad = || Error::Option {
-        option: "--verify",
-        value: input.to_owned(),
-        accepted: VERIFY_FORMS,
-    };
-    let s = input.trim();
-    if s.eq_ignore_ascii_case("auto") {
+    if input.trim().eq_ignore_ascii_case("auto") {
         return Ok(Fraction::Auto);
     }
+    parse_share("--verify", input, VERIFY_FORMS).map(Fraction::Fixed)
+}
+
+/// Parses `--gpu-sample`: a share of the jobs from 0 to 1 (`0.005`, or a
+/// percentage such as `0.5%`).
+///
+/// # Errors
+///
+/// [`Error::Option`] naming the accepted forms.
+pub fn parse_gpu_sample(input: &str) -> Result<f64> {
+    parse_share("--gpu-sample", input, SHARE_FORMS)
+}
+
+/// A share from 0 to 1, as a number or a percentage, for `option`.
+fn parse_share(option: &'static str, input: &str, accepted: &'static str) -> Result<f64> {
+    let bad = || Error::Option {
+        option,
+        value: input.to_owned(),
+        accepted,
+    };
+    let s = input.trim();
     let share = match s.strip_suffix('%') {
         Some(p) => p.trim().parse::<f64>().map_err(|_| bad())? / 100.0,
         None => s.parse::<f64>().map_err(|_| bad())?,
@@ -312,7 +342,7 @@ pub fn parse_verify(input: &str) -> Result<Fraction> {
     if !(0.0..=1.0).contains(&share) {
         return Err(bad());
     }
-    Ok(Fraction::Fixed(share))
+    Ok(share)
 }
 
 /// Parses a split specification `RING:EXTRA`, e.g. `1:0`.

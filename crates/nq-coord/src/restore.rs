@@ -522,6 +522,7 @@ mod tests {
             secret: [0; 16],
             fraction: Fraction::Fixed(0.0),
             ban_after: 3,
+            gpu_sample: 0.0,
         };
         let mut s = Core::with_works(vec![1; 4], 2, Duration::from_secs(30), policy, now);
         // The index names jobs 0 and 1 done.

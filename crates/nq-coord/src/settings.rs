@@ -138,6 +138,7 @@ impl Deciding {
             secret: store.verify_secret(rand::random())?,
             fraction: self.verify,
             ban_after: self.ban_after.get(),
+            gpu_sample: crate::core::quorum::DEFAULT_GPU_SAMPLE,
         })
     }
 }

@@ -189,7 +189,10 @@ pub(crate) fn build(
         &manifest,
         session_no,
         config.lease_ttl,
-        deciding.policy(&store)?,
+        Policy {
+            gpu_sample: config.gpu_sample,
+            ..deciding.policy(&store)?
+        },
     )?;
     core.restorer()
         .expect_local_threads(config.local_threads > 0);
@@ -510,7 +513,10 @@ fn finished_report(
         Box::new(ExactOrder::new(&[])),
         0,
         config.lease_ttl,
-        deciding.policy(store)?,
+        Policy {
+            gpu_sample: config.gpu_sample,
+            ..deciding.policy(store)?
+        },
         Instant::now(),
     );
     core.restorer()

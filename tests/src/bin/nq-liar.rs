@@ -29,6 +29,17 @@
 //! `lie`): two liars report the same wrong count for the same job, and so
 //! agree with each other.
 //!
+//! A faulty GPU kernel (issue 24, item 6): `--report-kernel cuda` reports
+//! every copy as `nq-worker --gpu` does, and `--lie-above SOLUTIONS` lies
+//! only on jobs whose true count is at least that, as a kernel bug that
+//! shows only on large searches (and passes the start-up self-test at
+//! N = 12). Two such liars agree on every job, as two GPUs running one
+//! buggy kernel would:
+//!
+//! ```text
+//! nq-liar --connect 127.0.0.1:50051 --name gpu-a --report-kernel cuda --lie-above 2000
+//! ```
+//!
 //! Two more adversaries of issue 18:
 //!
 //! * `--hoard`: registers `--registrations` times under one name, leases as
@@ -86,6 +97,14 @@ struct Args {
     /// Seed of the choice of jobs to lie on (only matters below 1.0).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Report this kernel name instead of the one that counted: `cuda`
+    /// poses as `nq-worker --gpu`.
+    #[arg(long, value_name = "NAME")]
+    report_kernel: Option<String>,
+    /// Lie only on jobs whose true count is at least this many solutions
+    /// (a bug that shows only on large searches); 0: any job.
+    #[arg(long, value_name = "SOLUTIONS", default_value_t = 0)]
+    lie_above: u128,
     /// Hoard leases instead: never report, heartbeat forever.
     #[arg(long, conflicts_with = "stall")]
     hoard: bool,
@@ -188,10 +207,13 @@ async fn run(args: &Args, dial: &Dial) -> Result<End> {
         };
         failures = 0;
         let (mut counts, kernel) = w.solve(&job)?;
-        let lied = rng.chance(args.lie_rate);
+        let large = counts.iter().map(|c| c.count).sum::<u128>() >= args.lie_above;
+        // Drawn only for large jobs: below the threshold the liar is honest.
+        let lied = large && rng.chance(args.lie_rate);
         if lied {
             lie(&mut counts);
         }
+        let kernel = args.report_kernel.as_deref().unwrap_or(kernel);
         let chunk = w.result_chunk(&job, &counts, kernel);
         match w.send(chunk).await {
             Ok(ack) => {

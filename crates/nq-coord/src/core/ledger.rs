@@ -17,7 +17,9 @@ use nq_proto::convert::RunShape;
 use nq_store::{Duplicate, DuplicateKind, JobId, StoredResult};
 
 use crate::core::lease::LeaseId;
-use crate::core::quorum::{Identities, Rules, Verdict, Vote, credentialed, judge};
+use crate::core::quorum::{
+    GPU_KERNEL, Identities, Rules, Selection, Verdict, Vote, credentialed, judge,
+};
 use crate::core::scheduler::{Jobs, Outcome, Settlement};
 use crate::error::{Error, ReportFault, Result};
 
@@ -259,6 +261,7 @@ pub(crate) fn votes_of(
                 trusted: identities.is_trusted(identity),
                 credentialed: credentialed(&c.identity),
                 kernel: c.kernel.parse().ok(),
+                gpu: c.kernel == GPU_KERNEL,
             }
         })
         .collect();
@@ -287,10 +290,10 @@ fn keep(job: JobId, copy: &StoredResult, agrees: bool) -> Write {
 /// write, what to settle and how the new copy fared. `jc` is updated to the
 /// state after the decision. It reads only the identities (their
 /// reputations, and new voters interned) and `at`: the rules of the moment
-/// and whether `job` is selected for a check.
+/// and what `job` is selected for.
 pub(crate) fn decide(
     identities: &mut Identities,
-    at: (Rules, bool),
+    at: (Rules, Selection),
     job: JobId,
     jc: &mut JobCopies,
     new: Option<&Verified>,
@@ -516,7 +519,7 @@ pub(crate) fn machine_of(identity: &str) -> &str {
 /// another identity (`confirmed`, for probation).
 pub(crate) fn records_in(
     identities: &mut Identities,
-    (rules, selected): (Rules, bool),
+    (rules, selected): (Rules, Selection),
     copies: &[StoredResult],
 ) -> Verdict {
     let (votes, _) = votes_of(identities, copies);
@@ -533,7 +536,7 @@ pub(crate) fn records_in(
 /// not charged again: [`records_in`] found them.
 pub(crate) fn judge_restored(
     identities: &mut Identities,
-    at: (Rules, bool),
+    at: (Rules, Selection),
     job: JobId,
     copies: Vec<StoredResult>,
     (attempts, work): (u32, u64),
@@ -629,6 +632,7 @@ mod tests {
             secret: [7; 16],
             fraction: Fraction::Fixed(share),
             ban_after: 2,
+            gpu_sample: share,
         };
         Scheduler::new(vec![5], 1, Duration::from_secs(30), policy)
     }
@@ -843,6 +847,54 @@ mod tests {
         assert!(r.settled);
         assert_eq!(r.counted, Some(honest.result.tally));
         assert!(r.losers.is_empty(), "restore does not charge losses twice");
+    }
+
+    /// A verified copy of `JOB` that ran on a GPU (`nq-worker --gpu`).
+    fn gpu_copy(identity: &str, count: u128) -> Verified {
+        let mut v = copy(identity, count);
+        v.result.kernel = GPU_KERNEL.to_owned();
+        v
+    }
+
+    /// See: issue 24, item 6.
+    #[test]
+    fn gpu_copies_in_the_cpu_sample_wait_for_the_threads_whose_cpu_copy_decides() {
+        use crate::core::quorum::LOCAL;
+        let mut s = sched(1.0);
+        let now = std::time::Instant::now();
+        let local = s.register_local(1, now);
+        let mut jc = empty(&s);
+        let (a, b) = (gpu_copy("a@127.0.0.1", 9), gpu_copy("b@127.0.0.1", 9));
+        decide_and_settle(&mut s, &mut jc, &a, false);
+        let d = decide_and_settle(&mut s, &mut jc, &b, false);
+        assert_eq!(d.outcome, Outcome::Confirmed);
+        assert!(d.settlement.held_for_cpu_sample(), "{:?}", d.settlement);
+        assert_eq!(s.tally().total, 72, "the GPU copies count while they wait");
+        // Only a trusted computation may give the sample's copy.
+        let c = s.register("c", 1, None, now).unwrap();
+        assert!(s.lease(&c, 1, &[], now).unwrap().jobs.is_empty());
+        let g = s.lease(&local, 1, &[], now).unwrap();
+        assert_eq!(g.jobs.iter().map(|j| j.job).collect::<Vec<_>>(), vec![JOB]);
+        // The threads' CPU copy disagrees: it counts at once, checks itself
+        // on a second kernel, and then the GPU workers lose.
+        let mut cpu = copy(LOCAL, 3);
+        cpu.result.kernel = "avx2".to_owned();
+        let d = decide_and_settle(&mut s, &mut jc, &cpu, false);
+        assert!(!d.settlement.settled && d.settlement.disputed);
+        assert_eq!(s.tally().total, 24);
+        let d = decide_and_settle(&mut s, &mut jc, &copy(LOCAL, 3), false);
+        assert!(d.settlement.settled);
+        assert_eq!(d.settlement.counted, Some(cpu.result.tally));
+        for gpu in ["a@127.0.0.1", "b@127.0.0.1"] {
+            let id = s.intern(gpu);
+            assert_eq!(s.identities().lost(id), 1, "{gpu} lost to the CPU kernel");
+        }
+        // Restored with the threads at work, the GPU copies alone wait again.
+        let mut r = sched(1.0);
+        r.restorer().expect_local_threads(true);
+        let copies = vec![a.result, b.result];
+        let (st, _) = judge_restored(&mut r, JOB, copies, (1, 5), true, false);
+        assert!(st.held_for_cpu_sample(), "{st:?}");
     }
 
     #[test]

@@ -310,7 +310,7 @@ impl Core {
         };
         let identities = self.sched.identities_mut();
         let (votes, _) = ledger::votes_of(identities, copies);
-        quorum::judge(&votes, false, identities, rules)
+        quorum::judge(&votes, quorum::Selection::NONE, identities, rules)
     }
 
     // --- Claims, acknowledgements and the clock ------------------------

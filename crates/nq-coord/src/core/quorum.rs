@@ -34,6 +34,21 @@
 //!   second kernel, and trusted copies that disagree wait for a kernel that
 //!   breaks the tie. A selected job with no dispute needs its second copy,
 //!   untrusted or on another trusted kernel.
+//! * **Kernel diversity for GPU copies.** Checks by untrusted workers never
+//!   name a kernel, so two GPU workers can agree on a GPU kernel's bug that
+//!   their start-up self-test (N = 12) misses: a count wrong only at large
+//!   N. A second share of the jobs, the *CPU sample*
+//!   ([`Policy::gpu_sample`], drawn by the keyed hash with another salt, so
+//!   independent of the selection), is recomputed by the trusted side on a
+//!   CPU kernel when every copy of the job ran on a GPU ([`GPU_KERNEL`]): a
+//!   sampled job whose copies would settle it waits instead for a trusted
+//!   copy, and the scheduler asks the coordinator's threads or a trusted
+//!   machine for one on a CPU kernel. From there the rules above apply: a
+//!   trusted copy that disagrees checks itself on a second kernel, then
+//!   decides, and the GPU workers lose the conflict. Without a trusted
+//!   computation at work ([`Rules::arbiter`]) the sample is not taken, so
+//!   that no job waits for a voice that cannot come: a GPU run that wants
+//!   it keeps `--local-threads` above 0 or names a `--trust` machine.
 //! * **Disputes.** Untrusted copies that disagree wait for a trusted copy,
 //!   on a kernel none of them ran, while a trusted computation is available
 //!   ([`Rules::arbiter`]): a majority of untrusted identities may be one
@@ -104,6 +119,36 @@ pub const AUTO_FRACTION: f64 = 0.02;
 /// The default number of lost conflicts after which a worker is refused.
 pub const DEFAULT_BAN_AFTER: u32 = 3;
 
+/// The kernel name a GPU copy reports (`nq_gpu::KERNEL_NAME`, which
+/// `nq-worker --gpu` sends): such copies are what the CPU sample
+/// ([`Policy::gpu_sample`]) checks. A name is compared, not parsed: a copy
+/// stored before kernels were recorded names none, and is no GPU copy.
+pub const GPU_KERNEL: &str = "cuda";
+
+/// The default share of the jobs, among those whose every copy ran on a
+/// GPU, that the trusted side recomputes on a CPU kernel
+/// ([`Policy::gpu_sample`]): 0.5 %, one job in 200.
+///
+/// The rate trades two things. Its cost falls on the trusted side, which
+/// is small: the coordinator's cores are worth about 1/50 of one GPU, so a
+/// sample of a share R of one GPU's jobs keeps them busy R × 50 of the
+/// time. At 0.5 % that is a quarter of the coordinator's cores per GPU,
+/// half for two GPUs, which leaves room for the first copies, disputes and
+/// probation checks they also compute; with G GPUs, keep R near 0.01 / G
+/// (`--gpu-sample`) or add CPU machines under `--trust`, or the sampled
+/// jobs wait in a queue that becomes the run's tail. What it buys: a GPU
+/// kernel bug that makes a share f of the jobs wrong is caught at the
+/// first sampled wrong job; after J GPU jobs it is still unseen with
+/// probability (1 − R·f)^J ≈ e^(−R·f·J). At 0.5 %, a bug on 10 % of the
+/// jobs (say, every job above some size) is caught within 10,000 jobs with
+/// probability 1 − e^(−5) ≈ 99.3 %, and a bug on 1 % of them within
+/// 100,000 jobs, the same; at N = 27 and about 10^7 jobs, a bug on 0.1 %
+/// of the jobs is seen before the run is half done with probability
+/// 1 − e^(−25). A bug on one job in a million is beyond any sample the
+/// trusted side can afford: that needs a second run or `--verify 1` with
+/// CPU workers (docs/record-runs.md).
+pub const DEFAULT_GPU_SAMPLE: f64 = 0.005;
+
 /// Results of a remote identity that another identity must confirm before
 /// its results count on one vote.
 ///
@@ -146,6 +191,33 @@ pub struct Policy {
     pub fraction: Fraction,
     /// Lost conflicts after which an identity is banned (at least 1).
     pub ban_after: u32,
+    /// The share of the jobs, 0.0 to 1.0, that a trusted computation
+    /// recomputes on a CPU kernel when every copy ran on a GPU (the CPU
+    /// sample, see the module doc; [`DEFAULT_GPU_SAMPLE`]).
+    pub gpu_sample: f64,
+}
+
+/// What the keyed-hash samples of a [`Policy`] chose a job for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// A second copy ([`Policy::selected`]).
+    pub check: bool,
+    /// A trusted copy on a CPU kernel, should every copy run on a GPU
+    /// ([`Policy::cpu_sampled`]).
+    pub cpu: bool,
+}
+
+impl Selection {
+    /// Chosen for nothing.
+    pub const NONE: Selection = Selection {
+        check: false,
+        cpu: false,
+    };
+    /// Chosen for a second copy, not for the CPU sample.
+    pub const CHECK: Selection = Selection {
+        check: true,
+        cpu: false,
+    };
 }
 
 /// A keyed 64-bit mix (two rounds of SplitMix64's finaliser around the key
@@ -176,7 +248,30 @@ impl Policy {
 
     /// True when `job` is chosen for a second copy.
     pub fn selected(&self, job: JobId, second_source: bool) -> bool {
-        let share = self.share(second_source);
+        self.drawn(job, 0, self.share(second_source))
+    }
+
+    /// True when `job` is in the CPU sample ([`Policy::gpu_sample`]): should
+    /// every copy of it run on a GPU, a trusted computation recomputes it on
+    /// a CPU kernel before it settles. Drawn with another salt than the
+    /// selection, so that the two samples are independent. Never under
+    /// `--verify 0` (`Fraction::Fixed(0.0)`), which asks for no check.
+    pub fn cpu_sampled(&self, job: JobId) -> bool {
+        self.probation() > 0 && self.drawn(job, 1, self.gpu_sample)
+    }
+
+    /// What `job` is chosen for, given whether copies came from a second
+    /// machine in the run.
+    pub fn selection(&self, job: JobId, second_source: bool) -> Selection {
+        Selection {
+            check: self.selected(job, second_source),
+            cpu: self.cpu_sampled(job),
+        }
+    }
+
+    /// True when the keyed hash of `job` with `salt` falls in the first
+    /// `share` of its range.
+    fn drawn(&self, job: JobId, salt: u64, share: f64) -> bool {
         if share >= 1.0 {
             return true;
         }
@@ -185,7 +280,7 @@ impl Policy {
         }
         // share < 1, so the product is below 2^64.
         let threshold = (share * 18_446_744_073_709_551_616.0) as u64;
-        keyed(&self.secret, job, 0) < threshold
+        keyed(&self.secret, job, salt) < threshold
     }
 
     /// Confirmed results a remote identity needs to leave probation:
@@ -468,6 +563,8 @@ pub struct Vote {
     /// apart by kernel, since the trusted machine checks itself only with
     /// another kernel.
     pub kernel: Option<nq_core::search::Kernel>,
+    /// True when the copy ran on a GPU ([`GPU_KERNEL`]).
+    pub gpu: bool,
 }
 
 /// The state of the run the rules depend on besides a job's copies.
@@ -505,7 +602,8 @@ pub struct Verdict {
     /// True when the valid copies disagree.
     pub conflict: bool,
     /// True when the next copy must come from a trusted computation: a
-    /// dispute while one is available, or trusted copies that disagree.
+    /// dispute while one is available, trusted copies that disagree, or GPU
+    /// copies held for the CPU sample (on a CPU kernel, then).
     pub needs_trusted: bool,
     /// Identities whose copy another identity confirmed: the leader's
     /// untrusted voters, once the job settled on two votes or more, each of
@@ -565,9 +663,37 @@ fn classify(
     (classes, reporters)
 }
 
-/// Applies the rules to a job's copies, in the order received. `selected`
-/// says whether the job was chosen for a second copy.
+/// Applies the rules to a job's copies, in the order received. `selection`
+/// says what the job was chosen for: a second copy, the CPU sample.
 pub fn judge(
+    copies: &[Vote],
+    selection: Selection,
+    identities: &Identities,
+    rules: Rules,
+) -> Verdict {
+    let verdict = judge_votes(copies, selection.check, identities, rules);
+    // The CPU sample: a job that would settle on GPU copies alone waits for
+    // a trusted copy on a CPU kernel, while a trusted computation can give
+    // one (no job waits for a voice that cannot come). Nothing was charged
+    // or confirmed yet: both happen only when a job settles.
+    let gpu_only = !copies.is_empty() && copies.iter().all(|v| v.gpu);
+    if verdict.settled && selection.cpu && gpu_only && rules.arbiter {
+        return Verdict {
+            settled: false,
+            needs_trusted: true,
+            losers: vec![],
+            beaten: Beaten::default(),
+            confirmed: vec![],
+            unchecked: false,
+            ..verdict
+        };
+    }
+    verdict
+}
+
+/// The rules but the CPU sample's ([`judge`]); `selected` says whether the
+/// job was chosen for a second copy.
+fn judge_votes(
     copies: &[Vote],
     selected: bool,
     identities: &Identities,
@@ -753,6 +879,7 @@ mod tests {
             trusted: false,
             credentialed: false,
             kernel: None,
+            gpu: false,
         }
     }
 
@@ -779,9 +906,14 @@ mod tests {
     #[test]
     fn a_new_identity_needs_a_second_vote_until_others_confirmed_it_enough() {
         let (mut i, w) = ids(&["new@1", "old@2"]);
-        let alone = judge(&[vote(w[0], 0)], false, &i, rules(true));
+        let alone = judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(true));
         assert!(!alone.settled, "a probationer's copy waits for a check");
-        let checked = judge(&[vote(w[0], 0), vote(w[1], 0)], false, &i, rules(true));
+        let checked = judge(
+            &[vote(w[0], 0), vote(w[1], 0)],
+            Selection::NONE,
+            &i,
+            rules(true),
+        );
         assert!(checked.settled && checked.votes == 2 && !checked.unchecked);
         assert_eq!(
             checked.confirmed,
@@ -791,26 +923,31 @@ mod tests {
         for _ in 0..PROBATION - 1 {
             i.add_confirmation(w[0]);
         }
-        assert!(!judge(&[vote(w[0], 0)], false, &i, rules(true)).settled);
+        assert!(!judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(true)).settled);
         i.add_confirmation(w[0]);
         assert!(!i.on_probation(w[0], PROBATION));
-        let v = judge(&[vote(w[0], 0)], false, &i, rules(true));
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(true));
         assert!(v.settled && !v.unchecked, "out of probation: one vote");
         assert!(v.confirmed.is_empty(), "one vote confirms nobody");
         // A selected job still needs its check.
-        assert!(!judge(&[vote(w[0], 0)], true, &i, rules(true)).settled);
+        assert!(!judge(&[vote(w[0], 0)], Selection::CHECK, &i, rules(true)).settled);
     }
 
     #[test]
     fn a_suspect_confirms_nobody() {
         let (mut i, w) = ids(&["a@1", "suspect@2", "c@3"]);
         i.add_loss(w[1], &Beaten::trusted());
-        let v = judge(&[vote(w[0], 0), vote(w[1], 0)], false, &i, rules(true));
+        let v = judge(
+            &[vote(w[0], 0), vote(w[1], 0)],
+            Selection::NONE,
+            &i,
+            rules(true),
+        );
         assert!(v.settled);
         assert_eq!(v.confirmed, vec![w[1]], "the suspect is confirmed, not a");
         let v = judge(
             &[vote(w[0], 0), vote(w[1], 0), vote(w[2], 0)],
-            false,
+            Selection::NONE,
             &i,
             rules(true),
         );
@@ -820,13 +957,18 @@ mod tests {
     #[test]
     fn with_one_machine_at_work_a_probationer_settles_alone_as_unchecked() {
         let (i, w) = ids(&["lone@1"]);
-        let v = judge(&[vote(w[0], 0)], false, &i, rules(false));
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(false));
         assert!(v.settled && v.unchecked && v.votes == 1);
         // Suspects and disputes still wait: one machine cannot resolve them.
         let (mut i, w) = ids(&["lone@1", "gone@2"]);
         i.add_loss(w[0], &Beaten::trusted());
-        assert!(!judge(&[vote(w[0], 0)], false, &i, rules(false)).settled);
-        let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, rules(false));
+        assert!(!judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(false)).settled);
+        let v = judge(
+            &[vote(w[0], 0), vote(w[1], 1)],
+            Selection::NONE,
+            &i,
+            rules(false),
+        );
         assert!(!v.settled && !v.unchecked);
     }
 
@@ -838,20 +980,20 @@ mod tests {
         for _ in 0..PROBATION {
             i.add_confirmation(w[0]);
         }
-        let v = judge(&[vote(w[0], 0)], true, &i, rules(false));
+        let v = judge(&[vote(w[0], 0)], Selection::CHECK, &i, rules(false));
         assert!(v.settled && v.unchecked && v.votes == 1);
         // With a second machine at work, the check is waited for.
-        let v = judge(&[vote(w[0], 0)], true, &i, rules(true));
+        let v = judge(&[vote(w[0], 0)], Selection::CHECK, &i, rules(true));
         assert!(!v.settled && !v.unchecked);
         // Not selected: one vote settles, checked by nothing it needed.
-        let v = judge(&[vote(w[0], 0)], false, &i, rules(false));
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(false));
         assert!(v.settled && !v.unchecked);
     }
 
     #[test]
     fn the_coordinators_threads_are_trusted_from_the_start_and_nobody_else() {
         let (i, w) = ids(&["local:avx2", "local:avx2@127.0.0.1", "10.0.0.7", "local:"]);
-        let v = judge(&[vote(w[0], 0)], false, &i, rules(true));
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, rules(true));
         assert!(v.settled && !v.unchecked);
         for &other in &w[1..] {
             assert!(
@@ -864,6 +1006,7 @@ mod tests {
             secret: [1; 16],
             fraction: f,
             ban_after: 3,
+            gpu_sample: 0.0,
         };
         assert_eq!(policy(Fraction::Auto).probation(), PROBATION);
         assert_eq!(policy(Fraction::Fixed(0.5)).probation(), PROBATION);
@@ -873,9 +1016,9 @@ mod tests {
     #[test]
     fn one_copy_settles_an_unselected_job_and_not_a_selected_one() {
         let (i, w) = ids(&["a@1"]);
-        let v = judge(&[vote(w[0], 0)], false, &i, NO_PROBATION);
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, NO_PROBATION);
         assert!(v.settled && v.leader == Some(0) && v.votes == 1);
-        let v = judge(&[vote(w[0], 0)], true, &i, NO_PROBATION);
+        let v = judge(&[vote(w[0], 0)], Selection::CHECK, &i, NO_PROBATION);
         assert!(!v.settled && v.leader == Some(0));
         assert_eq!(v.reporters, vec![w[0]]);
     }
@@ -883,7 +1026,12 @@ mod tests {
     #[test]
     fn a_worker_cannot_confirm_itself() {
         let (i, w) = ids(&["a@1"]);
-        let v = judge(&[vote(w[0], 0), vote(w[0], 0)], true, &i, NO_PROBATION);
+        let v = judge(
+            &[vote(w[0], 0), vote(w[0], 0)],
+            Selection::CHECK,
+            &i,
+            NO_PROBATION,
+        );
         assert!(!v.settled);
         assert_eq!(v.votes, 1);
     }
@@ -893,11 +1041,11 @@ mod tests {
         let (i, w) = ids(&["honest@1", "liar@2", "other@3"]);
         // The liar's copy came first.
         let two = [vote(w[1], 0), vote(w[0], 1)];
-        let v = judge(&two, false, &i, NO_PROBATION);
+        let v = judge(&two, Selection::NONE, &i, NO_PROBATION);
         assert!(!v.settled, "one against one decides nothing");
         assert!(v.losers.is_empty());
         let three = [vote(w[1], 0), vote(w[0], 1), vote(w[2], 1)];
-        let v = judge(&three, false, &i, NO_PROBATION);
+        let v = judge(&three, Selection::NONE, &i, NO_PROBATION);
         assert!(v.settled);
         assert_eq!(v.leader, Some(1));
         assert_eq!(v.losers, vec![w[1]]);
@@ -907,15 +1055,20 @@ mod tests {
     fn suspects_need_a_second_vote_and_banned_workers_do_not_vote() {
         let (mut i, w) = ids(&["liar@2", "honest@1"]);
         i.add_loss(w[0], &Beaten::trusted());
-        assert!(!judge(&[vote(w[0], 0)], false, &i, NO_PROBATION).settled);
+        assert!(!judge(&[vote(w[0], 0)], Selection::NONE, &i, NO_PROBATION).settled);
         i.add_loss(w[0], &Beaten::trusted());
         i.add_loss(w[0], &Beaten::trusted());
         assert!(i.is_banned(w[0], 3));
-        let v = judge(&[vote(w[0], 0)], false, &i, NO_PROBATION);
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, NO_PROBATION);
         assert_eq!((v.leader, v.settled), (None, false));
         // An honest copy then settles it alone: the banned copy is no vote,
         // so there is no conflict to resolve.
-        let v = judge(&[vote(w[0], 0), vote(w[1], 1)], false, &i, NO_PROBATION);
+        let v = judge(
+            &[vote(w[0], 0), vote(w[1], 1)],
+            Selection::NONE,
+            &i,
+            NO_PROBATION,
+        );
         assert_eq!((v.leader, v.settled), (Some(1), true));
         assert!(v.losers.is_empty());
     }
@@ -926,6 +1079,7 @@ mod tests {
             secret: [7; 16],
             fraction: f,
             ban_after: 3,
+            gpu_sample: 0.0,
         };
         let count = |p: &Policy, remote| {
             (0..10_000)
@@ -983,7 +1137,12 @@ mod tests {
         let (l1, l2, h, local) = (w[0], w[1], w[2], w[3]);
         // Two liar addresses against one honest worker: no majority decides
         // while the arbiter can.
-        let v = judge(&[vote(l1, 0), vote(l2, 0), vote(h, 1)], true, &i, ARBITER);
+        let v = judge(
+            &[vote(l1, 0), vote(l2, 0), vote(h, 1)],
+            Selection::CHECK,
+            &i,
+            ARBITER,
+        );
         assert!(!v.settled && v.needs_trusted && v.losers.is_empty());
         // The trusted copy agrees with the honest one: it decides, 2 to 2.
         let copies = [
@@ -992,7 +1151,7 @@ mod tests {
             vote(h, 1),
             trusted(local, 1, Kernel::Avx2),
         ];
-        let v = judge(&copies, true, &i, ARBITER);
+        let v = judge(&copies, Selection::CHECK, &i, ARBITER);
         assert!(v.settled && v.leader == Some(1));
         assert_eq!(v.losers, vec![l1, l2]);
         assert!(v.beaten.by_trusted);
@@ -1004,7 +1163,12 @@ mod tests {
             arbiter: false,
             ..ARBITER
         };
-        let v = judge(&[vote(l1, 0), vote(l2, 0), vote(h, 1)], true, &i, majority);
+        let v = judge(
+            &[vote(l1, 0), vote(l2, 0), vote(h, 1)],
+            Selection::CHECK,
+            &i,
+            majority,
+        );
         assert!(v.settled && v.leader == Some(0) && !v.needs_trusted);
         assert!(!v.beaten.by_trusted && v.beaten.by_credentials.is_empty());
     }
@@ -1014,13 +1178,13 @@ mod tests {
         let (i, w) = ids(&["10.0.0.2", "10.0.0.3", "local"]);
         let (l1, l2, local) = (w[0], w[1], w[2]);
         let one = [vote(l1, 0), vote(l2, 0), trusted(local, 1, Kernel::Avx512)];
-        let v = judge(&one, true, &i, ARBITER);
+        let v = judge(&one, Selection::CHECK, &i, ARBITER);
         assert!(!v.settled && v.needs_trusted && v.losers.is_empty());
         // The same kernel again adds nothing.
         let same = [&one[..], &[trusted(local, 1, Kernel::Avx512)]].concat();
-        assert!(!judge(&same, true, &i, ARBITER).settled);
+        assert!(!judge(&same, Selection::CHECK, &i, ARBITER).settled);
         let two = [&one[..], &[trusted(local, 1, Kernel::Avx2)]].concat();
-        let v = judge(&two, true, &i, ARBITER);
+        let v = judge(&two, Selection::CHECK, &i, ARBITER);
         assert!(v.settled && v.leader == Some(1) && v.votes == 2);
         assert_eq!(v.losers, vec![l1, l2]);
         // Trusted kernels that disagree wait for a third that breaks the tie.
@@ -1028,10 +1192,10 @@ mod tests {
             trusted(local, 0, Kernel::Avx512),
             trusted(local, 1, Kernel::Avx2),
         ];
-        let v = judge(&split, false, &i, ARBITER);
+        let v = judge(&split, Selection::NONE, &i, ARBITER);
         assert!(!v.settled && v.needs_trusted);
         let broken = [&split[..], &[trusted(local, 1, Kernel::Scalar)]].concat();
-        let v = judge(&broken, false, &i, ARBITER);
+        let v = judge(&broken, Selection::NONE, &i, ARBITER);
         assert!(v.settled && v.leader == Some(1));
     }
 
@@ -1039,13 +1203,23 @@ mod tests {
     fn trusted_copies_settle_alone_unless_selected_and_never_lose() {
         let (mut i, w) = ids(&["local", "w@1"]);
         let local = w[0];
-        let v = judge(&[trusted(local, 0, Kernel::Avx512)], false, &i, ARBITER);
+        let v = judge(
+            &[trusted(local, 0, Kernel::Avx512)],
+            Selection::NONE,
+            &i,
+            ARBITER,
+        );
         assert!(v.settled && v.votes == 1 && !v.unchecked);
-        let v = judge(&[trusted(local, 0, Kernel::Avx512)], true, &i, ARBITER);
+        let v = judge(
+            &[trusted(local, 0, Kernel::Avx512)],
+            Selection::CHECK,
+            &i,
+            ARBITER,
+        );
         assert!(!v.settled, "a selected job needs its second copy");
         let v = judge(
             &[trusted(local, 0, Kernel::Avx512), vote(w[1], 0)],
-            true,
+            Selection::CHECK,
             &i,
             ARBITER,
         );
@@ -1071,11 +1245,11 @@ mod tests {
             second_machine: false,
             ..ARBITER
         };
-        let v = judge(&[vote(w[0], 0)], false, &i, alone);
+        let v = judge(&[vote(w[0], 0)], Selection::NONE, &i, alone);
         assert!(!v.settled && !v.unchecked, "the arbiter can check it");
         let v = judge(
             &[vote(w[0], 0)],
-            false,
+            Selection::NONE,
             &i,
             Rules {
                 arbiter: false,
@@ -1083,6 +1257,132 @@ mod tests {
             },
         );
         assert!(v.settled && v.unchecked);
+    }
+
+    /// A copy of `identity`, in `class`, that ran on a GPU.
+    fn gpu(identity: IdentityId, class: usize) -> Vote {
+        Vote {
+            gpu: true,
+            ..vote(identity, class)
+        }
+    }
+
+    /// A job chosen for a second copy and for the CPU sample.
+    const SAMPLED: Selection = Selection {
+        check: true,
+        cpu: true,
+    };
+
+    /// See: issue 24, item 6.
+    #[test]
+    fn gpu_copies_in_the_cpu_sample_wait_for_a_trusted_cpu_copy_that_decides() {
+        let (i, w) = ids(&["gpu-a@1", "gpu-b@2", "local"]);
+        let (a, b, local) = (w[0], w[1], w[2]);
+        let agree = [gpu(a, 0), gpu(b, 0)];
+        assert!(
+            judge(&agree, Selection::CHECK, &i, ARBITER).settled,
+            "outside the sample two GPU votes settle"
+        );
+        let held = judge(&agree, SAMPLED, &i, ARBITER);
+        assert!(!held.settled && held.needs_trusted && !held.conflict);
+        assert!(held.confirmed.is_empty() && held.losers.is_empty());
+        assert_eq!(held.leader, Some(0), "the GPU copies count meanwhile");
+        // A trusted CPU copy that agrees settles it.
+        let checked = [gpu(a, 0), gpu(b, 0), trusted(local, 0, Kernel::Avx2)];
+        let v = judge(&checked, SAMPLED, &i, ARBITER);
+        assert!(v.settled && v.votes == 3 && v.losers.is_empty());
+        // One that disagrees checks itself on a second kernel, then wins:
+        // the GPU workers lose, beaten by a trusted computation.
+        let caught = [gpu(a, 0), gpu(b, 0), trusted(local, 1, Kernel::Avx2)];
+        let v = judge(&caught, SAMPLED, &i, ARBITER);
+        assert!(!v.settled && v.needs_trusted && v.leader == Some(1));
+        let twice = [&caught[..], &[trusted(local, 1, Kernel::Scalar)]].concat();
+        let v = judge(&twice, SAMPLED, &i, ARBITER);
+        assert!(v.settled && v.leader == Some(1) && v.beaten.by_trusted);
+        assert_eq!(v.losers, vec![a, b]);
+    }
+
+    #[test]
+    fn the_cpu_sample_waits_only_on_gpu_copies_and_only_for_a_voice_that_can_come() {
+        let (mut i, w) = ids(&["gpu-a@1", "cpu-b@2", "token:lab"]);
+        let (a, b, lab) = (w[0], w[1], w[2]);
+        let agree = [gpu(a, 0), gpu(b, 0)];
+        // Without a trusted computation nobody could give the CPU copy.
+        let no_arbiter = Rules {
+            arbiter: false,
+            ..ARBITER
+        };
+        let v = judge(&agree, SAMPLED, &i, no_arbiter);
+        assert!(v.settled && !v.needs_trusted);
+        // A copy on a CPU kernel is the diversity the sample asks for.
+        let cpu_b = Vote {
+            kernel: Some(Kernel::Avx2),
+            ..vote(b, 0)
+        };
+        assert!(judge(&[gpu(a, 0), cpu_b], SAMPLED, &i, ARBITER).settled);
+        // Copies that name no kernel (stored before kernels were) are no
+        // GPU copies.
+        assert!(judge(&[vote(a, 0), vote(b, 0)], SAMPLED, &i, ARBITER).settled);
+        // A job that would not settle anyway is not held: its next copy
+        // may come from anyone.
+        let one = judge(&[gpu(a, 0)], SAMPLED, &i, ARBITER);
+        assert!(!one.settled && !one.needs_trusted);
+        // A trusted machine's GPU copy is no CPU copy either.
+        i.trust("token:lab");
+        let lab_gpu = Vote {
+            trusted: true,
+            gpu: true,
+            ..vote(lab, 0)
+        };
+        let sample_only = Selection {
+            check: false,
+            cpu: true,
+        };
+        assert!(judge(&[lab_gpu], Selection::NONE, &i, ARBITER).settled);
+        let v = judge(&[lab_gpu], sample_only, &i, ARBITER);
+        assert!(!v.settled && v.needs_trusted);
+    }
+
+    #[test]
+    fn the_cpu_sample_follows_its_share_apart_from_the_selection() {
+        let policy = |fraction, gpu_sample| Policy {
+            secret: [9; 16],
+            fraction,
+            ban_after: 3,
+            gpu_sample,
+        };
+        let p = policy(Fraction::Fixed(0.5), 0.1);
+        let sampled = (0..10_000).filter(|&j| p.cpu_sampled(JobId(j))).count();
+        assert!(
+            (800..=1_200).contains(&sampled),
+            "10% of 10000 is about 1000, got {sampled}"
+        );
+        let both = (0..10_000)
+            .filter(|&j| p.cpu_sampled(JobId(j)) && p.selected(JobId(j), true))
+            .count();
+        assert!(
+            (350..=650).contains(&both),
+            "independent of the selection: about 500, got {both}"
+        );
+        for j in 0..100 {
+            let job = JobId(j);
+            assert_eq!(
+                p.selection(job, true),
+                Selection {
+                    check: p.selected(job, true),
+                    cpu: p.cpu_sampled(job),
+                }
+            );
+        }
+        let none = policy(Fraction::Fixed(0.0), 1.0);
+        assert!(
+            (0..1_000).all(|j| !none.cpu_sampled(JobId(j))),
+            "--verify 0 asks for no check"
+        );
+        let all = policy(Fraction::Auto, 1.0);
+        assert!((0..1_000).all(|j| all.cpu_sampled(JobId(j))));
+        let off = policy(Fraction::Auto, 0.0);
+        assert!((0..1_000).all(|j| !off.cpu_sampled(JobId(j))));
     }
 
     #[test]

@@ -1023,6 +1023,7 @@ mod tests {
             secret: [3; 16],
             fraction: Fraction::Fixed(0.0),
             ban_after: 2,
+            gpu_sample: 0.0,
         };
         let mut s = Scheduler::new(vec![30, 10], 1, TTL, policy);
         let w = s

@@ -258,6 +258,7 @@ async fn commit_group(engine: &Engine, group: &mut Vec<CommitRequest>) -> Result
         for d in &decisions {
             let f = core.settle(&d.settlement, true);
             warn_alone(engine, &d.settlement);
+            note_cpu_sample(&d.settlement);
             outcomes.push(f.map(|f| {
                 core.note_outcome(d.outcome);
                 fallout.absorb(f);
@@ -388,6 +389,20 @@ fn warn_alone(engine: &Engine, settled: &Settlement) {
     }
 }
 
+/// Logs a job that the CPU sample holds back: its copies ran on GPUs and
+/// would settle it, and a trusted CPU kernel computes it first (see
+/// [`crate::quorum`], "Kernel diversity for GPU copies"). A few per
+/// thousand GPU jobs at the default share.
+fn note_cpu_sample(settled: &Settlement) {
+    if settled.held_for_cpu_sample() {
+        info!(
+            job = %settled.job,
+            kernels = ?settled.kernels,
+            "held for the CPU sample: every copy ran on a GPU; a trusted CPU kernel computes the job again before it counts"
+        );
+    }
+}
+
 /// Logs what `fallout` changed, and lists the jobs it may have unsettled:
 /// when the selection grew, settled jobs that are now selected (and jobs
 /// waiting for checks a single machine cannot give).
@@ -501,6 +516,7 @@ pub(crate) async fn rejudge(engine: &Engine, mut fallout: Fallout) -> Result<()>
             }
             fallout.absorb(core.settle(st, false)?);
             warn_alone(engine, st);
+            note_cpu_sample(st);
         }
         if reopened > 0 {
             info!(jobs = reopened, "jobs wait for another copy");

@@ -433,6 +433,8 @@ impl Sim {
             secret: rng.random(),
             fraction: Fraction::Fixed(share),
             ban_after: rng.random_range(1..=3),
+            // Far above the default, so that a few jobs a run are sampled.
+            gpu_sample: 0.5,
         };
         let n = rng.random_range(2..=8usize);
         let mut workers = Vec::with_capacity(n);
@@ -864,7 +866,14 @@ impl Sim {
             worker: task.worker.0.clone(),
             lease: task.lease.0,
             identity,
-            kernel: "scalar".to_owned(),
+            // Every other remote worker is a GPU worker: the jobs whose every
+            // copy it computed fall under the CPU sample.
+            kernel: if !self.workers[w].local && w % 2 == 1 {
+                crate::core::quorum::GPU_KERNEL
+            } else {
+                "scalar"
+            }
+            .to_owned(),
             received_unix_ms: self.clock.as_millis() as u64,
         };
         Ok(Some((
@@ -1575,6 +1584,15 @@ fn check_quorum(
     unchecked: bool,
 ) -> Result<(), String> {
     let record = copies[0];
+    // The CPU sample: GPU copies alone never settle a sampled job while a
+    // trusted computation can give it a CPU copy.
+    let gpu_only = copies
+        .iter()
+        .all(|c| c.kernel == crate::core::quorum::GPU_KERNEL);
+    ensure!(
+        !(gpu_only && s.policy().cpu_sampled(job) && s.rules().arbiter),
+        "job {job} settled on GPU copies alone although the CPU sample holds it"
+    );
     let trusted: Vec<&&StoredResult> = copies
         .iter()
         .filter(|c| {

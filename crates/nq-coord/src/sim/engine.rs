@@ -791,6 +791,7 @@ impl Sim {
             secret: [0; 16],
             fraction: self.config.verify,
             ban_after: self.config.ban_after.get(),
+            gpu_sample: self.config.gpu_sample,
         }
     }
 

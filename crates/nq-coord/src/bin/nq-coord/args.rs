@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use nq_coord::Config;
-use nq_coord::config::{parse_duration, parse_split, parse_verify};
+use nq_coord::config::{parse_duration, parse_gpu_sample, parse_split, parse_verify};
 use nq_core::pool::MAX_THREADS;
 use nq_process::DialArgs;
 
@@ -155,6 +155,21 @@ pub(crate) struct RunArgs {
         default_value_t = nq_coord::quorum::DEFAULT_BAN_AFTER
     )]
     ban_after: u32,
+    /// Share of the jobs whose every copy ran on a GPU (`nq-worker --gpu`)
+    /// that the trusted side (this machine's threads, or a --trust machine)
+    /// computes again on a CPU kernel before they count, 0 to 1 (`0.005`,
+    /// `0.5%`): two GPUs can agree on a GPU kernel's bug. The coordinator's
+    /// cores do about 1/50 of a GPU's work, so the default, 0.5%, keeps them
+    /// a quarter busy per GPU; with G GPUs use about 0.01/G, or add CPU
+    /// machines under --trust. Without a trusted computation the sample is
+    /// not taken.
+    #[arg(
+        long,
+        value_name = "SHARE",
+        env = "NQ_GPU_SAMPLE",
+        default_value = "0.5%"
+    )]
+    gpu_sample: String,
     /// Serve an HTTP port at HOST:PORT with Prometheus metrics (`/metrics`),
     /// the run's status as JSON (`/status.json`) and a status page (`/`).
     /// Port 0 picks a free port; the address bound is printed as `metrics on
@@ -586,6 +601,7 @@ impl TryFrom<RunArgs> for Config {
         };
         config.cache_bytes = a.cache_mib.saturating_mul(1 << 20);
         config.verify = parse_verify(&a.verify)?;
+        config.gpu_sample = parse_gpu_sample(&a.gpu_sample)?;
         config.insecure_open_port = a.insecure_open_port;
         config.given = a.given;
         config.change_settings = a.change_settings;

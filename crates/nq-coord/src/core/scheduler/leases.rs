@@ -323,10 +323,17 @@ impl Scheduler {
                 continue;
             }
             scanned += 1;
+            if open.trusted_only && arbiter && !trusted {
+                // Only a trusted computation may take it: behind the others,
+                // so that a row of such jobs (the CPU sample holds many at
+                // once) does not hide from untrusted workers the checks
+                // they may give; each grant moves those it looks at.
+                self.jobs.checks.remove(i);
+                self.jobs.checks.push_back(job);
+                continue;
+            }
             let reported = open.reporters.contains(&identity);
-            let choice = if open.trusted_only && arbiter && !trusted {
-                None
-            } else if local {
+            let choice = if local {
                 local_choice(&open.kernels, reported)
             } else if trusted && reported {
                 self_check(&open.kernels)

@@ -81,7 +81,7 @@ use crate::core::allowance::{Allowances, fair_share};
 use crate::core::lease::{Lease, LeaseId, LeaseTable, WorkerId};
 use crate::core::presence::Presence;
 use crate::core::quorum::{
-    Beaten, Identities, IdentityId, LOCAL, Policy, Rules, trusted_from_start,
+    Beaten, Identities, IdentityId, LOCAL, Policy, Rules, Selection, trusted_from_start,
 };
 use crate::core::tag::{Caller, Tags, caller_key};
 use crate::error::{Error, Refusal, RegistrationLimit, Result};
@@ -517,6 +517,15 @@ pub struct Settlement {
     /// True when the job settled on one vote that needed a check no second
     /// machine could give ([`crate::core::quorum::Verdict::unchecked`]).
     pub unchecked: bool,
+}
+
+impl Settlement {
+    /// True when the job waits for a trusted copy although its copies do
+    /// not disagree: only the CPU sample asks for that (every copy ran on a
+    /// GPU, see [`crate::core::quorum::judge`]).
+    pub fn held_for_cpu_sample(&self) -> bool {
+        !self.settled && self.needs_trusted && !self.disputed
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ fn policy(share: f64) -> Policy {
         secret: [3; 16],
         fraction: crate::core::quorum::Fraction::Fixed(share),
         ban_after: 2,
+        gpu_sample: share,
     }
 }
 
@@ -349,6 +350,7 @@ fn automatic_checks_need_two_machines_at_work() {
         secret: [5; 16],
         fraction: crate::core::quorum::Fraction::Auto,
         ban_after: 3,
+        gpu_sample: 0.0,
     };
     let mut clock = Clock(Instant::now());
     let mut s = Scheduler::new(vec![1; 4], 1, TTL, auto);
@@ -559,6 +561,51 @@ fn a_dispute_goes_only_to_the_trusted_threads_on_a_kernel_no_copy_ran() {
     if Kernel::Avx512.is_available() {
         assert_ne!(kernel, KernelRequest::Any, "the fastest kernel already ran");
     }
+}
+
+/// See: issue 24, item 6: the CPU sample holds many jobs at once for the
+/// trusted side, and untrusted workers stopped finding the checks queued
+/// behind them.
+#[test]
+fn jobs_held_for_a_trusted_copy_do_not_hide_the_checks_queued_behind_them() {
+    let held = CHECK_SCAN + 8;
+    let mut s = Scheduler::new(vec![1; held + 1], 1, TTL, policy(1.0));
+    let now = Instant::now();
+    let ip = |d| Some(IpAddr::from([10, 0, 0, d]));
+    let a = s.register("a", 1, ip(1), now).unwrap();
+    let b = s.register("b", 1, ip(2), now).unwrap();
+    s.register_local(1, now);
+    let (ia, ib) = (
+        s.worker(&a).unwrap().identity,
+        s.worker(&b).unwrap().identity,
+    );
+    for j in 0..held {
+        let waiting = Settlement {
+            settled: false,
+            reporters: vec![ia, ib],
+            kernels: vec![crate::core::quorum::GPU_KERNEL.into()],
+            needs_trusted: true,
+            ..Settlement::one_copy(JobId(j as u64), Some(tally(5)))
+        };
+        assert!(waiting.held_for_cpu_sample());
+        s.settle(&waiting, true).unwrap();
+    }
+    let open = Settlement {
+        settled: false,
+        reporters: vec![ia],
+        ..Settlement::one_copy(JobId(held as u64), Some(tally(5)))
+    };
+    s.settle(&open, true).unwrap();
+    // Each grant moves the held jobs it looks at behind the others: within
+    // two grants b reaches the check it may give.
+    let mut got = s.lease(&b, 1, &[], now).unwrap();
+    if got.jobs.is_empty() {
+        got = s.lease(&b, 1, &[], now).unwrap();
+    }
+    assert_eq!(jobs_of(&got), vec![held as u64]);
+    // The held jobs still wait for the trusted side.
+    let holding = [got.jobs[0].lease];
+    assert!(s.lease(&b, 1, &holding, now).unwrap().jobs.is_empty());
 }
 
 #[test]

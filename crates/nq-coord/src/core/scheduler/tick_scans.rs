@@ -13,6 +13,7 @@ fn scheduler() -> Scheduler {
         secret: [3; 16],
         fraction: crate::core::quorum::Fraction::Fixed(0.0),
         ban_after: 2,
+        gpu_sample: 0.0,
     };
     Scheduler::new(vec![1; 400], 1, TTL, policy)
 }

@@ -34,14 +34,22 @@ impl Verification {
     pub(super) fn selected(&self, job: JobId) -> bool {
         self.policy.selected(job, self.two_machines)
     }
+
+    /// What `job` is chosen for now: a second copy, the CPU sample.
+    pub(super) fn selection(&self, job: JobId) -> Selection {
+        self.policy.selection(job, self.two_machines)
+    }
 }
 
 impl Scheduler {
     /// What judging `job` reads: the identities (new voters are interned),
-    /// and the rules of the moment with whether `job` is selected for a
-    /// check (see `crate::core::ledger::decide`).
-    pub(crate) fn judging(&mut self, job: JobId) -> (&mut Identities, (Rules, bool)) {
-        let at = (self.rules(), self.selected(job));
+    /// and the rules of the moment with what `job` is selected for (see
+    /// `crate::core::ledger::decide`).
+    pub(crate) fn judging(
+        &mut self,
+        job: JobId,
+    ) -> (&mut Identities, (Rules, Selection)) {
+        let at = (self.rules(), self.verify.selection(job));
         (&mut self.verify.identities, at)
     }
 
