@@ -21,10 +21,10 @@ const TOKENS: [(&str, &str); 3] = [
 ];
 
 /// The CPU sample's share in this test. With L jobs lied on, the chance
-/// that the sample holds none of them is 0.7^L: below 10^-9 from L = 60
-/// (the liars lie on every job above half the mean count, about 100 of
-/// the run's 197 jobs).
-const SAMPLE: &str = "0.3";
+/// that the sample holds none of them is 0.6^L: below 10^-11 from L = 50
+/// (the liars lie on every job above half the mean count: about three
+/// quarters of the run's 100 jobs, in a trial by hand).
+const SAMPLE: &str = "0.4";
 
 /// `nq-liar` posing as `nq-worker --gpu` with a kernel bug: its copies say
 /// `cuda`, and it lies on every job whose true count is at least
@@ -81,7 +81,7 @@ async fn gpu_liars() -> Result<()> {
         "--split",
         "0:2",
         "--jobs",
-        "200",
+        "100",
         "--local-threads",
         "0",
         "--verify",

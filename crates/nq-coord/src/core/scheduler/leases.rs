@@ -296,8 +296,9 @@ impl Scheduler {
 
     /// The next job `identity` may compute, with the identity it computes
     /// under and the kernel to ask for. A job waiting for a trusted copy
-    /// goes only to a trusted identity while one is available; the local
-    /// threads may check their own copy on a kernel no copy ran.
+    /// goes only to a trusted identity while one is available (an untrusted
+    /// worker's grant moves those it looks at behind the other checks); the
+    /// local threads may check their own copy on a kernel no copy ran.
     ///
     /// An untrusted worker is never told which kernel to run: first copies
     /// and checks then ask alike, and it cannot tell a check from a first
