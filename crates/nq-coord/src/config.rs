@@ -97,10 +97,9 @@ pub struct Config {
     /// The share of the jobs, 0 to 1, that the trusted side (the local
     /// threads, `--trust` machines) recomputes on a CPU kernel when every
     /// copy ran on a GPU (`--gpu-sample`, the CPU sample of
-    /// [`crate::quorum`]; [`DEFAULT_GPU_SAMPLE`]). Configuration of the
-    /// session, not stored with the run: it adds trusted checks to the
-    /// stored `--verify`, and a resume with another share judges the jobs
-    /// still open by the new one.
+    /// [`crate::quorum`]; [`DEFAULT_GPU_SAMPLE`]). It decides what counts,
+    /// so it travels with the run as [`Config::verify`] does (see
+    /// [`Config::given`]): a resume without it takes the stored share.
     pub gpu_sample: f64,
     /// When set, every call of the `nqueens.v1.Coordinator` service must
     /// carry `authorization: Bearer <token>`; others get UNAUTHENTICATED. The
@@ -131,10 +130,12 @@ pub struct Config {
     /// backup` takes one on request either way.
     pub backup: Option<PeriodicBackup>,
     /// Which of the settings that decide what counts ([`Config::verify`],
-    /// [`Config::trusted`], [`Config::ban_after`]) the caller gave. They are
-    /// stored with the run when it is created; a resume takes the stored
-    /// value of each setting not given, and refuses a given one that
-    /// differs unless [`Config::change_settings`] is set.
+    /// [`Config::trusted`], [`Config::ban_after`], [`Config::gpu_sample`])
+    /// the caller gave. They are stored with the run when it is created; a
+    /// resume takes the stored value of each setting not given, and refuses
+    /// a given one that differs unless [`Config::change_settings`] is set.
+    /// A run whose stored settings predate `--gpu-sample` takes this
+    /// session's share (given or default) and stores it.
     /// [`Config::new`] gives none.
     pub given: GivenSettings,
     /// `--change-settings`: a resume may change the stored settings that
@@ -154,6 +155,8 @@ pub struct GivenSettings {
     pub trust: bool,
     /// `--ban-after` ([`Config::ban_after`]).
     pub ban_after: bool,
+    /// `--gpu-sample` ([`Config::gpu_sample`]).
+    pub gpu_sample: bool,
 }
 
 /// Periodic backups (see [`Config::backup`]).

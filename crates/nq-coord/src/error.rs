@@ -302,8 +302,8 @@ pub enum Error {
         given: u32,
     },
     /// A resume gives a setting that decides what counts (`--verify`,
-    /// `--trust`, `--ban-after`) other than the one stored with the run,
-    /// without `--change-settings`.
+    /// `--trust`, `--ban-after`, `--gpu-sample`) other than the one stored
+    /// with the run, without `--change-settings`.
     #[error(
         "the run in {} keeps the settings that decide what counts, and this resume \
          gives others: {differences}. Leave these options out to resume with the \

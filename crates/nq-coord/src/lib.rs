@@ -49,7 +49,7 @@
 //!   `restore`: the core rebuilt from the stored copies, nothing cached
 //!   trusted.
 //! * `settings` (private): the settings that decide what counts (verify,
-//!   trust, ban-after), stored with the run, held to on a resume, read by
+//!   trust, ban-after, gpu-sample), stored with the run, held to on a resume, read by
 //!   the audit.
 //! * `run` (private): [`run`] itself, wiring and the shutdown order only.
 //! * [`report`]: [`RunReport`] (built in one place), its stdout line and

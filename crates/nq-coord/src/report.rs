@@ -60,8 +60,8 @@ pub struct RunReport {
     /// line of what `nq-coord audit` writes: set when the run is complete.
     pub audit_digest: Option<AuditDigest>,
     /// The changes made to the settings that decide what counts
-    /// (`--verify`, `--trust`, `--ban-after`) after the run was created,
-    /// with `--change-settings`, oldest first.
+    /// (`--verify`, `--trust`, `--ban-after`, `--gpu-sample`) after the run
+    /// was created, with `--change-settings`, oldest first.
     pub setting_changes: Vec<SettingChange>,
 }
 

@@ -1,9 +1,15 @@
 //! The settings that decide what counts (`--verify`, `--trust`,
-//! `--ban-after`; probation follows `--verify`) travel with the run: they
-//! are stored when the run is created, and a resume judges by the stored
-//! values. A resume that gives another value is refused, naming both,
-//! unless `--change-settings` says to change it; the change is then logged
-//! as a warning, stored, and listed in `report.json`.
+//! `--ban-after`, `--gpu-sample`; probation follows `--verify`) travel
+//! with the run: they are stored when the run is created, and a resume
+//! judges by the stored values. A resume that gives another value is
+//! refused, naming both, unless `--change-settings` says to change it; the
+//! change is then logged as a warning, stored, and listed in `report.json`.
+//!
+//! `--gpu-sample` was stored later than the others. A run whose stored
+//! settings lack it resumes with this session's value (the default,
+//! [`crate::core::quorum::DEFAULT_GPU_SAMPLE`], unless given) and stores
+//! it; a finished run or an audit of such a run judges with no CPU sample
+//! ([`UNSTORED_GPU_SAMPLE`]), as the build that ran it did.
 
 use std::num::NonZeroU32;
 use std::time::SystemTime;
@@ -16,6 +22,13 @@ use crate::core::quorum::{Fraction, Policy};
 use crate::error::{Error, Result};
 use crate::wall::unix_ms;
 
+/// The CPU sample share of a run whose stored settings predate
+/// `--gpu-sample`, when it is judged without a session that could adopt
+/// one (a finished run's report, the audit): none, as the builds that
+/// stored such settings took no CPU sample. Judging such a run with a
+/// sample would reopen GPU-only jobs that it rightly settled.
+const UNSTORED_GPU_SAMPLE: f64 = 0.0;
+
 /// The settings a session judges by.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Deciding {
@@ -25,6 +38,8 @@ pub(crate) struct Deciding {
     pub(crate) trusted: Vec<String>,
     /// `--ban-after`.
     pub(crate) ban_after: NonZeroU32,
+    /// `--gpu-sample`.
+    pub(crate) gpu_sample: f64,
 }
 
 impl Deciding {
@@ -34,10 +49,12 @@ impl Deciding {
             verify: config.verify,
             trusted: config.trusted.clone(),
             ban_after: config.ban_after,
+            gpu_sample: config.gpu_sample,
         }
     }
 
-    /// The values stored with a run.
+    /// The values stored with a run ([`UNSTORED_GPU_SAMPLE`] for a
+    /// `--gpu-sample` stored settings lack).
     fn of_stored(stored: &RunSettings) -> Result<Deciding> {
         let ban_after = NonZeroU32::new(stored.ban_after).ok_or_else(|| {
             nq_store::Error::Corrupt {
@@ -51,6 +68,7 @@ impl Deciding {
             verify: stored.verify.map_or(Fraction::Auto, Fraction::Fixed),
             trusted: stored.trust.clone(),
             ban_after,
+            gpu_sample: stored.gpu_sample.unwrap_or(UNSTORED_GPU_SAMPLE),
         })
     }
 
@@ -63,6 +81,7 @@ impl Deciding {
             },
             trust: self.trusted.clone(),
             ban_after: self.ban_after.get(),
+            gpu_sample: Some(self.gpu_sample),
             changes,
         }
     }
@@ -86,12 +105,17 @@ impl Deciding {
             } else {
                 self.ban_after
             },
+            gpu_sample: if given.gpu_sample {
+                config.gpu_sample
+            } else {
+                self.gpu_sample
+            },
         }
     }
 
     /// Each setting, by its option name, with its value as the option
     /// spells it.
-    fn values(&self) -> [(&'static str, String); 3] {
+    fn values(&self) -> [(&'static str, String); 4] {
         let verify = match self.verify {
             Fraction::Auto => "auto".to_owned(),
             Fraction::Fixed(share) => share.to_string(),
@@ -108,6 +132,7 @@ impl Deciding {
             ("verify", verify),
             ("trust", trust),
             ("ban-after", self.ban_after.to_string()),
+            ("gpu-sample", self.gpu_sample.to_string()),
         ]
     }
 
@@ -124,10 +149,11 @@ impl Deciding {
 
     /// Says which settings a resumed run judges by.
     fn log_kept(&self) {
-        let [verify, trust, ban_after] = self.values().map(|(_, value)| value);
+        let [verify, trust, ban_after, gpu_sample] =
+            self.values().map(|(_, value)| value);
         info!(
             verify,
-            trust, ban_after, "judging by the settings stored with the run"
+            trust, ban_after, gpu_sample, "judging by the settings stored with the run"
         );
     }
 
@@ -138,7 +164,7 @@ impl Deciding {
             secret: store.verify_secret(rand::random())?,
             fraction: self.verify,
             ban_after: self.ban_after.get(),
-            gpu_sample: crate::core::quorum::DEFAULT_GPU_SAMPLE,
+            gpu_sample: self.gpu_sample,
         })
     }
 }
@@ -146,7 +172,8 @@ impl Deciding {
 /// The settings a session of an existing run (made, or being made, in
 /// `store`) judges by: the stored ones, with the given ones in their place
 /// where `config` may change them. A run stored before settings were
-/// stored adopts this session's, and stores them.
+/// stored adopts this session's, and stores them; so does one whose stored
+/// settings lack `--gpu-sample`, for that one (the default unless given).
 ///
 /// # Errors
 ///
@@ -155,21 +182,35 @@ impl Deciding {
 pub(crate) fn resume(config: &Config, store: &Store) -> Result<Deciding> {
     let Some(stored) = store.run_settings()? else {
         let adopted = Deciding::of_config(config);
-        let [verify, trust, ban_after] = adopted.values().map(|(_, value)| value);
+        let [verify, trust, ban_after, gpu_sample] =
+            adopted.values().map(|(_, value)| value);
         info!(
             verify,
             trust,
             ban_after,
-            "the run predates stored settings: storing this session's verify, trust and ban-after with it; later resumes use them"
+            gpu_sample,
+            "the run predates stored settings: storing this session's verify, trust, ban-after and gpu-sample with it; later resumes use them"
         );
         store.set_run_settings(&adopted.to_stored(Vec::new()))?;
         store.flush()?;
         return Ok(adopted);
     };
-    let kept = Deciding::of_stored(&stored)?;
+    let mut kept = Deciding::of_stored(&stored)?;
+    // Stored before --gpu-sample travelled: nothing to hold this session
+    // to, so its value (given or default) becomes the run's, as all of
+    // them do for a run that predates stored settings.
+    let adopted = stored.gpu_sample.is_none();
+    if adopted {
+        kept.gpu_sample = config.gpu_sample;
+    }
     let wanted = kept.with_given(config);
     let differences = kept.differences(&wanted);
     if differences.is_empty() {
+        if adopted {
+            log_adopted_gpu_sample(kept.gpu_sample);
+            store.set_run_settings(&kept.to_stored(stored.changes))?;
+            store.flush()?;
+        }
         kept.log_kept();
         return Ok(kept);
     }
@@ -184,6 +225,9 @@ pub(crate) fn resume(config: &Config, store: &Store) -> Result<Deciding> {
                 .collect::<Vec<_>>()
                 .join("; "),
         });
+    }
+    if adopted {
+        log_adopted_gpu_sample(wanted.gpu_sample);
     }
     let now = unix_ms(SystemTime::now());
     let mut changes = stored.changes;
@@ -207,13 +251,27 @@ pub(crate) fn resume(config: &Config, store: &Store) -> Result<Deciding> {
     Ok(wanted)
 }
 
+/// Says that a run whose stored settings predate `--gpu-sample` stores
+/// this session's share with them (see [`resume`]).
+fn log_adopted_gpu_sample(share: f64) {
+    info!(
+        gpu_sample = share,
+        "the run's stored settings predate --gpu-sample: storing this session's with them; later resumes use it"
+    );
+}
+
 /// The settings a finished run is judged by when its report is shown
 /// again: the stored ones, or `config`'s for a run finished before they
-/// were stored. Nothing is refused or written: the run is final.
+/// were stored, with no CPU sample ([`UNSTORED_GPU_SAMPLE`]: the build
+/// that finished it took none). Nothing is refused or written: the run is
+/// final.
 pub(crate) fn finished(config: &Config, store: &Store) -> Result<Deciding> {
     match store.run_settings()? {
         Some(stored) => Deciding::of_stored(&stored),
-        None => Ok(Deciding::of_config(config)),
+        None => Ok(Deciding {
+            gpu_sample: UNSTORED_GPU_SAMPLE,
+            ..Deciding::of_config(config)
+        }),
     }
 }
 
@@ -224,8 +282,8 @@ pub(crate) fn changes(store: &Store) -> Result<Vec<SettingChange>> {
 
 /// The verification policy and trusted identities a reader of the run in
 /// `store` judges its copies by (the audit): the stored settings, or for a
-/// run stored before they were, `verify` with the default ban limit and no
-/// trusted identity.
+/// run stored before they were, `verify` with the default ban limit, no
+/// trusted identity and no CPU sample ([`UNSTORED_GPU_SAMPLE`]).
 ///
 /// # Errors
 ///
@@ -237,6 +295,7 @@ pub(crate) fn judging(store: &Store, verify: Fraction) -> Result<(Policy, Vec<St
             verify,
             trusted: Vec::new(),
             ban_after: crate::config::DEFAULT_BAN_AFTER_NONZERO,
+            gpu_sample: UNSTORED_GPU_SAMPLE,
         },
     };
     Ok((deciding.policy(store)?, deciding.trusted))
@@ -256,8 +315,26 @@ mod tests {
             verify: true,
             trust: true,
             ban_after: true,
+            gpu_sample: true,
         };
         c
+    }
+
+    /// [`config`] with `--gpu-sample` at `share`.
+    fn sampling(share: f64) -> Config {
+        let mut c = config(Fraction::Fixed(0.0), &[], 3);
+        c.gpu_sample = share;
+        c
+    }
+
+    /// Stores settings as a build from before `--gpu-sample` was stored
+    /// left them: the others as `made` gives them, no CPU sample share.
+    fn store_without_gpu_sample(store: &Store, made: &Config) {
+        let stored = RunSettings {
+            gpu_sample: None,
+            ..Deciding::of_config(made).to_stored(Vec::new())
+        };
+        store.set_run_settings(&stored).unwrap();
     }
 
     #[test]
@@ -314,8 +391,116 @@ mod tests {
         let stored = store.run_settings().unwrap().unwrap();
         assert_eq!((stored.verify, stored.ban_after), (None, 4));
         assert_eq!(stored.trust, ["token:a"]);
+        assert_eq!(stored.gpu_sample, Some(first.gpu_sample));
         let (policy, trusted) = judging(&store, Fraction::Fixed(1.0)).unwrap();
         assert_eq!((policy.fraction, policy.ban_after), (Fraction::Auto, 4));
+        assert_eq!(policy.gpu_sample, first.gpu_sample);
         assert_eq!(trusted, ["token:a"]);
+    }
+
+    /// `--gpu-sample` travels with the run as `--verify` does: a resume
+    /// without it takes the stored share, not the default; another share is
+    /// refused naming the flag and both values, unless changed.
+    #[test]
+    fn the_gpu_sample_travels_with_the_run() {
+        let store = Store::temporary().unwrap();
+        let made = sampling(0.25);
+        store
+            .set_run_settings(&Deciding::of_config(&made).to_stored(Vec::new()))
+            .unwrap();
+        assert_eq!(
+            store.run_settings().unwrap().unwrap().gpu_sample,
+            Some(0.25)
+        );
+        let bare = Config::new(8, "d").unwrap();
+        let kept = resume(&bare, &store).unwrap();
+        assert_eq!(kept.gpu_sample, 0.25);
+        assert_eq!(kept.policy(&store).unwrap().gpu_sample, 0.25);
+        // The same share given: no difference.
+        assert_eq!(resume(&sampling(0.25), &store).unwrap().gpu_sample, 0.25);
+
+        let mut other = sampling(crate::core::quorum::DEFAULT_GPU_SAMPLE);
+        let err = resume(&other, &store).unwrap_err();
+        assert!(matches!(err, Error::SettingsDiffer { .. }), "{err}");
+        let err = err.to_string();
+        assert!(
+            err.contains("--gpu-sample: stored 0.25, given 0.005")
+                && err.contains("--change-settings"),
+            "{err}"
+        );
+        assert!(!err.contains("--verify"), "{err}");
+        // Refused: nothing changed.
+        assert_eq!(
+            store.run_settings().unwrap().unwrap().gpu_sample,
+            Some(0.25)
+        );
+
+        other.change_settings = true;
+        assert_eq!(resume(&other, &store).unwrap().gpu_sample, 0.005);
+        let recorded = changes(&store).unwrap();
+        assert_eq!(recorded.len(), 1);
+        assert_eq!(
+            (&*recorded[0].setting, &*recorded[0].from, &*recorded[0].to),
+            ("gpu-sample", "0.25", "0.005")
+        );
+        assert_eq!(resume(&bare, &store).unwrap().gpu_sample, 0.005);
+        // The finished run and the audit judge by the stored share too.
+        assert_eq!(finished(&sampling(1.0), &store).unwrap().gpu_sample, 0.005);
+        let (policy, _) = judging(&store, Fraction::Auto).unwrap();
+        assert_eq!(policy.gpu_sample, 0.005);
+    }
+
+    /// Settings stored before `--gpu-sample` travelled still resume: with
+    /// the default when none is given, else with the given share, which no
+    /// stored share can differ from; the share is stored then, and held to
+    /// from the next resume on.
+    #[test]
+    fn settings_stored_without_a_gpu_sample_resume_and_store_one() {
+        let made = config(Fraction::Fixed(0.5), &["token:lab"], 2);
+        let bare = Config::new(8, "d").unwrap();
+
+        let store = Store::temporary().unwrap();
+        store_without_gpu_sample(&store, &made);
+        let resumed = resume(&bare, &store).unwrap();
+        assert_eq!(
+            resumed,
+            Deciding {
+                gpu_sample: crate::core::quorum::DEFAULT_GPU_SAMPLE,
+                ..Deciding::of_config(&made)
+            }
+        );
+        let stored = store.run_settings().unwrap().unwrap();
+        assert_eq!(
+            stored.gpu_sample,
+            Some(crate::core::quorum::DEFAULT_GPU_SAMPLE)
+        );
+        assert!(stored.changes.is_empty(), "{:?}", stored.changes);
+
+        let store = Store::temporary().unwrap();
+        store_without_gpu_sample(&store, &made);
+        let mut given = Config::new(8, "d").unwrap();
+        given.gpu_sample = 0.02;
+        given.given.gpu_sample = true;
+        assert_eq!(resume(&given, &store).unwrap().gpu_sample, 0.02);
+        assert_eq!(
+            store.run_settings().unwrap().unwrap().gpu_sample,
+            Some(0.02)
+        );
+        assert!(changes(&store).unwrap().is_empty());
+        // Stored now: the next resume is held to it.
+        let err = resume(&sampling(0.03), &store).unwrap_err().to_string();
+        assert!(
+            err.contains("--gpu-sample: stored 0.02, given 0.03"),
+            "{err}"
+        );
+
+        // Read without a session to adopt one, such a run is judged as it
+        // was run: with no CPU sample.
+        let store = Store::temporary().unwrap();
+        store_without_gpu_sample(&store, &made);
+        assert_eq!(finished(&bare, &store).unwrap().gpu_sample, 0.0);
+        let (policy, _) = judging(&store, Fraction::Auto).unwrap();
+        assert_eq!(policy.gpu_sample, 0.0);
+        assert_eq!(store.run_settings().unwrap().unwrap().gpu_sample, None);
     }
 }

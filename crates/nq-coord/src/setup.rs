@@ -189,10 +189,7 @@ pub(crate) fn build(
         &manifest,
         session_no,
         config.lease_ttl,
-        Policy {
-            gpu_sample: config.gpu_sample,
-            ..deciding.policy(&store)?
-        },
+        deciding.policy(&store)?,
     )?;
     core.restorer()
         .expect_local_threads(config.local_threads > 0);
@@ -513,10 +510,7 @@ fn finished_report(
         Box::new(ExactOrder::new(&[])),
         0,
         config.lease_ttl,
-        Policy {
-            gpu_sample: config.gpu_sample,
-            ..deciding.policy(store)?
-        },
+        deciding.policy(store)?,
         Instant::now(),
     );
     core.restorer()

@@ -1,5 +1,6 @@
 //! The settings that decide what counts in a run ([`RunSettings`]: the
-//! verification share, the trusted identities and the ban limit), stored
+//! verification share, the trusted identities, the ban limit and the CPU
+//! sample of GPU copies), stored
 //! with the run when it is created, as its split is, so that every later
 //! session judges its copies by the same rules; and the changes an
 //! operator made to them on a resume.
@@ -15,7 +16,9 @@ use crate::error::{Corruption, Result};
 const SETTINGS: &[u8] = b"run_settings";
 
 /// Format version of [`RunSettings`]' encoding (sealed from the first).
-const SETTINGS_VERSION: u8 = 1;
+/// Version 2 added [`RunSettings::gpu_sample`]; a version 1 value still
+/// reads, with none stored.
+const SETTINGS_VERSION: u8 = 2;
 
 /// The settings that decide what counts in a run.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +32,11 @@ pub struct RunSettings {
     /// Lost verification conflicts after which a worker is refused
     /// (`--ban-after`).
     pub ban_after: u32,
+    /// The share of the jobs, 0 to 1, whose copies all ran on a GPU that a
+    /// trusted CPU kernel computes again (`--gpu-sample`); `None` for
+    /// settings stored before it was (format version 1), which the
+    /// coordinator fills in.
+    pub gpu_sample: Option<f64>,
     /// Every change made to these settings after the run was created,
     /// oldest first.
     pub changes: Vec<SettingChange>,
@@ -47,21 +55,43 @@ pub struct SettingChange {
     pub unix_ms: u64,
 }
 
+/// Writes an optional share: a tag byte (0: none, 1: one), then its bits.
+fn put_share(out: &mut Vec<u8>, share: Option<f64>) {
+    match share {
+        None => out.push(0),
+        Some(share) => {
+            out.push(1);
+            out.extend_from_slice(&share.to_bits().to_be_bytes());
+        }
+    }
+}
+
+/// Reads what [`put_share`] wrote; a share outside 0 to 1 or a bad tag is
+/// a damaged `field`.
+fn share(r: &mut Reader<'_>, field: &'static str) -> Result<Option<f64>> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => {
+            let share = f64::from_bits(r.u64()?);
+            if !(0.0..=1.0).contains(&share) {
+                return Err(r.corrupt(Corruption::Field { field }));
+            }
+            Ok(Some(share))
+        }
+        _ => Err(r.corrupt(Corruption::Field { field })),
+    }
+}
+
 impl RunSettings {
     fn encode(&self) -> Vec<u8> {
         let mut out = vec![SETTINGS_VERSION];
-        match self.verify {
-            None => out.push(0),
-            Some(share) => {
-                out.push(1);
-                out.extend_from_slice(&share.to_bits().to_be_bytes());
-            }
-        }
+        put_share(&mut out, self.verify);
         put_varint(&mut out, self.trust.len() as u128);
         for identity in &self.trust {
             put_str(&mut out, identity);
         }
         put_varint(&mut out, self.ban_after.into());
+        put_share(&mut out, self.gpu_sample);
         put_varint(&mut out, self.changes.len() as u128);
         for change in &self.changes {
             put_str(&mut out, &change.setting);
@@ -74,19 +104,9 @@ impl RunSettings {
     }
 
     fn decode(bytes: &[u8]) -> Result<RunSettings> {
-        let (_, mut r) = open("meta", bytes, 1, SETTINGS_VERSION)?;
+        let (version, mut r) = open("meta", bytes, 1, SETTINGS_VERSION)?;
         let field = |r: &Reader<'_>, field| r.corrupt(Corruption::Field { field });
-        let verify = match r.u8()? {
-            0 => None,
-            1 => {
-                let share = f64::from_bits(r.u64()?);
-                if !(0.0..=1.0).contains(&share) {
-                    return Err(field(&r, "run_settings.verify"));
-                }
-                Some(share)
-            }
-            _ => return Err(field(&r, "run_settings.verify")),
-        };
+        let verify = share(&mut r, "run_settings.verify")?;
         let count = r.varint_u64()?;
         // Each string takes at least its length byte: a damaged count
         // reserves no more than the value can hold.
@@ -98,6 +118,11 @@ impl RunSettings {
             .ok()
             .filter(|&k| k > 0)
             .ok_or_else(|| field(&r, "run_settings.ban_after"))?;
+        let gpu_sample = if version >= 2 {
+            share(&mut r, "run_settings.gpu_sample")?
+        } else {
+            None
+        };
         let count = r.varint_u64()?;
         // A change takes at least 11 bytes: three lengths and its time.
         let mut changes = Vec::with_capacity((r.remaining() / 11).min(count as usize));
@@ -114,6 +139,7 @@ impl RunSettings {
             verify,
             trust,
             ban_after,
+            gpu_sample,
             changes,
         })
     }
@@ -158,6 +184,7 @@ mod tests {
             verify: Some(0.05),
             trust: vec!["token:lab".into(), "cert:ab12".into()],
             ban_after: 3,
+            gpu_sample: Some(0.005),
             changes: vec![SettingChange {
                 setting: "verify".into(),
                 from: "0".into(),
@@ -177,6 +204,7 @@ mod tests {
                 verify: None,
                 trust: Vec::new(),
                 ban_after: 1,
+                gpu_sample: None,
                 changes: Vec::new(),
             },
         ] {
@@ -205,6 +233,10 @@ mod tests {
                 ban_after: 0,
                 ..sample()
             },
+            RunSettings {
+                gpu_sample: Some(-0.5),
+                ..sample()
+            },
         ] {
             let err = RunSettings::decode(&bad.encode()).unwrap_err();
             assert!(
@@ -223,6 +255,37 @@ mod tests {
         assert!(RunSettings::decode(&truncated).is_err());
     }
 
+    /// `settings` as format version 1 wrote it: no `gpu_sample`.
+    fn encode_v1(settings: &RunSettings) -> Vec<u8> {
+        let mut out = vec![1];
+        put_share(&mut out, settings.verify);
+        put_varint(&mut out, settings.trust.len() as u128);
+        for identity in &settings.trust {
+            put_str(&mut out, identity);
+        }
+        put_varint(&mut out, settings.ban_after.into());
+        put_varint(&mut out, settings.changes.len() as u128);
+        for change in &settings.changes {
+            put_str(&mut out, &change.setting);
+            put_str(&mut out, &change.from);
+            put_str(&mut out, &change.to);
+            out.extend_from_slice(&change.unix_ms.to_be_bytes());
+        }
+        seal(&mut out);
+        out
+    }
+
+    /// A store written before `--gpu-sample` was stored still reads: the
+    /// other settings as written, and no CPU sample share.
+    #[test]
+    fn version_1_settings_read_without_a_gpu_sample() {
+        let old = RunSettings {
+            gpu_sample: None,
+            ..sample()
+        };
+        assert_eq!(RunSettings::decode(&encode_v1(&old)).unwrap(), old);
+    }
+
     fn settings() -> impl Strategy<Value = RunSettings> {
         let change =
             (".*", ".*", ".*", any::<u64>()).prop_map(|(setting, from, to, unix_ms)| {
@@ -237,13 +300,17 @@ mod tests {
             proptest::option::of(0.0..=1.0f64),
             vec(".*", 0..4),
             1..=u32::MAX,
+            proptest::option::of(0.0..=1.0f64),
             vec(change, 0..4),
         )
-            .prop_map(|(verify, trust, ban_after, changes)| RunSettings {
-                verify,
-                trust,
-                ban_after,
-                changes,
+            .prop_map(|(verify, trust, ban_after, gpu_sample, changes)| {
+                RunSettings {
+                    verify,
+                    trust,
+                    ban_after,
+                    gpu_sample,
+                    changes,
+                }
             })
     }
 

@@ -162,7 +162,8 @@ pub(crate) struct RunArgs {
     /// cores do about 1/50 of a GPU's work, so the default, 0.5%, keeps them
     /// a quarter busy per GPU; with G GPUs use about 0.01/G, or add CPU
     /// machines under --trust. Without a trusted computation the sample is
-    /// not taken.
+    /// not taken. Stored with the run when it is created, like --verify: a
+    /// resume without it uses the stored share.
     #[arg(
         long,
         value_name = "SHARE",
@@ -195,13 +196,14 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "NQ_PRINT_CONFIG")]
     pub(crate) print_config: bool,
     /// Change the settings that decide what counts (--verify, --trust,
-    /// --ban-after), stored with the run when it was created, to the values
-    /// given now. Without it a resume that gives other values is refused.
-    /// Each change is logged and listed in report.json.
+    /// --ban-after, --gpu-sample), stored with the run when it was created,
+    /// to the values given now. Without it a resume that gives other values
+    /// is refused. Each change is logged and listed in report.json.
     #[arg(long, env = "NQ_CHANGE_SETTINGS")]
     change_settings: bool,
-    /// Which of --verify, --trust and --ban-after were given (set by
-    /// `config_file::parse_from`, which knows where each value came from).
+    /// Which of --verify, --trust, --ban-after and --gpu-sample were given
+    /// (set by `config_file::parse_from`, which knows where each value came
+    /// from).
     #[arg(skip)]
     pub(crate) given: nq_coord::config::GivenSettings,
     #[command(flatten)]
@@ -395,8 +397,8 @@ pub(crate) enum Command {
     /// The CSV (format `nq-audit v2`) also names the board, the split and
     /// each job's sub-problems, and ends with its own SHA-256, the `audit=`
     /// of the run's final line: `nq recheck` re-computes a sample of it.
-    /// Copies are judged by the verify, trust and ban-after stored with the
-    /// run.
+    /// Copies are judged by the verify, trust, ban-after and gpu-sample
+    /// stored with the run.
     Audit(AuditArgs),
     /// Asks a running coordinator where its run stands (the `Status` rpc):
     /// N, progress by estimated work, ETA, rates, the workers with their

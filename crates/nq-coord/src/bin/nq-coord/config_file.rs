@@ -98,6 +98,7 @@ where
         verify: is_given(&matches, "verify"),
         trust: is_given(&matches, "trust"),
         ban_after: is_given(&matches, "ban_after"),
+        gpu_sample: is_given(&matches, "gpu_sample"),
     };
     Ok(Parsed {
         args,
@@ -428,8 +429,9 @@ impl Parsed {
     /// back: every option of a run with its value from the command line,
     /// the environment or the file. A default is written as a comment (so
     /// that reading the file back gives nothing that was not given: a
-    /// resume takes the run's stored verify, trust and ban-after unless
-    /// they are given), and so are an option with no value and a secret
+    /// resume takes the run's stored verify, trust, ban-after and
+    /// gpu-sample unless they are given), and so are an option with no
+    /// value and a secret
     /// (the token and the store key are never printed: keep them in the
     /// environment or a key file).
     pub(crate) fn print_config(&self) -> String {
@@ -509,7 +511,9 @@ mod tests {
     /// run in parallel in one process.)
     #[test]
     fn a_flag_wins_over_the_file_which_wins_over_the_default() {
-        let f = file("n = 9\nlocal-threads = 0\nverify = 0.5\nban-after = 2\n");
+        let f = file(
+            "n = 9\nlocal-threads = 0\nverify = 0.5\nban-after = 2\ngpu-sample = \"2%\"\n",
+        );
         let path = f.path().to_str().unwrap();
         let p = parse(&["--config", path, "--verify", "1"]).unwrap();
         let config = nq_coord::Config::try_from(p.args.run).unwrap();
@@ -517,19 +521,29 @@ mod tests {
         assert_eq!(config.local_threads, 0);
         assert_eq!(config.verify, nq_coord::quorum::Fraction::Fixed(1.0));
         assert_eq!(config.ban_after.get(), 2);
+        assert_eq!(config.gpu_sample, 0.02);
         // Defaults stay where neither says anything.
         assert_eq!(config.lease_ttl, std::time::Duration::from_secs(30));
-        // Given: the flag's verify and the file's ban-after; not trust.
+        // Given: the flag's verify, the file's ban-after and gpu-sample; not
+        // trust.
         assert_eq!(
             config.given,
             GivenSettings {
                 verify: true,
                 trust: false,
-                ban_after: true
+                ban_after: true,
+                gpu_sample: true,
             }
         );
+        // A flag gives it too, and wins over the file.
+        let p = parse(&["--config", path, "--gpu-sample", "0.1"]).unwrap();
+        let config = nq_coord::Config::try_from(p.args.run).unwrap();
+        assert_eq!(config.gpu_sample, 0.1);
+        assert!(config.given.gpu_sample);
         let bare = parse(&["--n", "9"]).unwrap();
         assert_eq!(bare.args.run.given, GivenSettings::default());
+        let config = nq_coord::Config::try_from(bare.args.run).unwrap();
+        assert_eq!(config.gpu_sample, nq_coord::quorum::DEFAULT_GPU_SAMPLE);
     }
 
     /// A file value of an option that conflicts with a flag given above it
