@@ -2,9 +2,10 @@
 //! 25, item 4), with the real binary: a coordinator started from a TOML file
 //! alone completes its run; `--print-config` prints a file that `--config`
 //! takes back; bad files are refused naming the file, the line and the key;
-//! a resume that gives another `--verify` than the one stored with the run
-//! is refused naming both values, and with `--change-settings` it goes on,
-//! logs the change as a warning and lists it in report.json.
+//! a resume that gives another `--verify` or `--gpu-sample` (on a flag or
+//! in the environment) than the one stored with the run is refused naming
+//! both values, and with `--change-settings` it goes on, logs the change as
+//! a warning and lists it in report.json.
 
 use std::path::{Path, PathBuf};
 
@@ -23,8 +24,17 @@ fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
 
 /// Runs `nq-coord ARGS…` to its end; returns its exit code and output.
 async fn refused(args: &[&str]) -> Result<(Option<i32>, String)> {
+    refused_with_env(args, &[]).await
+}
+
+/// [`refused`] with the variables `env` set besides the log's.
+async fn refused_with_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<(Option<i32>, String)> {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, LOG_ENV)?;
+    let env = [LOG_ENV, env].concat();
+    let mut proc = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, &env)?;
     let status = proc.wait().await?;
     Ok((status.code(), proc.output()))
 }
@@ -215,9 +225,11 @@ async fn bad_config_files_are_refused_clearly() -> Result<()> {
 }
 
 /// The settings that decide what counts travel with the run: made with
-/// `verify = 0` in its file, the run refuses a resume with `--verify auto`,
-/// naming both values and the way to change it; with `--change-settings`
-/// the resume goes on, warns, and report.json lists the change.
+/// `verify = 0` and `gpu-sample = "2%"` in its file, the run refuses a
+/// resume with `--verify auto`, and one with `NQ_GPU_SAMPLE=0.5%`, naming
+/// both values and the way to change them; a resume without them judges
+/// by the stored ones; with `--change-settings` the resume goes on, warns,
+/// and report.json lists the change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()> {
     within(LIMIT, "settings travel with the run", async {
@@ -229,7 +241,7 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
             tmp.path(),
             "made.toml",
             &format!(
-                "n = 11\ndata = {data:?}\nlisten = \"127.0.0.1:0\"\nlocal-threads = 0\nverify = 0\n"
+                "n = 11\ndata = {data:?}\nlisten = \"127.0.0.1:0\"\nlocal-threads = 0\nverify = 0\ngpu-sample = \"2%\"\n"
             ),
         )?;
         let mut made = Coord::spawn(&dir, &["--config", &file.display().to_string()], LOG_ENV).await?;
@@ -247,6 +259,17 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
             "the refusal does not name both values and the way out:\n{out}"
         );
         ensure!(!out.contains("listening on"), "the refused resume listened:\n{out}");
+        // The CPU sample's share travels too, given in the environment here
+        // (the default, 0.5 %, written out: a given value, not a default).
+        let (code, out) = refused_with_env(&resume, &[("NQ_GPU_SAMPLE", "0.5%")]).await?;
+        ensure!(code == Some(2), "exit {code:?}:\n{out}");
+        ensure!(
+            out.contains("--gpu-sample: stored 0.02, given 0.005")
+                && out.contains("--change-settings")
+                && !out.contains("--verify:"),
+            "the refusal does not name the stored and the given --gpu-sample:\n{out}"
+        );
+        ensure!(!out.contains("listening on"), "the refused resume listened:\n{out}");
 
         // Left out, the setting is the stored one (not the default, auto).
         // Logged before `listening on`, which `Coord::spawn` waits for.
@@ -255,8 +278,10 @@ async fn a_resume_under_another_verify_is_refused_unless_changed() -> Result<()>
             .proc
             .lines_containing("judging by the settings stored with the run");
         ensure!(
-            judged.len() == 1 && nq_e2e::log_field(&judged[0], "verify") == Some("0"),
-            "the resume without --verify does not judge by the stored 0:\n{}",
+            judged.len() == 1
+                && nq_e2e::log_field(&judged[0], "verify") == Some("0")
+                && nq_e2e::log_field(&judged[0], "gpu_sample") == Some("0.02"),
+            "the resume without --verify and --gpu-sample does not judge by the stored 0 and 0.02:\n{}",
             kept.proc.output()
         );
         kept.proc.signal(libc::SIGINT)?;

@@ -157,12 +157,13 @@ async fn gpu_liars() -> Result<()> {
     a.kill().await?;
     b.kill().await?;
 
-    // The run resumed with the coordinator's own thread, no liar.
+    // The run resumed with the coordinator's own thread, no liar. The
+    // stored settings hold: --verify 1, --ban-after 1, the trusted `lab`
+    // and the sample's share travel with the run, so the resume names
+    // none of them.
     let second = [
         "--local-threads",
         "1",
-        "--gpu-sample",
-        SAMPLE,
         "--worker-tokens",
         &tokens,
         "--lease-ttl",
