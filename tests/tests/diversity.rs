@@ -4,7 +4,6 @@
 //! ran on a GPU. See: issue 24, item 6.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use nq_e2e::client::{Dial, ProtocolWorker};
@@ -129,16 +128,14 @@ async fn gpu_liars() -> Result<()> {
     let mut a = gpu_liar("gpu-a", &at, TOKENS[0].1, lie_above)?;
     let mut b = gpu_liar("gpu-b", &at, TOKENS[1].1, lie_above)?;
     // Every job gets exactly one copy from each liar (a worker never checks
-    // itself, and the sample's jobs wait for the trusted machine): the
-    // liars are done at 2 × jobs acknowledged reports.
-    let reported = |a: &Proc, b: &Proc| {
-        a.lines_containing("reported job=").len()
-            + b.lines_containing("reported job=").len()
-    };
-    // Polled: the count is the sum over two processes. A liar that stops
-    // early makes this a hang, which the deadline reports.
-    while (reported(&a, &b) as u64) < 2 * jobs {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // itself, and the sample's jobs wait for the trusted machine): each
+    // liar is done at `jobs` acknowledged reports. Awaited line by line,
+    // one liar after the other: a liar that exits early fails the wait, and
+    // one that stops reporting makes it a hang, which the deadline reports.
+    for liar in [&mut a, &mut b] {
+        for _ in 0..jobs {
+            liar.line_containing("reported job=").await?;
+        }
     }
     let lies =
         a.lines_containing("lied=true").len() + b.lines_containing("lied=true").len();
