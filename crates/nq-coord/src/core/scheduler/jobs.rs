@@ -25,6 +25,13 @@ pub(crate) struct Jobs {
     pub(super) requeued: VecDeque<JobId>,
     /// Jobs waiting for another copy, granted before `pending`.
     pub(super) checks: VecDeque<JobId>,
+    /// Jobs of `checks` that only a trusted computation may take while one
+    /// is at work (disputes, the CPU sample), set aside by the untrusted
+    /// grants that met them there: a row of them would hide from untrusted
+    /// workers the checks behind, and the trusted side looks here first
+    /// (see `Scheduler::next_job`). Entries are dropped or moved back as
+    /// `checks`' are, lazily, when a grant looks at them.
+    pub(super) trusted_checks: VecDeque<JobId>,
     /// Jobs that have copies but are not settled.
     pub(super) open: HashMap<JobId, Open>,
     /// The estimated work of the jobs in `open`.

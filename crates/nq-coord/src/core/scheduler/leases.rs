@@ -295,10 +295,20 @@ impl Scheduler {
     }
 
     /// The next job `identity` may compute, with the identity it computes
-    /// under and the kernel to ask for. A job waiting for a trusted copy
-    /// goes only to a trusted identity while one is available (an untrusted
-    /// worker's grant moves those it looks at behind the other checks); the
-    /// local threads may check their own copy on a kernel no copy ran.
+    /// under and the kernel to ask for: a queued check first, else a fresh
+    /// job. A job waiting for a trusted copy goes only to a trusted identity
+    /// while one is available ([`Scheduler::arbiter`]); the local threads
+    /// may check their own copy on a kernel no copy ran.
+    ///
+    /// Such jobs leave `checks` for `trusted_checks` when an untrusted grant
+    /// meets them (a scan looks at [`CHECK_SCAN`] entries, and the CPU
+    /// sample holds many jobs at once: in a row they hid the checks behind
+    /// them from untrusted workers). Whoever may take them looks there
+    /// first: the trusted side, which alone can, and anyone while no
+    /// trusted computation is at work. So neither side starves the other:
+    /// an untrusted grant never scans the set-aside jobs while they are
+    /// reserved, and the trusted side reaches them ahead of any number of
+    /// ordinary checks.
     ///
     /// An untrusted worker is never told which kernel to run: first copies
     /// and checks then ask alike, and it cannot tell a check from a first
@@ -311,43 +321,19 @@ impl Scheduler {
     ) -> Result<Option<(JobId, IdentityId, KernelRequest)>> {
         let trusted = local || self.verify.identities.is_trusted(identity);
         let arbiter = self.arbiter();
-        let mut scanned = 0;
-        let mut i = 0;
-        while i < self.jobs.checks.len() && scanned < CHECK_SCAN {
-            let job = self.jobs.checks[i];
-            let Some(open) = self.jobs.open.get(&job) else {
-                self.jobs.checks.remove(i); // settled meanwhile
-                continue;
-            };
-            if self.jobs.table.phase(job) != Phase::Pending {
-                self.jobs.checks.remove(i); // leased again, or done
-                continue;
-            }
-            scanned += 1;
-            if open.trusted_only && arbiter && !trusted {
-                // Only a trusted computation may take it: behind the others,
-                // so that a row of such jobs (the CPU sample holds many at
-                // once) does not hide from untrusted workers the checks
-                // they may give; each grant moves those it looks at.
-                self.jobs.checks.remove(i);
-                self.jobs.checks.push_back(job);
-                continue;
-            }
-            let reported = open.reporters.contains(&identity);
-            let choice = if local {
-                local_choice(&open.kernels, reported)
-            } else if trusted && reported {
-                self_check(&open.kernels)
-            } else if trusted {
-                Some(other_kernel(&open.kernels))
-            } else {
-                (!reported).then_some(KernelRequest::Any)
-            };
-            if let Some(kernel) = choice {
-                self.jobs.checks.remove(i);
-                return Ok(Some((job, identity, kernel)));
-            }
-            i += 1;
+        let grant = Asking {
+            identity,
+            local,
+            trusted,
+            arbiter,
+        };
+        if (trusted || !arbiter)
+            && let Some((job, kernel)) = self.scan_checks(Queue::Trusted, grant)
+        {
+            return Ok(Some((job, identity, kernel)));
+        }
+        if let Some((job, kernel)) = self.scan_checks(Queue::Checks, grant) {
+            return Ok(Some((job, identity, kernel)));
         }
         let smallest = !trusted && self.checked_from_the_small_end(identity);
         while let Some(job) = self.jobs.next_pending(smallest)? {
@@ -359,6 +345,61 @@ impl Scheduler {
             return Ok(Some((job, identity, KernelRequest::Any)));
         }
         Ok(None)
+    }
+
+    /// Looks at up to [`CHECK_SCAN`] live entries from the front of `from`
+    /// for a check `grant` may take, and takes it out of the queue. Entries
+    /// no longer waiting (settled, or leased again) are dropped; a job
+    /// reserved for a trusted copy that an untrusted grant meets in
+    /// `checks` moves to `trusted_checks`, and one in `trusted_checks` that
+    /// no longer waits for a trusted copy moves back to `checks`. Nothing is
+    /// pushed onto `from` itself, so every entry is looked at at most once
+    /// and the scan ends.
+    fn scan_checks(
+        &mut self,
+        from: Queue,
+        grant: Asking,
+    ) -> Option<(JobId, KernelRequest)> {
+        let Jobs {
+            checks,
+            trusted_checks,
+            open,
+            table,
+            ..
+        } = &mut self.jobs;
+        let (queue, other) = match from {
+            Queue::Checks => (checks, trusted_checks),
+            Queue::Trusted => (trusted_checks, checks),
+        };
+        let mut scanned = 0;
+        let mut i = 0;
+        while i < queue.len() && scanned < CHECK_SCAN {
+            let job = queue[i];
+            let Some(open) = open.get(&job) else {
+                queue.remove(i); // settled meanwhile
+                continue;
+            };
+            if table.phase(job) != Phase::Pending {
+                queue.remove(i); // leased again, or done
+                continue;
+            }
+            scanned += 1;
+            let misplaced = match from {
+                Queue::Checks => open.trusted_only && grant.arbiter && !grant.trusted,
+                Queue::Trusted => !open.trusted_only,
+            };
+            if misplaced {
+                queue.remove(i);
+                other.push_back(job);
+                continue;
+            }
+            if let Some(kernel) = grant.choice(open) {
+                queue.remove(i);
+                return Some((job, kernel));
+            }
+            i += 1;
+        }
+        None
     }
 
     /// True when the untrusted `identity` should take its jobs from the
@@ -533,6 +574,49 @@ impl Leases {
     pub(super) fn note_settled(&mut self, job: JobId) {
         if self.issued_by_job.contains_key(&job) {
             self.settled_since_prune.push(job);
+        }
+    }
+}
+
+/// The queue of checks a scan looks at ([`Scheduler::next_job`]).
+#[derive(Clone, Copy, Debug)]
+enum Queue {
+    /// `Jobs::checks`.
+    Checks,
+    /// `Jobs::trusted_checks`.
+    Trusted,
+}
+
+/// Who asks for a check, as [`Scheduler::next_job`] found it.
+#[derive(Clone, Copy, Debug)]
+struct Asking {
+    identity: IdentityId,
+    /// The coordinator's own threads.
+    local: bool,
+    /// The threads, or an identity the operator trusts.
+    trusted: bool,
+    /// Whether a trusted computation is at work: jobs waiting for a trusted
+    /// copy are reserved for it.
+    arbiter: bool,
+}
+
+impl Asking {
+    /// The kernel to ask for if this grant may give `open` its next copy.
+    /// None for an untrusted grant and a job reserved for a trusted copy:
+    /// the scans set such jobs aside before they ask, and the rule stays
+    /// whole here all the same.
+    fn choice(&self, open: &Open) -> Option<KernelRequest> {
+        let reported = open.reporters.contains(&self.identity);
+        if open.trusted_only && self.arbiter && !self.trusted {
+            None
+        } else if self.local {
+            local_choice(&open.kernels, reported)
+        } else if self.trusted && reported {
+            self_check(&open.kernels)
+        } else if self.trusted {
+            Some(other_kernel(&open.kernels))
+        } else {
+            (!reported).then_some(KernelRequest::Any)
         }
     }
 }

@@ -708,6 +708,7 @@ impl Scheduler {
                 source_drained: false,
                 requeued: VecDeque::new(),
                 checks: VecDeque::new(),
+                trusted_checks: VecDeque::new(),
                 open: HashMap::new(),
                 open_work: 0,
                 disputed: std::collections::HashSet::new(),

@@ -596,8 +596,8 @@ fn jobs_held_for_a_trusted_copy_do_not_hide_the_checks_queued_behind_them() {
         ..Settlement::one_copy(JobId(held as u64), Some(tally(5)))
     };
     s.settle(&open, true).unwrap();
-    // Each grant moves the held jobs it looks at behind the others: within
-    // two grants b reaches the check it may give.
+    // Each grant sets aside the held jobs it looks at (CHECK_SCAN of them
+    // at most): within two grants b reaches the check it may give.
     let mut got = s.lease(&b, 1, &[], now).unwrap();
     if got.jobs.is_empty() {
         got = s.lease(&b, 1, &[], now).unwrap();
@@ -606,6 +606,97 @@ fn jobs_held_for_a_trusted_copy_do_not_hide_the_checks_queued_behind_them() {
     // The held jobs still wait for the trusted side.
     let holding = [got.jobs[0].lease];
     assert!(s.lease(&b, 1, &holding, now).unwrap().jobs.is_empty());
+}
+
+/// Settles jobs `jobs` unsettled, each waiting for a trusted copy after
+/// GPU copies of `reporters` (the CPU sample's hold, see
+/// [`Settlement::held_for_cpu_sample`]).
+fn hold_for_trusted(
+    s: &mut Scheduler,
+    jobs: std::ops::Range<u64>,
+    reporters: &[IdentityId],
+) {
+    for j in jobs {
+        let waiting = Settlement {
+            settled: false,
+            reporters: reporters.to_vec(),
+            kernels: vec![crate::core::quorum::GPU_KERNEL.into()],
+            needs_trusted: true,
+            ..Settlement::one_copy(JobId(j), Some(tally(5)))
+        };
+        s.settle(&waiting, true).unwrap();
+    }
+}
+
+/// Settles jobs `jobs` unsettled, each waiting for an ordinary check
+/// after one copy of `reporter`.
+fn hold_for_check(s: &mut Scheduler, jobs: std::ops::Range<u64>, reporter: IdentityId) {
+    for j in jobs {
+        let open = Settlement {
+            settled: false,
+            reporters: vec![reporter],
+            ..Settlement::one_copy(JobId(j), Some(tally(5)))
+        };
+        s.settle(&open, true).unwrap();
+    }
+}
+
+/// The jobs an untrusted grant sets aside for the trusted side do not
+/// wait behind the ordinary checks: the trusted side looks at them first,
+/// in the order they were queued, each once (a short queue is not turned
+/// round by a scan of 64).
+#[test]
+fn the_trusted_side_takes_the_jobs_set_aside_for_it_before_other_checks() {
+    let mut s = Scheduler::new(vec![1; 6], 1, TTL, policy(1.0));
+    let now = Instant::now();
+    let ip = |d| Some(IpAddr::from([10, 0, 0, d]));
+    let a = s.register("a", 1, ip(1), now).unwrap();
+    let b = s.register("b", 1, ip(2), now).unwrap();
+    let c = s.register("c", 1, ip(3), now).unwrap();
+    let local = s.register_local(1, now);
+    let (ia, ib) = (
+        s.worker(&a).unwrap().identity,
+        s.worker(&b).unwrap().identity,
+    );
+    // Queued: three jobs for the trusted side, then three ordinary checks.
+    hold_for_trusted(&mut s, 0..3, &[ia, ib]);
+    hold_for_check(&mut s, 3..6, ia);
+    // c sets the first three aside and takes the first check it may give.
+    assert_eq!(jobs_of(&s.lease(&c, 1, &[], now).unwrap()), vec![3]);
+    // The threads take the set-aside jobs first, in order, then the rest.
+    let taken: Vec<u64> = (0..5)
+        .flat_map(|_| jobs_of(&s.lease(&local, 1, &[], now).unwrap()))
+        .collect();
+    assert_eq!(taken, vec![0, 1, 2, 4, 5]);
+}
+
+/// Jobs set aside for a trusted copy are open to every worker again once
+/// no trusted computation is at work, as the rules then let anyone give
+/// the copy ([`crate::core::quorum`], "No wait for a voice that cannot
+/// come").
+#[test]
+fn set_aside_jobs_go_to_any_worker_once_no_trusted_computation_is_at_work() {
+    let mut s = Scheduler::new(vec![1; 2], 1, TTL, policy(1.0));
+    let now = Instant::now();
+    let ip = |d| Some(IpAddr::from([10, 0, 0, d]));
+    s.restorer().trust(["token:lab"]);
+    let lab = s
+        .register_as("lab", 1, ip(9), Some("token:lab"), now)
+        .unwrap();
+    let a = s.register("a", 1, ip(1), now).unwrap();
+    let b = s.register("b", 1, ip(2), now).unwrap();
+    let c = s.register("c", 1, ip(3), now).unwrap();
+    assert!(s.rules().arbiter, "the trusted machine is at work");
+    let (ia, ib) = (
+        s.worker(&a).unwrap().identity,
+        s.worker(&b).unwrap().identity,
+    );
+    hold_for_trusted(&mut s, 0..2, &[ia, ib]);
+    // Reserved: c only sets them aside.
+    assert!(s.lease(&c, 1, &[], now).unwrap().jobs.is_empty());
+    s.leave(&lab, now);
+    assert!(!s.rules().arbiter);
+    assert_eq!(jobs_of(&s.lease(&c, 2, &[], now).unwrap()), vec![0, 1]);
 }
 
 #[test]
