@@ -260,19 +260,7 @@ async fn leases_across_a_restart(t: &mut Trial) -> Result<Report> {
     let a2 = a.lease_one().await?.context("no second job for a")?;
     let b1 = b.lease_one().await?.context("no job for b")?;
     // Wait until the coordinator says all three lease records are durable.
-    let mut written = std::collections::BTreeSet::new();
-    while ![a1.job_id, a2.job_id, b1.job_id]
-        .iter()
-        .all(|j| written.contains(j))
-    {
-        let line = coord.proc.line_containing("lease records written").await?;
-        let jobs = line
-            .split("jobs=[")
-            .nth(1)
-            .and_then(|rest| rest.split(']').next())
-            .context("the lease records line names no jobs")?;
-        written.extend(jobs.split(',').filter_map(|j| j.trim().parse::<u64>().ok()));
-    }
+    lease_records_written(&mut coord, &[a1.job_id, a2.job_id, b1.job_id]).await?;
     // Granted just before the kill: no wait for its record.
     let a3 = a.lease_one().await?.context("no third job for a")?;
     let a_id = a.id.clone();
@@ -321,14 +309,7 @@ async fn leases_across_a_restart(t: &mut Trial) -> Result<Report> {
     // The genuine reports: their workers never registered again.
     for (by_a, job) in [(true, &a1), (true, &a2), (false, &b1), (true, &a3)] {
         let w = if by_a { &mut a } else { &mut b };
-        let (counts, kernel) = w.solve(job)?;
-        let ack = w.send(w.result_chunk(job, &counts, kernel)).await?;
-        ensure!(
-            ack.outcome() == nq_proto::pb::report_ack::Outcome::Accepted,
-            "the report of job {} under its lease kept across the restart was {:?}",
-            job.job_id,
-            ack.outcome()
-        );
+        report_accepted(w, job, "under its lease kept across the restart").await?;
     }
     // `a` kept its id: the restarted coordinator still serves it.
     ensure!(a.id == a_id, "the worker's id changed");
@@ -396,17 +377,7 @@ async fn two_quick_crashes(t: &mut Trial) -> Result<Report> {
     // `a`'s registration is recorded once a lease of its is: the next
     // restart then knows how many leases it could have held.
     let a1 = a.lease_one().await?.context("no job for a")?;
-    loop {
-        let line = coord.proc.line_containing("lease records written").await?;
-        let jobs = line
-            .split("jobs=[")
-            .nth(1)
-            .and_then(|rest| rest.split(']').next())
-            .context("the lease records line names no jobs")?;
-        if jobs.split(',').any(|j| j.trim().parse() == Ok(a1.job_id)) {
-            break;
-        }
-    }
+    lease_records_written(&mut coord, &[a1.job_id]).await?;
     coord.proc.kill().await?;
     t.injected("SIGKILL of the coordinator with one recorded lease");
     let mut coord = Coord::start(&dir, &addr.to_string(), &args).await?;
@@ -428,14 +399,7 @@ async fn two_quick_crashes(t: &mut Trial) -> Result<Report> {
     );
     for (by_a, job) in [(true, &a1), (true, &a2), (false, &b1)] {
         let w = if by_a { &mut a } else { &mut b };
-        let (counts, kernel) = w.solve(job)?;
-        let ack = w.send(w.result_chunk(job, &counts, kernel)).await?;
-        ensure!(
-            ack.outcome() == nq_proto::pb::report_ack::Outcome::Accepted,
-            "the report of job {} after the kills was {:?}",
-            job.job_id,
-            ack.outcome()
-        );
+        report_accepted(w, job, "after the kills").await?;
     }
     let mut w = worker("finisher", &addr.to_string(), &["--threads", "1"])?;
     t.watch(&w);
@@ -448,6 +412,44 @@ async fn two_quick_crashes(t: &mut Trial) -> Result<Report> {
             .to_owned(),
     );
     Ok(report)
+}
+
+/// Waits until the coordinator has logged the lease records of every job
+/// in `jobs` as durable.
+async fn lease_records_written(coord: &mut Coord, jobs: &[u64]) -> Result<()> {
+    let mut written = std::collections::BTreeSet::new();
+    while !jobs.iter().all(|j| written.contains(j)) {
+        let line = coord.proc.line_containing("lease records written").await?;
+        let listed = line
+            .split("jobs=[")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .context("the lease records line names no jobs")?;
+        written.extend(
+            listed
+                .split(',')
+                .filter_map(|j| j.trim().parse::<u64>().ok()),
+        );
+    }
+    Ok(())
+}
+
+/// Reports `job` with its true counts as `w`, and requires it accepted
+/// (`when`: the moment, for the error).
+async fn report_accepted(
+    w: &mut ProtocolWorker,
+    job: &nq_proto::pb::Job,
+    when: &str,
+) -> Result<()> {
+    let (counts, kernel) = w.solve(job)?;
+    let ack = w.send(w.result_chunk(job, &counts, kernel)).await?;
+    ensure!(
+        ack.outcome() == nq_proto::pb::report_ack::Outcome::Accepted,
+        "the report of job {} {when} was {:?}",
+        job.job_id,
+        ack.outcome()
+    );
+    Ok(())
 }
 
 /// Sends `chunk` and requires PERMISSION_DENIED.
