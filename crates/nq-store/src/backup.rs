@@ -59,6 +59,8 @@ const END: u8 = 0;
 /// Largest key or value a backup may hold. sled's own values are far
 /// smaller; the limit keeps a damaged length from allocating gigabytes.
 const MAX_ITEM: u32 = 256 << 20;
+/// Entries inserted per sled batch during a restore.
+const RESTORE_BATCH: usize = 4096;
 
 /// What went wrong with a backup. Each message names the file or directory
 /// and the problem.
@@ -749,21 +751,20 @@ impl<'p, R: Read> Unsealed<'p, R> {
 
     /// Inserts every entry after the header into `store`'s trees; returns
     /// how many there were.
-    ///
-    /// One `insert` at a time, not sled batches: a batch holds one epoch
-    /// guard while it is applied, and every copy of an index node that its
-    /// leaf splits make waits for that guard to be freed. In a 10^8-job
-    /// store's trees the index nodes have tens of thousands of children, and
-    /// batches of 4,096 entries (or of 4 MiB) took the restore to 1.2–1.4 GB
-    /// (BENCHMARKS.md §27). Nothing needs a batch's atomicity here: the
-    /// staging directory becomes the run's only once all of it is in.
     fn import(&mut self, store: &Store) -> Result<u64> {
         let mut entries = 0u64;
         let mut tree: Option<sled::Tree> = None;
+        let mut batch = sled::Batch::default();
+        let mut pending = 0usize;
         loop {
             match self.u8()? {
                 END => break,
                 TREE => {
+                    if let Some(t) = &tree {
+                        t.apply_batch(std::mem::take(&mut batch))
+                            .map_err(crate::Error::from)?;
+                        pending = 0;
+                    }
                     let name = self.str16()?;
                     tree = Some(store.db.open_tree(name).map_err(crate::Error::from)?);
                 }
@@ -772,8 +773,14 @@ impl<'p, R: Read> Unsealed<'p, R> {
                         malformed(self.path, "an entry before any tree")
                     })?;
                     let (k, v) = (self.bytes32()?, self.bytes32()?);
-                    t.insert(k, v).map_err(crate::Error::from)?;
+                    batch.insert(k, v);
+                    pending += 1;
                     entries += 1;
+                    if pending == RESTORE_BATCH {
+                        t.apply_batch(std::mem::take(&mut batch))
+                            .map_err(crate::Error::from)?;
+                        pending = 0;
+                    }
                 }
                 other => {
                     return Err(malformed(
@@ -782,6 +789,9 @@ impl<'p, R: Read> Unsealed<'p, R> {
                     ));
                 }
             }
+        }
+        if let Some(t) = &tree {
+            t.apply_batch(batch).map_err(crate::Error::from)?;
         }
         Ok(entries)
     }
