@@ -59,8 +59,15 @@ const END: u8 = 0;
 /// Largest key or value a backup may hold. sled's own values are far
 /// smaller; the limit keeps a damaged length from allocating gigabytes.
 const MAX_ITEM: u32 = 256 << 20;
-/// Entries inserted per sled batch during a restore.
-const RESTORE_BATCH: usize = 4096;
+/// Entries inserted per sled batch during a restore. Small: a sled batch
+/// holds one epoch guard while it is applied, and every copy of an index
+/// node that its splits make stays alive until it ends; in a 10^8-job
+/// store's trees the index nodes have tens of thousands of children, and
+/// batches of 4,096 entries took the restore to 1,469 MiB. Batches of 64:
+/// 551 MiB, and a store that the resuming coordinator reads in 542 MiB (one
+/// insert at a time: 502 MiB, but 1,256 MiB for the coordinator; BENCHMARKS.md
+/// §27).
+const RESTORE_BATCH: usize = 64;
 
 /// What went wrong with a backup. Each message names the file or directory
 /// and the problem.
