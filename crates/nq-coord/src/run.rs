@@ -407,7 +407,7 @@ impl Tasks {
             // Stops with the ticker: it shows the run until the report is due.
             let (engine, token) = (Arc::clone(engine), tick_token.clone());
             tracker.spawn(async move {
-                if let Err(e) = http::serve_apart(engine, &listener, token).await {
+                if let Err(e) = http::serve_apart(engine, listener, token).await {
                     error!(error = %e.chain(), "the HTTP port stopped");
                 }
             });

@@ -51,16 +51,15 @@ const STATUS_PAGE: &str = include_str!("../status_page.html");
 /// connections fails.
 pub(crate) async fn serve_apart(
     engine: Arc<Engine>,
-    listener: &std::net::TcpListener,
+    listener: Arc<std::net::TcpListener>,
     token: CancellationToken,
 ) -> Result<()> {
-    let io = |context: &str| {
-        let context = context.to_owned();
-        move |source| Error::Io { context, source }
+    let io = |context: &'static str| {
+        move |source| Error::Io {
+            context: context.into(),
+            source,
+        }
     };
-    let listener = listener
-        .try_clone()
-        .map_err(io("cannot use the --metrics listener"))?;
     let (done, served) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("nq-http".into())
