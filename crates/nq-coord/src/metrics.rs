@@ -32,12 +32,16 @@
 //! | `nq_worker_stalled` | gauge (0/1) | `worker`, `address` |
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::atomic::AtomicU64;
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
@@ -52,7 +56,7 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// One worker's series; workers that share a name and an address (a worker
 /// that registered again) are added up.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct WorkerSeries {
     jobs: u64,
     work: f64,
@@ -118,7 +122,9 @@ pub fn render(s: &Snapshot) -> String {
     progress(&mut r, s);
     verdicts(&mut r, s);
     workers(&mut r, s);
-    let mut out = String::new();
+    // About 70 bytes a line and seven lines a worker: one allocation, not a
+    // doubling for every few hundred workers, each copying the text so far.
+    let mut out = String::with_capacity(4096 + 512 * s.workers.len());
     encode(&mut out, &r).expect("writing to a String cannot fail");
     out
 }
@@ -230,56 +236,90 @@ fn workers(r: &mut Registry, s: &Snapshot) {
         e.taken_back += w.leases_taken_back;
         e.stalled |= w.stalled;
     }
-    let jobs = Family::<Labels, Counter>::default();
-    let work = Family::<Labels, Counter<f64, AtomicU64>>::default();
-    let jobs_rate = Family::<Labels, FloatGauge>::default();
-    let work_rate = Family::<Labels, FloatGauge>::default();
-    let seen = Family::<Labels, FloatGauge>::default();
-    let taken_back = Family::<Labels, Counter>::default();
-    let stalled = Family::<Labels, Gauge>::default();
-    for ((name, address), w) in by_label {
-        let labels = vec![("worker".to_owned(), name), ("address".to_owned(), address)];
-        jobs.get_or_create(&labels).inc_by(w.jobs);
-        work.get_or_create(&labels).inc_by(w.work);
-        jobs_rate.get_or_create(&labels).set(w.jobs_per_second);
-        work_rate.get_or_create(&labels).set(w.work_per_second);
-        seen.get_or_create(&labels).set(w.last_seen);
-        taken_back.get_or_create(&labels).inc_by(w.taken_back);
-        stalled.get_or_create(&labels).set(i64::from(w.stalled));
+    r.register_collector(Box::new(Workers(by_label.into_iter().collect())));
+}
+
+/// The per-worker series of one scrape, by `(worker, address)` label, encoded
+/// straight from these rows.
+///
+/// Not a [`Family`] per series: a family hashes every worker's labels into a
+/// map of its own, seven times a worker, and with 1,000 workers that hashing
+/// and its allocations were most of a scrape's time (BENCHMARKS.md §28).
+#[derive(Debug)]
+struct Workers(Vec<((String, String), WorkerSeries)>);
+
+impl Workers {
+    /// Encodes the series `name` of every worker, `value` giving each one's.
+    /// `help` ends with its full stop: a registry adds one to the help of
+    /// what is registered in it, but not to a collector's.
+    fn series(
+        &self,
+        encoder: &mut DescriptorEncoder<'_>,
+        name: &str,
+        help: &str,
+        metric_type: MetricType,
+        value: impl Fn(&WorkerSeries, MetricEncoder<'_>) -> fmt::Result,
+    ) -> fmt::Result {
+        let mut family = encoder.encode_descriptor(name, help, None, metric_type)?;
+        for ((worker, address), w) in &self.0 {
+            let labels = [("worker", worker.as_str()), ("address", address.as_str())];
+            value(w, family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
-    r.register(
-        "nq_worker_jobs",
-        "Copies of jobs a worker reported that were stored, this session",
-        jobs,
-    );
-    r.register(
-        "nq_worker_work",
-        "Estimated work of the copies a worker reported, this session",
-        work,
-    );
-    r.register(
-        "nq_worker_jobs_per_second",
-        "A worker's jobs per second over the recent window",
-        jobs_rate,
-    );
-    r.register(
-        "nq_worker_work_per_second",
-        "A worker's estimated work per second over the recent window",
-        work_rate,
-    );
-    r.register(
-        "nq_worker_last_seen_seconds",
-        "Seconds since a worker last called",
-        seen,
-    );
-    r.register(
-        "nq_worker_leases_taken_back",
-        "Leases taken back from a worker: held far past its measured time, or over its fair share while others waited",
-        taken_back,
-    );
-    r.register(
-        "nq_worker_stalled",
-        "1 while a worker holds leases without progress (it may hold one job until it delivers)",
-        stalled,
-    );
+}
+
+impl Collector for Workers {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        let e = &mut encoder;
+        self.series(
+            e,
+            "nq_worker_jobs",
+            "Copies of jobs a worker reported that were stored, this session.",
+            MetricType::Counter,
+            |w, m| ConstCounter::new(w.jobs).encode(m),
+        )?;
+        self.series(
+            e,
+            "nq_worker_work",
+            "Estimated work of the copies a worker reported, this session.",
+            MetricType::Counter,
+            |w, m| ConstCounter::new(w.work).encode(m),
+        )?;
+        self.series(
+            e,
+            "nq_worker_jobs_per_second",
+            "A worker's jobs per second over the recent window.",
+            MetricType::Gauge,
+            |w, m| ConstGauge::new(w.jobs_per_second).encode(m),
+        )?;
+        self.series(
+            e,
+            "nq_worker_work_per_second",
+            "A worker's estimated work per second over the recent window.",
+            MetricType::Gauge,
+            |w, m| ConstGauge::new(w.work_per_second).encode(m),
+        )?;
+        self.series(
+            e,
+            "nq_worker_last_seen_seconds",
+            "Seconds since a worker last called.",
+            MetricType::Gauge,
+            |w, m| ConstGauge::new(w.last_seen).encode(m),
+        )?;
+        self.series(
+            e,
+            "nq_worker_leases_taken_back",
+            "Leases taken back from a worker: held far past its measured time, or over its fair share while others waited.",
+            MetricType::Counter,
+            |w, m| ConstCounter::new(w.taken_back).encode(m),
+        )?;
+        self.series(
+            e,
+            "nq_worker_stalled",
+            "1 while a worker holds leases without progress (it may hold one job until it delivers).",
+            MetricType::Gauge,
+            |w, m| ConstGauge::new(i64::from(w.stalled)).encode(m),
+        )
+    }
 }

@@ -1289,6 +1289,10 @@ mod tests {
             "nq_worker_work_total{worker=\"w1\",address=\"10.0.0.1\"} 30",
             "nq_worker_work_per_second{worker=\"w1\",address=\"10.0.0.1\"} 6",
             "nq_worker_last_seen_seconds{worker=\"w1\",address=\"10.0.0.1\"} 5",
+            "nq_worker_leases_taken_back_total{worker=\"w1\",address=\"10.0.0.1\"} 0",
+            "nq_worker_stalled{worker=\"w1\",address=\"10.0.0.1\"} 0",
+            "# TYPE nq_worker_jobs counter\n",
+            "# TYPE nq_worker_stalled gauge\n",
         ] {
             assert!(text.contains(series), "no {series:?} in\n{text}");
         }
