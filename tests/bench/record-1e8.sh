@@ -18,11 +18,12 @@
 #    included), `/metrics`, `/status.json` and the status page `/` (curl's
 #    time to the whole answer). On 2 cores the load test's workers keep the
 #    CPUs busy: these latencies include waiting for a CPU.
-# 3. Then, one after the other, each under `/usr/bin/time -v` (wall time and
-#    peak RSS): `nq-coord audit --verify 0` (the load test's workers report
-#    all-zero counts, sound only under `--verify 0`), `nq recheck --sample
-#    NQ_RECORD_SAMPLE` of that audit, `nq-coord backup` and `nq-coord restore`
-#    into a fresh directory.
+# 3. Then the scans, each under `/usr/bin/time -v` (wall time and peak
+#    RSS): `nq-coord backup`; then `nq-coord audit --verify 0` (the load
+#    test's workers report all-zero counts, sound only under `--verify 0`)
+#    beside `nq-coord restore` of the backup into a fresh directory (neither
+#    reads what the other writes, and the two cores take one each); then
+#    `nq recheck --sample NQ_RECORD_SAMPLE` of the audit.
 # 4. OUT/record.json: completions/s, the peak RSS of every process and the
 #    coordinator's RSS curve, the time to serve again after each restart and
 #    the leases lost to restarts, the totals, the status/metrics latencies,
@@ -47,6 +48,11 @@
 #   NQ_RECORD_N        board size (20)
 #   NQ_RECORD_SPLIT    split RING:EXTRA (0:6)
 #   NQ_RECORD_WORKERS  simulated workers (1000)
+#   NQ_RECORD_WANT     jobs each simulated worker asks for per lease (16: a
+#                      16-thread worker machine; the load test's JSON gives
+#                      what was granted, `jobs_per_batch`)
+#   NQ_RECORD_AUDIT_DIR  where the audit is written (OUT; /dev/shm takes its
+#                      110 bytes a job off the disk)
 #   NQ_RECORD_SAMPLE   jobs `nq recheck` solves again (1000)
 #   NQ_RECORD_POLL     seconds between status/metrics probes (30)
 #   NQ_RECORD_KILLS    shares of the jobs at which to SIGKILL (0.50,0.95)
@@ -56,16 +62,16 @@
 #                      the backup, the restored copy and the audit (700; the
 #                      10^7-job store of BENCHMARKS.md §22 took 243 + 116 +
 #                      172 + 110 = 641 bytes a job, so about 75 GB for the
-#                      record run; 400 with NQ_RECORD_LEAN_DISK=1); the
+#                      record run; 540 with NQ_RECORD_LEAN_DISK=1); the
 #                      script refuses to start without it
 #   NQ_RECORD_LEAN_DISK=1  for a disk that cannot hold all four at once:
-#                      the audit is deleted once it is re-checked (its end
-#                      line kept), and the run's directory once it is backed
-#                      up (its report.json and size kept), so the restore
-#                      rebuilds the run from the backup alone, as after a
-#                      lost disk. At most two of the four are on disk at a
-#                      time (store and audit, store and backup, backup and
-#                      restored copy: about 360 bytes a job)
+#                      give NQ_RECORD_AUDIT_DIR on another filesystem; the
+#                      run's directory is deleted once audited (its
+#                      report.json and size kept) and the audit once it is
+#                      re-checked (its end line kept). The store, the backup
+#                      and the restored copy are on disk together while the
+#                      audit and the restore run side by side (about 530
+#                      bytes a job)
 #
 # Resuming: run it again on the same OUT once the load test has ended (its
 # JSON written) and the scans that were done are skipped: a session that
@@ -85,13 +91,14 @@ bin=${NQ_RECORD_BIN:-target/release}
 n=${NQ_RECORD_N:-20}
 split=${NQ_RECORD_SPLIT:-0:6}
 workers=${NQ_RECORD_WORKERS:-1000}
+want=${NQ_RECORD_WANT:-16}
 sample=${NQ_RECORD_SAMPLE:-1000}
 poll=${NQ_RECORD_POLL:-30}
 kills=${NQ_RECORD_KILLS:-0.50,0.95}
 duration=${NQ_RECORD_DURATION:-12h}
 lean_disk=${NQ_RECORD_LEAN_DISK:-0}
 if [ "$lean_disk" = 1 ]; then
-  disk_per_job=${NQ_RECORD_DISK_PER_JOB:-400}
+  disk_per_job=${NQ_RECORD_DISK_PER_JOB:-540}
 else
   disk_per_job=${NQ_RECORD_DISK_PER_JOB:-700}
 fi
@@ -123,6 +130,9 @@ fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 data=$out/data
+audit_dir=${NQ_RECORD_AUDIT_DIR:-$out}
+mkdir -p "$audit_dir"
+audit=$(cd "$audit_dir" && pwd)/$(basename "$out")-audit.csv
 
 if [ "$resume" = 0 ]; then
   # The plan: how many jobs, and so where the kills fall.
@@ -146,7 +156,7 @@ print(','.join(str(int(float(s) * $jobs)) for s in '$kills'.split(',')))")
     echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
     echo "started=$(date -u +%FT%TZ)"
     echo "load=$(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "n=$n split=$split jobs=$jobs kill_after=$kill_after workers=$workers"
+    echo "n=$n split=$split jobs=$jobs kill_after=$kill_after workers=$workers want=$want"
     echo "lean_disk=$lean_disk"
   } | tee "$out/meta.txt"
 
@@ -162,7 +172,7 @@ print(s.getsockname()[1])')
   # instead of building one for its profile.
   CARGO=/bin/true /usr/bin/time -v -o "$out/loadtest.time" \
     "$bin/nq-loadtest" --n "$n" --split "$split" --jobs "$jobs" \
-    --workers "$workers" --want 8 --duration "$duration" \
+    --workers "$workers" --want "$want" --duration "$duration" \
     --kill-after "$kill_after" --data "$data" \
     -- --metrics "127.0.0.1:$metrics_port" \
     >"$out/loadtest.json" 2>"$out/loadtest.err" &
@@ -217,31 +227,35 @@ timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v, once
     "$(grep 'Elapsed (wall' "$out/$name.time" | sed 's/.*: //'),"\
     "peak $(($(grep 'Maximum resident' "$out/$name.time" | sed 's/.*: //') / 1024)) MiB"
 }
-timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$out/audit.csv"
-timed recheck "$bin/nq" recheck "$out/audit.csv" --sample "$sample" --seed record-1e8
+# Backup first: sled locks the store, so nothing else can read it meanwhile.
+# Then the audit (of the store) and the restore (from the backup) side by
+# side, since neither reads what the other writes; the re-check needs the
+# whole audit, so it comes last.
+timed backup "$bin/nq-coord" backup --data "$data" --to "$out/run.backup"
+timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$audit" &
+audit_pid=$!
+timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
+wait "$audit_pid"
+du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
 # (Each file below is written while what it describes is there: a resumed
 # lean run deleted the audit or the store before.)
-if [ -e "$out/audit.csv" ]; then
-  grep '^# end ' "$out/audit.csv" >"$out/audit.end" || true
-fi
 [ -d "$data" ] && du -sb "$data" | cut -f1 >"$out/data.bytes"
-if [ "$lean_disk" = 1 ] && [ -e "$out/audit.csv" ]; then
-  du -sb "$out/audit.csv" | cut -f1 >"$out/audit.bytes"
-  rm -f "$out/audit.csv"
-fi
-timed backup "$bin/nq-coord" backup --data "$data" --to "$out/run.backup"
 if [ "$lean_disk" = 1 ] && [ -d "$data" ]; then
   cp "$data/report.json" "$out/report.json" 2>/dev/null || true
   rm -rf "$data"
 fi
-timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
-du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
+timed recheck "$bin/nq" recheck "$audit" --sample "$sample" --seed record-1e8
+if [ -e "$audit" ]; then
+  grep '^# end ' "$audit" >"$out/audit.end" || true
+  du -sb "$audit" | cut -f1 >"$out/audit.bytes"
+  [ "$lean_disk" = 1 ] && rm -f "$audit"
+fi
 
 # 4. One JSON.
-python3 - "$out" <<'PY'
+python3 - "$out" "$audit" <<'PY'
 import csv, json, os, re, sys
 
-out = sys.argv[1]
+out, audit = sys.argv[1], sys.argv[2]
 meta = dict(
     line.strip().split("=", 1) for line in open(f"{out}/meta.txt") if "=" in line
 )
@@ -355,7 +369,7 @@ record = {
     },
     "store_mib": lt["store_mib"],
     "disk_bytes": {"store": size("data"), "audit": size("audit") or (
-        os.path.getsize(f"{out}/audit.csv") if os.path.exists(f"{out}/audit.csv") else None),
+        os.path.getsize(audit) if os.path.exists(audit) else None),
         "restored": size("restored")},
     "lean_disk": meta.get("lean_disk") == "1",
     "audit": dict(timed("audit"), differences_from_published=len(
