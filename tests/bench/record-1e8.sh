@@ -236,7 +236,7 @@ timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$audit" &
 audit_pid=$!
 timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
 wait "$audit_pid"
-du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
+[ -d "$out/restored" ] && du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
 # (Each file below is written while what it describes is there: a resumed
 # lean run deleted the audit or the store before.)
 [ -d "$data" ] && du -sb "$data" | cut -f1 >"$out/data.bytes"
