@@ -223,7 +223,10 @@ timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v, once
     return
   fi
   /usr/bin/time -v -o "$out/$name.time" "$@" >"$out/$name.out" 2>"$out/$name.err" || true
-  echo "$name: $(grep -m1 'Exit status' "$out/$name.time" | sed 's/.*: //') exit," \
+  # A child killed by a signal has "Exit status: 0" in /usr/bin/time's
+  # report; the signal is on the line above it.
+  echo "$name: $(grep -m1 -E '^Command terminated by signal|Exit status' "$out/$name.time" |
+    sed 's/.*: //; s/^Command terminated by //') exit," \
     "$(grep 'Elapsed (wall' "$out/$name.time" | sed 's/.*: //'),"\
     "peak $(($(grep 'Maximum resident' "$out/$name.time" | sed 's/.*: //') / 1024)) MiB"
 }
@@ -267,6 +270,7 @@ def timed(name):
     for line in open(f"{out}/{name}.time"):
         k, _, v = line.strip().rpartition(": ")
         t[k] = v
+    signal = re.search(r"^Command terminated by signal (\d+)", open(f"{out}/{name}.time").read(), re.M)
     wall = t.get("Elapsed (wall clock) time (h:mm:ss or m:ss)", "0:0")
     seconds = 0.0
     for part in wall.split(":"):
@@ -274,7 +278,9 @@ def timed(name):
     return {
         "seconds": seconds,
         "peak_rss_mib": int(t.get("Maximum resident set size (kbytes)", 0)) / 1024,
-        "exit_status": int(t.get("Exit status", -1)),
+        # A signal's death is reported as exit status 0: 128 + the signal,
+        # as a shell gives it.
+        "exit_status": 128 + int(signal.group(1)) if signal else int(t.get("Exit status", -1)),
     }
 
 
