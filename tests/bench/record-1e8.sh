@@ -18,12 +18,14 @@
 #    included), `/metrics`, `/status.json` and the status page `/` (curl's
 #    time to the whole answer). On 2 cores the load test's workers keep the
 #    CPUs busy: these latencies include waiting for a CPU.
-# 3. Then the scans, each under `/usr/bin/time -v` (wall time and peak
-#    RSS): `nq-coord backup`; then `nq-coord audit --verify 0` (the load
-#    test's workers report all-zero counts, sound only under `--verify 0`)
-#    beside `nq-coord restore` of the backup into a fresh directory (neither
-#    reads what the other writes, and the two cores take one each); then
-#    `nq recheck --sample NQ_RECORD_SAMPLE` of the audit.
+# 3. Then the scans, one after the other, each under `/usr/bin/time -v`
+#    (wall time and peak RSS): `nq-coord backup`; `nq-coord audit --verify
+#    0` (the load test's workers report all-zero counts, sound only under
+#    `--verify 0`); `nq-coord restore` of the backup into a fresh directory;
+#    `nq recheck --sample NQ_RECORD_SAMPLE` of the audit. (The restore ran
+#    beside the audit once and hung in sled 0.34's deadlock between a file
+#    truncation and its I/O threads, spacejam/sled#1412: BENCHMARKS.md §28.
+#    Alone it has always finished.)
 # 4. OUT/record.json: completions/s, the peak RSS of every process and the
 #    coordinator's RSS curve, the time to serve again after each restart and
 #    the leases lost to restarts, the totals, the status/metrics latencies,
@@ -68,13 +70,13 @@
 #                      give NQ_RECORD_AUDIT_DIR on another filesystem; the
 #                      run's directory is deleted once audited (its
 #                      report.json and size kept) and the audit once it is
-#                      re-checked (its end line kept). The store, the backup
-#                      and the restored copy are on disk together while the
-#                      audit and the restore run side by side (about 530
-#                      bytes a job)
+#                      re-checked (its end line kept). The store and the
+#                      backup are on disk together, then the backup and the
+#                      restored copy (about 400 bytes a job at most)
 #
 # Resuming: run it again on the same OUT once the load test has ended (its
-# JSON written) and the scans that were done are skipped: a session that
+# JSON written) and the scans that ended are skipped (one killed by a signal
+# runs again, a restore into a new directory): a session that
 # ends in the scans loses none of the load test's hours. The load test
 # itself cannot be resumed (its workers' tallies die with it): start it at
 # the beginning of a session. Its end includes the coordinator's
@@ -218,7 +220,9 @@ fi
 timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v, once
   local name=$1
   shift
-  if grep -q 'Exit status' "$out/$name.time" 2>/dev/null; then
+  # Done before, unless a signal ended it (a hung step killed by hand).
+  if grep -q 'Exit status' "$out/$name.time" 2>/dev/null &&
+    ! grep -q '^Command terminated by signal' "$out/$name.time"; then
     echo "$name: done before"
     return
   fi
@@ -231,15 +235,10 @@ timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v, once
     "peak $(($(grep 'Maximum resident' "$out/$name.time" | sed 's/.*: //') / 1024)) MiB"
 }
 # Backup first: sled locks the store, so nothing else can read it meanwhile.
-# Then the audit (of the store) and the restore (from the backup) side by
-# side, since neither reads what the other writes; the re-check needs the
-# whole audit, so it comes last.
+# One scan at a time: the restore beside the audit once hung in a sled
+# deadlock (see the header). The re-check needs the whole audit.
 timed backup "$bin/nq-coord" backup --data "$data" --to "$out/run.backup"
-timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$audit" &
-audit_pid=$!
-timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
-wait "$audit_pid"
-[ -d "$out/restored" ] && du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
+timed audit "$bin/nq-coord" audit --verify 0 --data "$data" --output "$audit"
 # (Each file below is written while what it describes is there: a resumed
 # lean run deleted the audit or the store before.)
 [ -d "$data" ] && du -sb "$data" | cut -f1 >"$out/data.bytes"
@@ -247,6 +246,14 @@ if [ "$lean_disk" = 1 ] && [ -d "$data" ]; then
   cp "$data/report.json" "$out/report.json" 2>/dev/null || true
   rm -rf "$data"
 fi
+# A restore that is run again starts from a new directory: one that was
+# killed left a part of a store.
+if ! grep -q 'Exit status' "$out/restore.time" 2>/dev/null ||
+  grep -q '^Command terminated by signal' "$out/restore.time"; then
+  rm -rf "$out/restored"
+fi
+timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
+[ -d "$out/restored" ] && du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
 timed recheck "$bin/nq" recheck "$audit" --sample "$sample" --seed record-1e8
 if [ -e "$audit" ]; then
   grep '^# end ' "$audit" >"$out/audit.end" || true
