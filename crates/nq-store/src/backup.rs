@@ -34,6 +34,9 @@
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
@@ -68,6 +71,11 @@ const MAX_ITEM: u32 = 256 << 20;
 /// insert at a time: 502 MiB, but 1,256 MiB for the coordinator; BENCHMARKS.md
 /// §27).
 const RESTORE_BATCH: usize = 64;
+/// How long a restore's import may go without applying a batch before it
+/// is given up as stalled ([`Error::Stalled`]). A batch of 64 entries takes
+/// well under a millisecond; the import of a 10^8-job backup, 22 GB, takes
+/// about 5 minutes in all (BENCHMARKS.md §29).
+const RESTORE_STALL: Duration = Duration::from_secs(300);
 
 /// What went wrong with a backup. Each message names the file or directory
 /// and the problem.
@@ -158,6 +166,29 @@ pub enum Error {
     NotEmpty {
         /// The directory.
         dir: PathBuf,
+    },
+    /// The restore's import applied nothing for a long time: its writes
+    /// (or its reads) are stuck. Seen once, in sled 0.34's deadlock between a file
+    /// truncation and its I/O threads (spacejam/sled#1412), while another
+    /// process kept the disk busy. The staging directory is removed.
+    #[error(
+        "the restore of {} applied nothing for {} s after {entries} of {of} entries: \
+         its writes (or its reads of the backup) are stuck; sled 0.34 can deadlock \
+         under heavy writes (spacejam/sled#1412). The backup is unchanged and nothing \
+         was left in the target: run the restore again, with no other heavy disk work \
+         beside it",
+        path.display(),
+        after.as_secs()
+    )]
+    Stalled {
+        /// The backup.
+        path: PathBuf,
+        /// Entries applied before the stall.
+        entries: u64,
+        /// Entries in the backup.
+        of: u64,
+        /// How long nothing was applied.
+        after: Duration,
     },
     /// A store error (opening, reading or writing the database).
     #[error(transparent)]
@@ -554,9 +585,29 @@ fn restore_into(
         path: path.to_path_buf(),
         source,
     })?;
-    let mut reader = Unsealed::new(BufReader::new(file), path);
-    reader.header()?;
-    let entries = reader.import(&raw)?;
+    let (applied, owned_path) = (Arc::new(AtomicU64::new(0)), path.to_path_buf());
+    let progress = Arc::clone(&applied);
+    let imported = watched(&applied, RESTORE_STALL, move || {
+        let mut reader = Unsealed::new(BufReader::new(file), &owned_path);
+        let entries = reader.header().and_then(|_| reader.import(&raw, &progress));
+        (entries, raw)
+    })
+    .map_err(|source| Error::Io {
+        action: "cannot start the restore's thread for",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let Some((entries, raw)) = imported else {
+        return Err(Error::Stalled {
+            path: path.to_path_buf(),
+            entries: applied.load(Ordering::Relaxed),
+            of: info.entries,
+            after: RESTORE_STALL,
+        });
+    };
+    let entries = entries?;
+    // Out of the watch: a flush of gigabytes may take long on a slow disk,
+    // with nothing to count meanwhile.
     raw.flush()?;
     drop(raw);
     let store = Store::open(staging, options)?;
@@ -757,8 +808,9 @@ impl<'p, R: Read> Unsealed<'p, R> {
     }
 
     /// Inserts every entry after the header into `store`'s trees; returns
-    /// how many there were.
-    fn import(&mut self, store: &Store) -> Result<u64> {
+    /// how many there were. `applied` counts the entries in the applied
+    /// batches as it goes.
+    fn import(&mut self, store: &Store, applied: &AtomicU64) -> Result<u64> {
         let mut entries = 0u64;
         let mut tree: Option<sled::Tree> = None;
         let mut batch = sled::Batch::default();
@@ -787,6 +839,7 @@ impl<'p, R: Read> Unsealed<'p, R> {
                         t.apply_batch(std::mem::take(&mut batch))
                             .map_err(crate::Error::from)?;
                         pending = 0;
+                        applied.store(entries, Ordering::Relaxed);
                     }
                 }
                 other => {
@@ -801,6 +854,50 @@ impl<'p, R: Read> Unsealed<'p, R> {
             t.apply_batch(batch).map_err(crate::Error::from)?;
         }
         Ok(entries)
+    }
+}
+
+/// Runs `work` on a thread of its own and returns `Some` of what it
+/// returns, or `None` once `progress` has not changed for `stall`: the
+/// thread is then left where it is stuck (a deadlocked store cannot be
+/// unwound), and the caller reports the stall and, being a command, exits.
+/// A panic of `work` is raised again here.
+///
+/// # Errors
+///
+/// The OS's, when it gives no thread.
+fn watched<T: Send + 'static>(
+    progress: &AtomicU64,
+    stall: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<Option<T>> {
+    use std::sync::mpsc::{RecvTimeoutError, channel};
+    let (done, result) = channel();
+    let thread = std::thread::Builder::new()
+        .name("nq-restore".into())
+        .spawn(move || {
+            let _ = done.send(work());
+        })?;
+    let check = (stall / 10).max(Duration::from_millis(10));
+    let (mut seen, mut since) = (progress.load(Ordering::Relaxed), Instant::now());
+    loop {
+        match result.recv_timeout(check) {
+            Ok(value) => return Ok(Some(value)),
+            Err(RecvTimeoutError::Timeout) => {
+                let now = progress.load(Ordering::Relaxed);
+                if now != seen {
+                    (seen, since) = (now, Instant::now());
+                } else if since.elapsed() >= stall {
+                    return Ok(None);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => match thread.join() {
+                Err(panic) => std::panic::resume_unwind(panic),
+                // Sent nothing, yet ended without a panic: cannot be, as
+                // `work`'s end is sent; a stop all the same.
+                Ok(()) => return Ok(None),
+            },
+        }
     }
 }
 
@@ -831,6 +928,39 @@ mod tests {
 
     use super::*;
     use crate::{CommitBatch, JobId, NewJob, NewRun, RunKey, StoredResult};
+
+    /// Work that applies nothing, ever (as a deadlocked store), is given up
+    /// once `progress` has stood still for the stall time; its count so far
+    /// is what the caller reports.
+    #[test]
+    fn a_stuck_import_is_given_up_as_stalled() {
+        let progress = Arc::new(AtomicU64::new(0));
+        let (never, stuck) = std::sync::mpsc::channel::<()>();
+        let applied = Arc::clone(&progress);
+        let watched = watched(&progress, Duration::from_millis(200), move || {
+            applied.store(128, Ordering::Relaxed);
+            // Blocks for good: `never` stays alive in the test below.
+            let _ = stuck.recv();
+        })
+        .unwrap();
+        assert!(watched.is_none());
+        assert_eq!(progress.load(Ordering::Relaxed), 128);
+        drop(never);
+    }
+
+    /// Work that ends is returned, and its panic is raised again.
+    #[test]
+    fn a_finished_import_is_returned_and_a_panic_raised_again() {
+        let progress = AtomicU64::new(0);
+        let long = Duration::from_secs(600);
+        assert_eq!(watched(&progress, long, || 7).unwrap(), Some(7));
+        let panicked = std::panic::catch_unwind(|| {
+            watched(&AtomicU64::new(0), long, || -> u8 {
+                panic!("import failed")
+            })
+        });
+        assert!(panicked.is_err());
+    }
 
     /// A stopped run of 20 jobs in `dir`, the first `done` of them done.
     fn run_in(dir: &Path, done: u64) {
