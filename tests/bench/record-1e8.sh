@@ -15,7 +15,7 @@
 #    process on the data directory (so each of the three sessions has its
 #    own peak) and of the load test itself, and every NQ_RECORD_POLL seconds
 #    the latency of `nq-coord status` (the whole command, process start
-#    included), `/metrics`, `/status.json` and the status page `/` (curl's
+#    included; at the workers' port and at the HTTP port), `/metrics`, `/status.json` and the status page `/` (curl's
 #    time to the whole answer). On 2 cores the load test's workers keep the
 #    CPUs busy: these latencies include waiting for a CPU.
 # 3. Then the scans, one after the other, each under `/usr/bin/time -v`
@@ -186,7 +186,7 @@ print(s.getsockname()[1])')
   # that fails (the coordinator restarting) is recorded as such.
   . tests/bench/latency-probes.sh
   echo -e "seconds\trole\tpid\trss_kib\thwm_kib" >"$out/mem.tsv"
-  echo -e "seconds\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms" >"$out/latency.tsv"
+  echo -e "seconds\tstatus_ms\tmetrics_ms\tstatus_json_ms\tpage_ms\tstatus_http_ms" >"$out/latency.tsv"
   t0=$(date +%s%N)
   next_poll=0
   while kill -0 "$loadtest" 2>/dev/null; do
@@ -203,7 +203,8 @@ print(s.getsockname()[1])')
     if [ -n "$coords" ] && [ -n "$addr" ] && [ "$at" -ge "$next_poll" ]; then
       web=http://127.0.0.1:$metrics_port
       echo -e "$at\t$(status_ms "$addr")\t$(curl_ms "$web/metrics")\t$(
-        curl_ms "$web/status.json")\t$(curl_ms "$web/")" >>"$out/latency.tsv"
+        curl_ms "$web/status.json")\t$(curl_ms "$web/")\t$(
+        status_ms "127.0.0.1:$metrics_port")" >>"$out/latency.tsv"
       next_poll=$((at + poll))
     fi
     sleep 1
@@ -309,7 +310,11 @@ for l in open(f"{out}/loadtest.err"):
     if m and int(m.group(1)) % 10 == 0:
         curve.append([int(m.group(1)), int(m.group(2)), int(m.group(3))])
 
-lat = {"status_ms": [], "metrics_ms": [], "status_json_ms": [], "page_ms": []}
+# status_http_ms: `nq-coord status` at the HTTP port (a column since
+# BENCHMARKS.md §29; a run before it has none).
+lat = {"status_ms": [], "metrics_ms": [], "status_json_ms": [], "page_ms": [], "status_http_ms": []}
+header = open(f"{out}/latency.tsv").readline().rstrip("\n").split("\t")
+lat = {k: v for k, v in lat.items() if k in header}
 failed = 0
 for row in csv.DictReader(open(f"{out}/latency.tsv"), delimiter="\t"):
     if any(not row.get(k) for k in lat):

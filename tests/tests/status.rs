@@ -168,6 +168,49 @@ async fn a_live_run_is_visible_from_outside() -> Result<()> {
         if code != 404 {
             bail!("GET /nothing: {code}, expected 404");
         }
+
+        // The HTTP port answers the operators' gRPC calls too, on its own
+        // thread: the same status, and the health check ...
+        let via_http: serde_json::Value =
+            serde_json::from_str(&status(metrics, &["--json"]).await?)?;
+        ensure!(via_http["run_id"] == json["run_id"], "{via_http}");
+        ensure!(
+            (via_http["workers"].as_array().into_iter().flatten())
+                .any(|w| w["name"] == "watched"),
+            "{via_http}"
+        );
+        let health = tokio::process::Command::new(binary("nq-coord")?)
+            .args(["health", "--connect", &metrics.to_string()])
+            .output()
+            .await?;
+        ensure!(
+            health.status.success()
+                && String::from_utf8_lossy(&health.stdout) == "SERVING\n",
+            "nq-coord health at the HTTP port: {health:?}"
+        );
+        // ... but no worker's call: the port has neither the workers' token
+        // nor their TLS.
+        let mut client = nq_proto::pb::coordinator_client::CoordinatorClient::connect(
+            format!("http://{metrics}"),
+        )
+        .await?;
+        let refused = client
+            .register(nq_proto::pb::RegisterRequest {
+                protocol_version: nq_proto::PROTOCOL_VERSION,
+                name: "lost".into(),
+                threads: 1,
+                program_version: "test".into(),
+            })
+            .await
+            .err()
+            .context("a worker registered at the HTTP port")?;
+        ensure!(
+            refused.code() == tonic::Code::Unimplemented
+                && refused
+                    .message()
+                    .contains("workers connect to its --listen port"),
+            "{refused:?}"
+        );
         w.kill().await?;
 
         // A client that never finishes its request does not hold up the

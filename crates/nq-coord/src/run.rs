@@ -406,8 +406,9 @@ impl Tasks {
         if let Some(listener) = config.http_listener.take() {
             // Stops with the ticker: it shows the run until the report is due.
             let (engine, token) = (Arc::clone(engine), tick_token.clone());
+            let health = health.clone();
             tracker.spawn(async move {
-                if let Err(e) = http::serve_apart(engine, listener, token).await {
+                if let Err(e) = http::serve_apart(engine, listener, health, token).await {
                     error!(error = %e.chain(), "the HTTP port stopped");
                 }
             });

@@ -4,7 +4,11 @@
 //! * `GET /status.json`: the run's [`Snapshot`] as JSON
 //!   ([`Snapshot::to_json`], the same picture as the `Status` rpc);
 //! * `GET /`: the status page, one self-contained HTML file (inline CSS and
-//!   JS, nothing fetched from elsewhere) that polls `/status.json`.
+//!   JS, nothing fetched from elsewhere) that polls `/status.json`;
+//! * gRPC over HTTP/2 (h2c), for operators: the coordinator's `Status` and
+//!   the `grpc.health.v1` check, so that `nq-coord status --connect` and
+//!   `nq-coord health --connect` at this port answer however busy the
+//!   workers keep the workers' port ([`OperatorService`]).
 //!
 //! Every answer is built from one snapshot under the scheduler's lock, held
 //! for microseconds (the engine's core lock); nothing here can change the
@@ -16,19 +20,27 @@
 //!
 //! [`Snapshot`]: crate::core::status::Snapshot
 //! [`Snapshot::to_json`]: crate::core::status::Snapshot::to_json
+//! [`OperatorService`]: crate::adapters::grpc::OperatorService
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
+use nq_proto::pb::coordinator_server::CoordinatorServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::server::NamedService;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
+use tower::ServiceExt;
 use tracing::info;
 
+use crate::adapters::grpc::OperatorService;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 
@@ -52,6 +64,7 @@ const STATUS_PAGE: &str = include_str!("../status_page.html");
 pub(crate) async fn serve_apart(
     engine: Arc<Engine>,
     listener: Arc<std::net::TcpListener>,
+    health: HealthReporter,
     token: CancellationToken,
 ) -> Result<()> {
     let io = |context: &'static str| {
@@ -72,7 +85,7 @@ pub(crate) async fn serve_apart(
                     rt.block_on(async {
                         // Registered with this thread's runtime, which
                         // drives its I/O.
-                        serve(engine, self::listener(&listener)?, token).await
+                        serve(engine, self::listener(&listener)?, health, token).await
                     })
                 });
             // The receiver is gone only if the coordinator stopped waiting.
@@ -83,7 +96,8 @@ pub(crate) async fn serve_apart(
 }
 
 /// Serves the HTTP port on `listener` until `token` is cancelled, then lets
-/// open requests finish.
+/// open requests finish. `health` is the workers' port's health reporter:
+/// both ports give the same answer.
 ///
 /// # Errors
 ///
@@ -91,16 +105,23 @@ pub(crate) async fn serve_apart(
 async fn serve(
     engine: Arc<Engine>,
     listener: TcpListener,
+    health: HealthReporter,
     token: CancellationToken,
 ) -> Result<()> {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "serving /metrics, /status.json and the status page");
+        info!(%addr, "serving /metrics, /status.json, the status page, and Status and health over gRPC");
     }
+    let operator = CoordinatorServer::new(OperatorService::new(Arc::clone(&engine)))
+        .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+    let health = HealthServer::new(HealthService::from_health_reporter(health));
     let app = Router::new()
         .route("/", get(page))
         .route("/status.json", get(status_json))
         .route("/metrics", get(metrics))
-        .with_state(engine);
+        .with_state(engine)
+        .route_service(&grpc_path(&operator), grpc(operator))
+        .route_service(&grpc_path(&health), grpc(health))
+        .fallback(|| async { StatusCode::NOT_FOUND });
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(token.clone().cancelled_owned());
     // Graceful shutdown waits for every open connection, and a client that
@@ -129,6 +150,37 @@ fn listener(l: &std::net::TcpListener) -> Result<TcpListener> {
     let l = l.try_clone().map_err(io)?;
     l.set_nonblocking(true).map_err(io)?;
     TcpListener::from_std(l).map_err(io)
+}
+
+/// The paths of a gRPC service's calls, `/package.Service/{*call}`.
+fn grpc_path<S: NamedService>(_: &S) -> String {
+    format!("/{}/{{*call}}", S::NAME)
+}
+
+/// A tonic service as an axum route: the same request, its body in
+/// tonic's type.
+fn grpc<S>(
+    service: S,
+) -> impl tower::Service<
+    axum::extract::Request,
+    Response = S::Response,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ Sync
++ 'static
+where
+    S: tower::Service<
+            axum::http::Request<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    service.map_request(|req: axum::extract::Request| req.map(tonic::body::Body::new))
 }
 
 /// How long open HTTP requests get to finish at shutdown.

@@ -459,7 +459,9 @@ pub(crate) struct RestoreArgs {
 #[derive(clap::Args, Debug)]
 pub(crate) struct StatusArgs {
     /// The coordinator: `host`, `host:port`, `http://host:port` or
-    /// `https://host:port` (port 50051 when left out).
+    /// `https://host:port` (port 50051 when left out). Its HTTP port
+    /// (--metrics) answers too, on a thread of its own: the quicker one
+    /// while a thousand workers keep the coordinator busy.
     #[arg(
         long,
         value_name = "HOST[:PORT]",
@@ -483,7 +485,8 @@ pub(crate) struct StatusArgs {
         env = "NQ_STATUS_TIMEOUT"
     )]
     pub(crate) timeout: String,
-    /// TLS and token: the Status rpc needs the token like any worker call.
+    /// TLS and token for the workers' port, where the Status rpc needs the
+    /// token like any worker call (the HTTP port takes neither).
     #[command(flatten)]
     pub(crate) dial: DialArgs,
 }
@@ -518,7 +521,8 @@ pub(crate) struct AuditArgs {
 #[derive(clap::Args, Debug)]
 pub(crate) struct HealthArgs {
     /// The coordinator: `host`, `host:port`, `http://host:port` or
-    /// `https://host:port` (port 50051 when left out).
+    /// `https://host:port` (port 50051 when left out); or its HTTP port
+    /// (--metrics), which gives the same answer.
     #[arg(
         long,
         value_name = "ADDR",
