@@ -468,77 +468,8 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
 
     /// Open to anyone who can reach the port (no registration): it reveals
     /// the run's progress and the workers' names and addresses, nothing
-    /// that lets a caller change the run.
-    async fn status(
-        &self,
-        _request: Request<pb::StatusRequest>,
-    ) -> Result<Response<pb::StatusResponse>, Status> {
-        Ok(Response::new(self.engine.snapshot().to_pb()))
-    }
-}
-
-/// The coordinator's service as the HTTP port (`--metrics`) serves it, for
-/// operators: `Status` only (`nq-coord status --connect` at that port),
-/// answered on the port's own thread, however busy the workers keep the
-/// coordinator (see [`crate::adapters::http`]). A worker's call is refused
-/// there: the port has neither the workers' token nor their TLS.
-#[derive(Debug, Clone)]
-pub(crate) struct OperatorService {
-    engine: Arc<Engine>,
-}
-
-impl OperatorService {
-    pub(crate) fn new(engine: Arc<Engine>) -> OperatorService {
-        OperatorService { engine }
-    }
-}
-
-/// What a worker that called the HTTP port is told.
-fn workers_elsewhere() -> Status {
-    Status::unimplemented(
-        "this is the coordinator's HTTP port (--metrics), which answers Status and \
-         health checks only: workers connect to its --listen port",
-    )
-}
-
-#[tonic::async_trait]
-impl pb::coordinator_server::Coordinator for OperatorService {
-    async fn register(
-        &self,
-        _request: Request<pb::RegisterRequest>,
-    ) -> Result<Response<pb::RegisterResponse>, Status> {
-        Err(workers_elsewhere())
-    }
-
-    async fn lease(
-        &self,
-        _request: Request<pb::LeaseRequest>,
-    ) -> Result<Response<pb::LeaseResponse>, Status> {
-        Err(workers_elsewhere())
-    }
-
-    async fn report(
-        &self,
-        _request: Request<Streaming<pb::ReportChunk>>,
-    ) -> Result<Response<pb::ReportAck>, Status> {
-        Err(workers_elsewhere())
-    }
-
-    async fn report_batch(
-        &self,
-        _request: Request<pb::ReportBatchRequest>,
-    ) -> Result<Response<pb::ReportBatchResponse>, Status> {
-        Err(workers_elsewhere())
-    }
-
-    async fn release(
-        &self,
-        _request: Request<pb::ReleaseRequest>,
-    ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        Err(workers_elsewhere())
-    }
-
-    /// The same answer as the workers' port gives.
+    /// that lets a caller change the run. The HTTP port (`--metrics`)
+    /// routes this call, and only this one, here too.
     async fn status(
         &self,
         _request: Request<pb::StatusRequest>,

@@ -8,7 +8,10 @@
 //! * gRPC over HTTP/2 (h2c), for operators: the coordinator's `Status` and
 //!   the `grpc.health.v1` check, so that `nq-coord status --connect` and
 //!   `nq-coord health --connect` at this port answer however busy the
-//!   workers keep the workers' port ([`OperatorService`]).
+//!   workers keep the workers' port. Only `Status` reaches the
+//!   coordinator's service here ([`CoordinatorService`]); a worker's call
+//!   is refused, since the port has neither the workers' token nor their
+//!   TLS.
 //!
 //! Every answer is built from one snapshot under the scheduler's lock, held
 //! for microseconds (the engine's core lock); nothing here can change the
@@ -20,7 +23,7 @@
 //!
 //! [`Snapshot`]: crate::core::status::Snapshot
 //! [`Snapshot::to_json`]: crate::core::status::Snapshot::to_json
-//! [`OperatorService`]: crate::adapters::grpc::OperatorService
+//! [`CoordinatorService`]: crate::adapters::grpc::CoordinatorService
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +33,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{Html, IntoResponse};
-use axum::routing::get;
+use axum::routing::{any, get};
 use nq_proto::pb::coordinator_server::CoordinatorServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +43,7 @@ use tonic_health::server::{HealthReporter, HealthService};
 use tower::ServiceExt;
 use tracing::info;
 
-use crate::adapters::grpc::OperatorService;
+use crate::adapters::grpc::CoordinatorService;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 
@@ -111,16 +114,23 @@ async fn serve(
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "serving /metrics, /status.json, the status page, and Status and health over gRPC");
     }
-    let operator = CoordinatorServer::new(OperatorService::new(Arc::clone(&engine)))
-        .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
+    let coordinator =
+        CoordinatorServer::new(CoordinatorService::new(Arc::clone(&engine)))
+            .max_encoding_message_size(nq_proto::MAX_MESSAGE_BYTES);
     let health = HealthServer::new(HealthService::from_health_reporter(health));
     let app = Router::new()
         .route("/", get(page))
         .route("/status.json", get(status_json))
         .route("/metrics", get(metrics))
         .with_state(engine)
-        .route_service(&grpc_path(&operator), grpc(operator))
-        .route_service(&grpc_path(&health), grpc(health))
+        // The one call of the coordinator's service served here; its
+        // other calls take the route after it.
+        .route_service(
+            &grpc_call(&coordinator, "Status"),
+            grpc(coordinator.clone()),
+        )
+        .route(&grpc_call(&coordinator, "{*call}"), any(workers_elsewhere))
+        .route_service(&grpc_call(&health, "{*call}"), grpc(health))
         .fallback(|| async { StatusCode::NOT_FOUND });
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(token.clone().cancelled_owned());
@@ -152,9 +162,19 @@ fn listener(l: &std::net::TcpListener) -> Result<TcpListener> {
     TcpListener::from_std(l).map_err(io)
 }
 
-/// The paths of a gRPC service's calls, `/package.Service/{*call}`.
-fn grpc_path<S: NamedService>(_: &S) -> String {
-    format!("/{}/{{*call}}", S::NAME)
+/// The route of a service's `call` (a method, or `{*call}` for all),
+/// `/package.Service/call`.
+fn grpc_call<S: NamedService>(_: &S, call: &str) -> String {
+    format!("/{}/{call}", S::NAME)
+}
+
+/// What a worker that called the HTTP port is told.
+async fn workers_elsewhere() -> axum::response::Response {
+    tonic::Status::unimplemented(
+        "this is the coordinator's HTTP port (--metrics), which answers Status and \
+         health checks only: workers connect to its --listen port",
+    )
+    .into_http()
 }
 
 /// A tonic service as an axum route: the same request, its body in
