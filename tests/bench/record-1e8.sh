@@ -15,8 +15,9 @@
 #    process on the data directory (so each of the three sessions has its
 #    own peak) and of the load test itself, and every NQ_RECORD_POLL seconds
 #    the latency of `nq-coord status` (the whole command, process start
-#    included; at the workers' port and at the HTTP port), `/metrics`, `/status.json` and the status page `/` (curl's
-#    time to the whole answer). On 2 cores the load test's workers keep the
+#    included; at the workers' port and at the HTTP port), `/metrics`,
+#    `/status.json` and the status page `/` (curl's time to the whole
+#    answer). On 2 cores the load test's workers keep the
 #    CPUs busy: these latencies include waiting for a CPU.
 # 3. Then the scans, one after the other, each under `/usr/bin/time -v`
 #    (wall time and peak RSS): `nq-coord backup`; `nq-coord audit --verify
@@ -218,12 +219,15 @@ fi
 # 3. The scans, one after the other. A command's own verdict is kept in its
 # log; the load test's zero counts make the audit and the re-check report
 # differences from the published values (see the header).
+ended() { # ended NAME: the step ran before, and no signal ended it (a hung
+  # step killed by hand runs again)
+  grep -q 'Exit status' "$out/$1.time" 2>/dev/null &&
+    ! grep -q '^Command terminated by signal' "$out/$1.time"
+}
 timed() { # timed NAME COMMAND...: runs it under /usr/bin/time -v, once
   local name=$1
   shift
-  # Done before, unless a signal ended it (a hung step killed by hand).
-  if grep -q 'Exit status' "$out/$name.time" 2>/dev/null &&
-    ! grep -q '^Command terminated by signal' "$out/$name.time"; then
+  if ended "$name"; then
     echo "$name: done before"
     return
   fi
@@ -249,10 +253,7 @@ if [ "$lean_disk" = 1 ] && [ -d "$data" ]; then
 fi
 # A restore that is run again starts from a new directory: one that was
 # killed left a part of a store.
-if ! grep -q 'Exit status' "$out/restore.time" 2>/dev/null ||
-  grep -q '^Command terminated by signal' "$out/restore.time"; then
-  rm -rf "$out/restored"
-fi
+ended restore || rm -rf "$out/restored"
 timed restore "$bin/nq-coord" restore --from "$out/run.backup" --data "$out/restored"
 [ -d "$out/restored" ] && du -sb "$out/restored" | cut -f1 >"$out/restored.bytes"
 timed recheck "$bin/nq" recheck "$audit" --sample "$sample" --seed record-1e8
