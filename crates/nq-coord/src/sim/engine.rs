@@ -695,6 +695,12 @@ impl Sim {
         }
         let (session, _) = open(&self.config).await?;
         self.session = session;
+        // The seal is the completed run's: a restore that does not find the
+        // run complete (the known divergence `Restored::FinishedDiverged`)
+        // judges every stored copy again, and so do the checks.
+        if !self.complete() {
+            self.sealed = None;
+        }
         self.granted.clear();
         for w in &mut self.workers {
             w.id = None;
