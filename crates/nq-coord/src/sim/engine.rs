@@ -696,8 +696,9 @@ impl Sim {
         let (session, _) = open(&self.config).await?;
         self.session = session;
         // The seal is the completed run's: a restore that does not find the
-        // run complete (the known divergence `Restored::FinishedDiverged`)
-        // judges every stored copy again, and so do the checks.
+        // run complete judges every stored copy again, and so do the checks.
+        // (Seed 1000620: a run completed with 10 jobs settled restored with
+        // 5, at the same tally, which `finished` takes for the same run.)
         if !self.complete() {
             self.sealed = None;
         }
