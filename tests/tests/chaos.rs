@@ -430,6 +430,11 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
     let mut w = worker("w", &addr.to_string(), &["--threads", "1"])?;
     t.watch(&w);
     lines(&mut coord.proc, DONE, 1).await?;
+    // The worker is frozen while the traffic goes in: the run (about a
+    // second on a fast core) cannot end before it, so every fault below
+    // lands mid-run (a CI run once saw the coordinator gone, its run over,
+    // halfway through the random bytes).
+    w.signal(libc::SIGSTOP)?;
 
     // Random bytes: the server must close each connection (it reads no valid
     // preface), which the read to end-of-stream observes.
@@ -503,6 +508,7 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
     t.injected("gRPC Report chunk over MAX_MESSAGE_BYTES");
 
     // Still serving: more results become durable after all of it.
+    w.signal(libc::SIGCONT)?;
     lines(&mut coord.proc, DONE, 1).await?;
     // Its only machine is one remote worker (`--local-threads 0`): since probation
     // (issue 15, item 7) nobody checks it, so the run ends `unchecked` (exit 6) with
