@@ -25,7 +25,9 @@
 #      pre-placed (its README's configuration 2);
 #   6. nq end to end at N = 20, 21 and 22: nq-coord --local-threads 0 and one
 #      nq-worker --gpu on this machine, the coordinator's `seconds` and its
-#      check against the published totals.
+#      check against the published totals, and from the worker's log the
+#      jobs and wall time per launch (its lease aims at about 2 s a launch)
+#      and the kernels' total time.
 #
 # Binaries: target/release/{nq-coord,nq-worker} and
 # target/release/examples/bench, built before the run (carry them with the
@@ -223,11 +225,20 @@ for n in 20 21 22; do
     final=$(grep 'status=' "$work/coord.out" | tail -n 1 || true)
     get() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$final"; }
     launches=$(grep -c 'GPU launch counted' "$work/worker$n.err" 2>/dev/null || true)
+    # How the worker's measured leasing shaped its launches: jobs and wall
+    # time per launch (the lease aims at about 2 s a launch), and the
+    # kernels' time over the run's.
+    field() { { grep 'GPU launch counted' "$work/worker$n.err" 2>/dev/null || true; } | { grep -o "\b$1=[0-9.]*" || true; } | cut -d= -f2; }
+    median() { sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}'; }
+    jobs_median=$(field jobs | median)
+    wall_median=$(field wall_ms | median)
+    kernel_total=$(field kernel_ms | awk '{s+=$1} END {if (NR) printf "%.1f", s}')
     why=""
     [ "$st" = ok ] || why=$(tail -n 1 "$work/worker$n.err" 2>/dev/null || true)
-    e2e+=$(printf '{"n":%s,"status":%s,"error":%s,"coordinator":%s,"total":%s,"published":%s,"seconds":%s,"gpu_launches":%s},' \
+    e2e+=$(printf '{"n":%s,"status":%s,"error":%s,"coordinator":%s,"total":%s,"published":%s,"seconds":%s,"gpu_launches":%s,"jobs_per_launch_median":%s,"launch_wall_ms_median":%s,"kernel_ms_total":%s},' \
         "$n" "$(jstr "$st")" "$(jstr "$why")" "$(jstr "$(get status)")" "$(jstr "$(get total)")" \
-        "$(jstr "$(get published)")" "$(jnum "$(get seconds)")" "$(jnum "$launches")")
+        "$(jstr "$(get published)")" "$(jnum "$(get seconds)")" "$(jnum "$launches")" \
+        "$(jnum "$jobs_median")" "$(jnum "$wall_median")" "$(jnum "$kernel_total")")
 done
 
 # ---------------------------------------------------------------- JSON

@@ -32,10 +32,9 @@ pub struct Config {
     /// the shutdown signal before it cancels them and hands them back.
     pub grace: Duration,
     /// Jobs kept outstanding at most: those being computed plus the prefetch
-    /// queued behind them, so that threads never wait for the network. On
-    /// the CPU threads alone the prefetch is measured (see [`Prefetch`]),
-    /// and this only limits it; the worker asks for more as soon as fewer
-    /// than `threads + 1` remain.
+    /// queued behind them, so that threads never wait for the network. The
+    /// prefetch is measured, on the CPU threads and on GPUs alike (see
+    /// [`Prefetch`]), and this only limits it.
     pub max_jobs: usize,
     /// How deep the queue behind the running jobs is.
     pub prefetch: Prefetch,
@@ -86,16 +85,17 @@ impl Config {
         }
     }
 
-    /// Counts on the CUDA `devices` too, and keeps enough jobs in flight
-    /// for them: [`GPU_MAX_JOBS`] per GPU at least (for [`GpuDevices::All`],
-    /// per GPU found when the worker starts).
+    /// Counts on the CUDA `devices` too, leasing for them in proportion to
+    /// their measured speed ([`Prefetch::Launches`]), up to [`GPU_MAX_JOBS`]
+    /// per GPU (for [`GpuDevices::All`], per GPU found when the worker
+    /// starts).
     pub fn with_gpu(mut self, devices: GpuDevices) -> Config {
         let known = match &devices {
             GpuDevices::All => 1,
             GpuDevices::List(list) => list.len(),
         };
         self.max_jobs = self.max_jobs.max(GPU_MAX_JOBS.saturating_mul(known));
-        self.prefetch = Prefetch::Full;
+        self.prefetch = Prefetch::Launches;
         self.gpu = Some(devices);
         self
     }
@@ -117,8 +117,14 @@ pub enum Prefetch {
     /// network, and a long job never waits behind another while a second
     /// machine runs dry (issue 26).
     Measured,
-    /// Always [`Config::max_jobs`]: a GPU needs many jobs in flight to fill
-    /// its batches.
+    /// For a `--gpu` worker: the jobs its GPUs finish while each of their
+    /// streams counts one launch of about two seconds and one more is
+    /// gathered, measured per launch, plus a refill (one job per stream
+    /// before the first measurement). A GPU twice as fast holds twice as
+    /// many; a run that lists solutions, or a worker whose GPUs all failed,
+    /// is paced as [`Prefetch::Measured`] on the CPU threads.
+    Launches,
+    /// Always [`Config::max_jobs`]: for tests that need a full queue at once.
     Full,
 }
 
@@ -163,10 +169,12 @@ impl std::str::FromStr for GpuDevices {
     }
 }
 
-/// Jobs a `--gpu` worker keeps in flight at least, per GPU. The GPU counts every job
-/// queued while it was busy in one launch, so this bounds how much work one
-/// launch sees (with the coordinator's usual jobs, hundreds of thousands of
-/// sub-problems, before the host expands them further into tasks).
+/// Jobs a `--gpu` worker holds at most, per GPU; what it holds below that
+/// follows the GPUs' measured speed ([`Prefetch::Launches`]). The GPU counts
+/// every job queued while it was busy in one launch, so this also bounds how
+/// much work one launch sees (with the coordinator's usual jobs, hundreds of
+/// thousands of sub-problems, before the host expands them further into
+/// tasks).
 pub const GPU_MAX_JOBS: usize = 256;
 
 /// The default of [`Config::give_up`]: ten minutes without an answer.

@@ -10,6 +10,10 @@
 //! * **Sharing.** Each GPU thread takes the queued jobs of one board when it
 //!   has a stream free, so a faster GPU simply takes more: the work follows
 //!   each GPU's measured speed without any static share.
+//! * **Leasing.** The finisher notes every launch's end and jobs
+//!   ([`crate::pace::Launches`]): the worker leases for its GPUs in
+//!   proportion to what they finish, seconds of work per GPU, not a fixed
+//!   number of jobs.
 //! * **Overlap.** A GPU thread keeps up to [`nq_gpu::SLOTS`] launches in
 //!   flight, one per stream: it packs (and splits, and orders) the next batch
 //!   on the host while the GPU counts the previous one, and the next launch's
@@ -39,6 +43,7 @@ use tokio::sync::mpsc as async_mpsc;
 use tracing::{error, info};
 
 use crate::config::GpuDevices;
+use crate::pace::Launches;
 use crate::pool::Produced;
 use crate::{Error, Result};
 
@@ -92,6 +97,8 @@ pub(crate) struct GpuRunner {
     /// GPUs still counting; jobs go to the CPU threads once it is 0.
     working: Arc<AtomicUsize>,
     devices: Vec<usize>,
+    /// What the GPUs finished, launch by launch: their measured speed.
+    launches: Arc<Mutex<Launches>>,
     threads: Vec<std::thread::JoinHandle<()>>,
     finisher: Option<std::thread::JoinHandle<()>>,
 }
@@ -136,9 +143,11 @@ impl GpuRunner {
         let queue = Arc::new(Queue::default());
         let working = Arc::new(AtomicUsize::new(devices.len()));
         let (done_tx, done_rx) = mpsc::channel::<Counted>();
+        let launches = Arc::new(Mutex::new(Launches::default()));
+        let noted = Arc::clone(&launches);
         let finisher = std::thread::Builder::new()
             .name("nq-gpu-finish".into())
-            .spawn(move || finish(&done_rx))
+            .spawn(move || finish(&done_rx, &noted))
             .map_err(|source| Error::Pool { threads: 1, source })?;
         let mut threads = vec![];
         let mut ready = vec![];
@@ -183,6 +192,7 @@ impl GpuRunner {
             queue,
             working,
             devices,
+            launches,
             threads,
             finisher: Some(finisher),
         };
@@ -203,6 +213,24 @@ impl GpuRunner {
     /// The CUDA devices counting, by index.
     pub(crate) fn devices(&self) -> &[usize] {
         &self.devices
+    }
+
+    /// Launch streams on the GPUs still counting: how many launches can be
+    /// in flight at once.
+    pub(crate) fn streams(&self) -> usize {
+        self.working
+            .load(Ordering::Relaxed)
+            .saturating_mul(nq_gpu::SLOTS)
+    }
+
+    /// Jobs per second the GPUs finish, all together, over their last
+    /// launches; `None` before two launches ended.
+    pub(crate) fn rate(&self) -> Option<f64> {
+        // A finisher that panicked left the record as it was: still usable.
+        self.launches
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rate()
     }
 
     /// True while some GPU takes jobs.
@@ -440,10 +468,12 @@ fn board_of(job: &GpuJob) -> Option<u8> {
 }
 
 /// The finisher's loop: for each launch, the fixed counts of each job on the
-/// CPU, then its outcome; one log line per launch with its times.
-fn finish(rx: &mpsc::Receiver<Counted>) {
+/// CPU, then its outcome, then its end noted in `launches`; one log line per
+/// launch with its times.
+fn finish(rx: &mpsc::Receiver<Counted>, launches: &Mutex<Launches>) {
     while let Ok(c) = rx.recv() {
         let started = Instant::now();
+        let jobs = c.jobs.len();
         let mut at = 0;
         let mut nodes_total = 0u64;
         for job in c.jobs {
@@ -469,6 +499,12 @@ fn finish(rx: &mpsc::Receiver<Counted>) {
                 done(job, counts, nodes);
             }
         }
+        launches.lock().unwrap_or_else(|e| e.into_inner()).ended(
+            tokio::time::Instant::now(),
+            jobs,
+            std::time::Duration::try_from_secs_f64(c.times.wall_ms / 1e3)
+                .unwrap_or_default(),
+        );
         let fixed_ms = started.elapsed().as_secs_f64() * 1e3;
         let rate = if c.times.kernel_ms > 0.0 {
             nodes_total as f64 / (c.times.kernel_ms / 1e3)
@@ -477,6 +513,7 @@ fn finish(rx: &mpsc::Receiver<Counted>) {
         };
         info!(
             device = c.device,
+            jobs,
             tasks = c.times.tasks,
             pack_ms = format_args!("{:.1}", c.pack_ms),
             kernel_ms = format_args!("{:.1}", c.times.kernel_ms),

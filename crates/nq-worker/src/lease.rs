@@ -79,6 +79,9 @@ struct Held {
     failures: u32,
     /// The kernel the job runs on (the coordinator may ask for one).
     kernel: Kernel,
+    /// True when a GPU computes it: its end is measured per launch, not as
+    /// a CPU thread's.
+    on_gpu: bool,
     /// The report task, to find the lease again if that task panics, and to
     /// abort it when the job's run is over.
     task: tokio::task::AbortHandle,
@@ -617,6 +620,7 @@ impl<'a> LeaseLoop<'a> {
             .pool
             .submit(subproblems.clone(), shape.solutions, kernel);
         let stop = Arc::clone(&attempt.stop);
+        let on_gpu = attempt.kernel == nq_gpu::KERNEL_NAME;
         let computed = Arc::new(AtomicBool::new(false));
         let ctx = ReportCtx {
             client: self.client.clone(),
@@ -650,6 +654,7 @@ impl<'a> LeaseLoop<'a> {
             dropped: false,
             failures,
             kernel,
+            on_gpu,
             task: handle,
         }
     }
@@ -664,7 +669,9 @@ impl<'a> LeaseLoop<'a> {
         ack: &pb::ReportAck,
         (nodes, solutions): (u64, u64),
     ) {
-        self.pace.job_ended(Instant::now());
+        if !held.on_gpu {
+            self.pace.job_ended(Instant::now());
+        }
         self.summary.jobs += 1;
         self.summary.subproblems += held.subproblems.len() as u64;
         self.summary.nodes += nodes;
@@ -938,15 +945,33 @@ impl<'a> LeaseLoop<'a> {
             .count()
     }
 
+    /// Jobs leased and not yet computed on the CPU threads.
+    fn computing_on_cpu(&self) -> usize {
+        self.held
+            .values()
+            .filter(|h| !h.on_gpu && !h.dropped && !h.computed.load(Ordering::Relaxed))
+            .count()
+    }
+
     /// How many new jobs to ask for, up to the configured [`Prefetch`].
     fn want(&self) -> u32 {
         if self.draining.is_some() {
             return 0;
         }
-        let outstanding = match self.config.prefetch {
-            Prefetch::Full => self.config.max_jobs,
-            Prefetch::Measured => {
-                (self.pace).outstanding(self.config.threads.get(), self.config.max_jobs)
+        let (threads, max_jobs) = (self.config.threads.get(), self.config.max_jobs);
+        let lists_solutions = self.run.as_ref().is_some_and(|r| r.shape.solutions);
+        let outstanding = match (self.config.prefetch, self.pool.gpu()) {
+            (Prefetch::Full, _) => max_jobs,
+            // Count-only jobs go to the GPUs: what they finish sizes the
+            // lease, plus the CPU threads' own (checks that name a CPU
+            // kernel), so those never take a GPU's share.
+            (Prefetch::Launches, Some(gpu)) if !lists_solutions => (self.pace)
+                .launch_outstanding(gpu.rate(), gpu.streams(), max_jobs)
+                .saturating_add(self.computing_on_cpu()),
+            // The CPU threads compute the jobs: listed solutions, or every
+            // GPU failed.
+            (Prefetch::Measured | Prefetch::Launches, _) => {
+                self.pace.outstanding(threads, max_jobs)
             }
         };
         let want = outstanding.saturating_sub(self.computing());

@@ -285,7 +285,8 @@ pub async fn run(
     let gpu = config.gpu.as_ref().map(gpu::GpuRunner::start).transpose()?;
     let mut config = config;
     if let Some(gpu) = &gpu {
-        // `--gpu all` is resolved only now: each GPU keeps its own jobs.
+        // `--gpu all` is resolved only now: each GPU may hold up to its own
+        // limit.
         let jobs = config::GPU_MAX_JOBS.saturating_mul(gpu.devices().len());
         config.max_jobs = config.max_jobs.max(jobs);
     }

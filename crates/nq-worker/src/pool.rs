@@ -86,6 +86,11 @@ impl WorkerPool {
         self
     }
 
+    /// The GPUs, while one of them still takes jobs.
+    pub(crate) fn gpu(&self) -> Option<&GpuRunner> {
+        self.gpu.as_ref().filter(|gpu| gpu.usable())
+    }
+
     /// Queues `subproblems` behind the jobs already queued, to run on
     /// `kernel`. With `list_solutions` the completions are streamed as
     /// batches before the outcome.
