@@ -34,6 +34,18 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(30);
 /// bounded (`RATE_WINDOW / SAMPLE_EVERY` samples) whatever the tick rate.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
+/// Worker rows a `Status` answer lists at most, the coordinator's own first.
+/// A row with a name of [`crate::error::MAX_NAME`] bytes and the longest
+/// address is under 400 bytes on the wire, so with [`LISTED_FAULTY`] the
+/// whole answer stays under 4 MiB, the default decoding limit of gRPC
+/// clients (`nq-coord status`, grpcurl), however many workers registered and
+/// whatever their names: 50,000 workers with long names, or sybils
+/// registering from one address, made it unreadable before.
+pub const LISTED_WORKERS: usize = 8_000;
+
+/// Faulty workers a `Status` answer lists at most (see [`LISTED_WORKERS`]).
+pub const LISTED_FAULTY: usize = 2_000;
+
 /// The phase of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunState {
@@ -160,6 +172,11 @@ pub struct Snapshot {
     pub lease_expiries: u64,
     /// Workers that lost verification conflicts.
     pub faulty_workers: Vec<FaultyWorker>,
+    /// Known workers not in [`Snapshot::workers`]: none where the snapshot
+    /// was built, those past [`LISTED_WORKERS`] in a `Status` answer.
+    pub workers_unlisted: u64,
+    /// Faulty workers not in [`Snapshot::faulty_workers`], the same way.
+    pub faulty_workers_unlisted: u64,
     /// Solutions counted so far.
     pub total_so_far: u128,
     /// The result, once the run is complete.
@@ -487,6 +504,8 @@ impl Snapshot {
             conflicts: sched.conflicts(),
             lease_expiries: sched.expiries(),
             faulty_workers: crate::core::report::faulty_workers(sched),
+            workers_unlisted: 0,
+            faulty_workers_unlisted: 0,
             total_so_far: tally.total,
             result,
         }
@@ -516,8 +535,17 @@ impl Snapshot {
             .fold(0u32, |sum, w| sum.saturating_add(w.threads))
     }
 
-    /// The wire form.
+    /// The wire form, its lists capped at [`LISTED_WORKERS`] (the
+    /// coordinator's own rows first, then remote workers in name order) and
+    /// [`LISTED_FAULTY`], with counts of the rows left out.
     pub fn to_pb(&self) -> pb::StatusResponse {
+        // The local rows are listed whatever the cap: the client sums their
+        // threads.
+        let local = self.workers.iter().filter(|w| w.local);
+        let remote = self.workers.iter().filter(|w| !w.local);
+        let listed: Vec<&WorkerStatus> =
+            local.chain(remote).take(LISTED_WORKERS).collect();
+        let unlisted = |all: usize, listed: usize| (all - listed) as u64;
         let state = match self.state {
             RunState::Running => pb::RunState::Running,
             RunState::Complete => pb::RunState::Complete,
@@ -548,9 +576,17 @@ impl Snapshot {
             rate_window_seconds: self.rate_window_seconds,
             session_seconds: self.session_seconds,
             workers_connected: self.workers_connected,
-            workers: self
-                .workers
-                .iter()
+            workers_unlisted: self
+                .workers_unlisted
+                .saturating_add(unlisted(self.workers.len(), listed.len())),
+            faulty_workers_unlisted: self.faulty_workers_unlisted.saturating_add(
+                unlisted(
+                    self.faulty_workers.len(),
+                    self.faulty_workers.len().min(LISTED_FAULTY),
+                ),
+            ),
+            workers: listed
+                .into_iter()
                 .map(|w| pb::WorkerStatus {
                     name: w.name.clone(),
                     address: w.address.clone(),
@@ -569,6 +605,7 @@ impl Snapshot {
             faulty_workers: self
                 .faulty_workers
                 .iter()
+                .take(LISTED_FAULTY)
                 .map(|f| pb::FaultyWorkerStatus {
                     name: f.name.clone(),
                     address: f.address.clone(),
@@ -656,10 +693,12 @@ impl Snapshot {
             "workers_connected": self.workers_connected,
             "local_threads": self.local_threads(),
             "workers": workers,
+            "workers_unlisted": self.workers_unlisted,
             "confirmations": self.confirmations,
             "conflicts": self.conflicts,
             "lease_expiries": self.lease_expiries,
             "faulty_workers": faulty,
+            "faulty_workers_unlisted": self.faulty_workers_unlisted,
             "total_so_far": self.total_so_far.to_string(),
             "result": result,
         })
@@ -755,7 +794,11 @@ impl Snapshot {
             ),
         );
         if !self.faulty_workers.is_empty() {
-            line("faulty", faulty_text(&self.faulty_workers));
+            let mut faulty = faulty_text(&self.faulty_workers);
+            if self.faulty_workers_unlisted > 0 {
+                let _ = write!(faulty, ", and {} more", self.faulty_workers_unlisted);
+            }
+            line("faulty", faulty);
         }
         match &self.result {
             Some(r) => line(
@@ -779,6 +822,14 @@ impl Snapshot {
         );
         out.push('\n');
         self.workers_table(&mut out);
+        if self.workers_unlisted > 0 {
+            let _ = writeln!(
+                out,
+                "... and {} more workers, not listed: a status answer lists {LISTED_WORKERS} \
+                 at most (/status.json on the --metrics port lists them all)",
+                self.workers_unlisted
+            );
+        }
         out
     }
 
@@ -992,6 +1043,8 @@ impl TryFrom<pb::StatusResponse> for Snapshot {
                     banned: f.banned,
                 })
                 .collect(),
+            workers_unlisted: r.workers_unlisted,
+            faulty_workers_unlisted: r.faulty_workers_unlisted,
             total_so_far: count(r.total_so_far, "total_so_far")?,
             result,
         })
@@ -1140,6 +1193,71 @@ mod tests {
         );
         let row = text.lines().find(|l| l.starts_with("w1")).expect(&text);
         assert!(row.contains("10.0.0.1"), "{row}");
+    }
+
+    /// However many workers registered and however long their names, a
+    /// `Status` answer fits the 4 MiB that gRPC clients decode by default:
+    /// the lists are capped, the coordinator's own rows kept, and what was
+    /// left out is counted in every form.
+    #[test]
+    fn a_status_answer_fits_a_default_client_however_many_workers() {
+        let t0 = Instant::now();
+        let (s, _) = setup(t0);
+        let mut snap = Snapshot::build(&shape(), "r", &s, &History::new(&s, t0), t0);
+        let longest = |i: usize| format!("{i:0>width$}", width = crate::error::MAX_NAME);
+        let row = |i: usize, local: bool| WorkerStatus {
+            name: longest(i),
+            address: "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".into(),
+            threads: u32::MAX,
+            local,
+            last_seen_seconds: 1e9,
+            jobs_done: u64::MAX,
+            work_done: u128::MAX,
+            jobs_per_second: 1e9,
+            work_per_second: 1e18,
+            leases_taken_back: 0,
+            stalled: false,
+        };
+        // 60,000 remote workers, sorted by name like a built snapshot, and
+        // the coordinator's own row last by name.
+        snap.workers = (0..60_000).map(|i| row(i, false)).collect();
+        snap.workers.push(row(60_000, true));
+        snap.faulty_workers = (0..10_000)
+            .map(|i| FaultyWorker {
+                name: longest(i),
+                address: "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".into(),
+                lost: u32::MAX,
+                banned: true,
+            })
+            .collect();
+        let answer = snap.to_pb();
+        let bytes = prost::Message::encoded_len(&answer);
+        assert!(bytes < 4 << 20, "{bytes} bytes");
+        assert_eq!(answer.workers.len(), LISTED_WORKERS);
+        assert!(answer.workers[0].local, "the local row is listed first");
+        assert_eq!(answer.workers_unlisted, 60_001 - LISTED_WORKERS as u64);
+        assert_eq!(answer.faulty_workers.len(), LISTED_FAULTY);
+        assert_eq!(
+            answer.faulty_workers_unlisted,
+            10_000 - LISTED_FAULTY as u64
+        );
+
+        let back = Snapshot::try_from(answer).unwrap();
+        assert_eq!(back.local_threads(), u32::MAX);
+        assert_eq!(back.workers_unlisted, 52_001);
+        // Sent on again (a proxy, a second hop), nothing is counted twice.
+        assert_eq!(back.to_pb().workers_unlisted, 52_001);
+        let text = back.to_text();
+        assert!(
+            text.contains("... and 52001 more workers, not listed"),
+            "{}",
+            &text[text.len() - 300..]
+        );
+        assert!(text.contains(", and 8000 more"));
+        assert_eq!(back.to_json()["workers_unlisted"], 52_001);
+        assert_eq!(back.to_json()["faulty_workers_unlisted"], 8_000);
+        // Where the snapshot was built nothing is left out.
+        assert_eq!(snap.to_json()["workers_unlisted"], 0);
     }
 
     /// A job computed but waiting for a check is shown as work done apart

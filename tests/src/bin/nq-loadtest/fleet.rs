@@ -168,13 +168,25 @@ pub(super) struct Fleet {
     pub(super) think: Duration,
     /// `--workers`, to spread the first leases over one think time.
     pub(super) workers: usize,
+    /// `--name-bytes`: each name padded to this length (0: as short as it
+    /// comes), to see what long worker names cost the status answer.
+    pub(super) name_bytes: usize,
 }
 
-/// A registration request of simulated worker `i`.
-pub(super) fn register_request(i: usize, want: u32) -> pb::RegisterRequest {
+/// A registration request of simulated worker `i`, its name padded with `x`
+/// to `name_bytes` bytes.
+pub(super) fn register_request(
+    i: usize,
+    want: u32,
+    name_bytes: usize,
+) -> pb::RegisterRequest {
     pb::RegisterRequest {
         protocol_version: nq_proto::PROTOCOL_VERSION,
-        name: format!("sim-{i}"),
+        name: if name_bytes == 0 {
+            format!("sim-{i}")
+        } else {
+            format!("{:x<name_bytes$}", format!("sim-{i}-"))
+        },
         threads: want,
         program_version: "loadtest".into(),
     }
@@ -195,7 +207,10 @@ pub(super) async fn register(
 ) -> Result<Option<(String, String)>> {
     let mut attempt = 0;
     loop {
-        match client.register(register_request(i, fleet.want)).await {
+        match client
+            .register(register_request(i, fleet.want, fleet.name_bytes))
+            .await
+        {
             Ok(r) => {
                 let r = r.into_inner();
                 let run = r.run.map(|r| r.run_id).unwrap_or_default();

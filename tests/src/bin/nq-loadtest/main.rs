@@ -161,6 +161,10 @@ struct Args {
     /// are durable, comma-separated.
     #[arg(long, value_delimiter = ',')]
     kill_after: Vec<u64>,
+    /// Pad each simulated worker's name to this many bytes (at most 256,
+    /// the coordinator's limit), as a cluster's long host names would be.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    name_bytes: u16,
     /// The coordinator's `RUST_LOG` (`debug` logs a line per job, which
     /// costs it time).
     #[arg(long, default_value = "info")]
@@ -707,6 +711,7 @@ async fn run(args: Args) -> Result<()> {
         kills: AtomicU64::new(0),
         think: settings.think,
         workers: args.workers,
+        name_bytes: args.name_bytes.into(),
     });
     let vanishing = (args.workers as f64 * args.vanish).round() as usize;
     let mut tasks = launch(args.workers, vanishing, &channels, &fleet).await;
