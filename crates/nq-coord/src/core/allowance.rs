@@ -9,10 +9,15 @@
 //! * **Cap.** An identity holds at most [`START_CAP`] live leases over all
 //!   its registrations until it has completed work; then twice the
 //!   concurrency it was measured to sustain: the lease time of the copies it
-//!   delivered in the last lease lifetime (or the one before), divided by a
-//!   lease lifetime. That is Little's law: a worker that keeps 64 jobs of
-//!   five minutes running delivers 64 × 5 minutes of lease time every five
-//!   minutes. The claimed thread count can only lower the cap.
+//!   delivered in the last lease lifetime (or the one before), divided by
+//!   the time that lease time lies in, a lease lifetime at most. That is
+//!   Little's law: a worker that keeps 64 jobs of five minutes running
+//!   delivers 64 × 5 minutes of lease time every five minutes. Within its
+//!   first lease lifetime the time is shorter than a lifetime, so a fast
+//!   worker (a GPU, a machine of many cores) earns its cap in seconds, not
+//!   after a lifetime at [`START_CAP`]; since every lease counted lies in
+//!   that time, the measure never exceeds the leases the identity held at
+//!   once. The claimed thread count can only lower the cap.
 //! * **Overdue.** A lease held (and renewed) for longer than
 //!   [`OVERDUE_TTLS`] lease lifetimes plus [`OVERDUE_SLACK`] times the
 //!   longest lease the identity ever needed for a copy (or, for an identity
@@ -66,6 +71,10 @@ struct Account {
     /// The same for the window before (zero when that one was empty or is
     /// older than one window).
     last_window: Duration,
+    /// When the earliest lease counted in the two windows began: every
+    /// counted lease lies between it and now. `None` until a copy is
+    /// counted, and again after two windows without one.
+    since: Option<Instant>,
     /// When it last delivered a copy.
     last_progress: Option<Instant>,
     /// The longest lease it needed for a copy.
@@ -137,8 +146,16 @@ impl Allowances {
         if a.stalled {
             return 1;
         }
-        // Concurrency sustained, rounded up: lease time per lease lifetime.
-        let busy = a.recent(now, self.ttl).as_secs_f64() / self.ttl.as_secs_f64();
+        // Concurrency sustained, rounded up: lease time over the time it lies
+        // in, a lease lifetime at most.
+        let covered = a
+            .since
+            .map_or(self.ttl, |since| now.saturating_duration_since(since))
+            .min(self.ttl);
+        if covered.is_zero() {
+            return START_CAP;
+        }
+        let busy = a.recent(now, self.ttl).as_secs_f64() / covered.as_secs_f64();
         let earned = (2.0 * busy.ceil()).min(MAX_CAP as f64) as usize;
         earned.max(START_CAP)
     }
@@ -149,6 +166,15 @@ impl Allowances {
         let ttl = self.ttl;
         let a = self.accounts.entry(identity).or_default();
         a.roll(now, ttl);
+        if a.this_window.is_zero() && a.last_window.is_zero() {
+            // Nothing counted any more: a fresh measure.
+            a.since = None;
+        }
+        // A lease held longer than a lifetime counts as begun a lifetime ago:
+        // the measure covers a lifetime at most. Where the clock cannot go
+        // back that far, `None` falls back to a whole lifetime.
+        let began = now.checked_sub(held.min(ttl));
+        a.since = began.map(|began| a.since.map_or(began, |since| since.min(began)));
         a.this_window += held;
         a.last_progress = Some(now);
         a.longest = a.longest.max(held);
@@ -314,6 +340,49 @@ mod tests {
         assert_eq!(a.cap(w, t0 + secs(25)), START_CAP);
         // Another identity earns nothing from it.
         assert_eq!(a.cap(IdentityId(2), t0 + secs(9)), START_CAP);
+    }
+
+    /// Within its first lease lifetime an identity's lease time is divided
+    /// by the time it lies in, not by a whole lifetime: a fast worker earns
+    /// its cap in seconds.
+    #[test]
+    fn a_fast_identity_earns_its_cap_within_its_first_lease_lifetime() {
+        let t0 = Instant::now();
+        let mut a = Allowances::new(TTL);
+        let w = IdentityId(1);
+        let ms = Duration::from_millis;
+        // Its first 16 leases, granted at t0, all delivered 100 ms later: 16
+        // at once, so 32 may be held (a lifetime's measure gave 16).
+        for _ in 0..16 {
+            a.note_copy(w, ms(100), t0 + ms(100));
+        }
+        assert_eq!(a.cap(w, t0 + ms(100)), 32);
+        // 32 more, each held 100 ms, over the next 100 ms: 48 jobs' lease
+        // time over 200 ms, 24 at once on average.
+        for i in 0..32 {
+            a.note_copy(w, ms(100), t0 + ms(100) + ms(100) * i / 32);
+        }
+        assert_eq!(a.cap(w, t0 + ms(200)), 48);
+    }
+
+    /// However its copies arrive, lease time cannot earn more than twice the
+    /// leases held at once: a worker that held 16 for most of a lifetime and
+    /// delivers them together earns 32, not more.
+    #[test]
+    fn lease_time_earns_at_most_twice_the_leases_held_at_once() {
+        let t0 = Instant::now();
+        let mut a = Allowances::new(TTL);
+        let w = IdentityId(1);
+        for _ in 0..16 {
+            a.note_copy(w, secs(9), t0 + secs(9));
+        }
+        assert_eq!(a.cap(w, t0 + secs(9)), 32);
+        // After two idle lifetimes the measure starts afresh.
+        assert_eq!(a.cap(w, t0 + secs(30)), START_CAP);
+        for _ in 0..16 {
+            a.note_copy(w, Duration::from_millis(50), t0 + secs(30));
+        }
+        assert_eq!(a.cap(w, t0 + secs(30)), 32);
     }
 
     #[test]

@@ -1079,8 +1079,8 @@ fn the_cap_grows_with_the_identitys_delivered_work() {
     let g = s.lease(&w, 1024, &[], clock.now()).unwrap();
     assert_eq!(g.jobs.len(), 16, "claimed threads do not raise the start");
     // All 16 delivered after 20 s each, within one lease lifetime: 16 × 20 s
-    // of lease time per 30 s, about 11 at once, earns a cap of 22 (the
-    // claim of one thread, `max(16, 4)`, lowers it back to 16).
+    // of lease time in the 20 s it lies in, 16 at once, earns a cap of 32
+    // (the claim of one thread, `max(16, 4)`, lowers it back to 16).
     clock.advance(20);
     for j in &g.jobs {
         first_copy(&mut s, j.job, j.lease, 1);
@@ -1089,14 +1089,14 @@ fn the_cap_grows_with_the_identitys_delivered_work() {
     assert_eq!(
         s.allowances()
             .cap(s.worker(&w).unwrap().identity, clock.now()),
-        22
+        32
     );
     assert_eq!(s.lease(&w, 1024, &[], clock.now()).unwrap().jobs.len(), 16);
     // A worker whose claim does not bind gets the measured cap.
     let big = s.register("gpu", 64, host, clock.now()).unwrap();
     assert_eq!(
         s.lease(&big, 1024, &[], clock.now()).unwrap().jobs.len(),
-        22 - 16
+        32 - 16
     );
 }
 
