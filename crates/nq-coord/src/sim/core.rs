@@ -365,8 +365,8 @@ fn needs_second_vote(sched: &Scheduler, id: IdentityId) -> bool {
 }
 
 /// The distinct non-banned identities that vote for each class of a job's
-/// `copies` (one identity, its first copy), as `(a copy of the class,
-/// voters)`. Written apart from `quorum::judge`, as a second opinion.
+/// `copies` (one identity, one vote, none for an identity whose copies
+/// disagree), as `(a copy of the class, voters)`. Written apart from `quorum::judge`, as a second opinion.
 fn classes<'a>(
     sched: &Scheduler,
     copies: &[&'a StoredResult],
@@ -383,6 +383,13 @@ fn classes<'a>(
             continue; // never judged: cannot vote yet
         };
         if sched.identities().is_banned(id, ban_after) {
+            continue;
+        }
+        // An identity whose own copies disagree votes for none of them.
+        if copies
+            .iter()
+            .any(|o| o.identity == c.identity && !o.agrees(c))
+        {
             continue;
         }
         match out.iter_mut().find(|(rep, _)| rep.agrees(c)) {
@@ -1454,14 +1461,23 @@ impl Sim {
             // Each identity as it votes: by its first copy, among those
             // judged before the run completed.
             let (mut honest, mut liars): (Vec<String>, Vec<String>) = (vec![], vec![]);
+            // A banned identity's copy votes for nothing, true or not: it
+            // is no honest copy here (seed 32026: a colluder's one true copy,
+            // made before its ban, against another group's lie).
+            let sched = self.core.sched();
+            let banned = |name: &str| {
+                sched.identities().get(name).is_some_and(|id| {
+                    sched.identities().is_banned(id, self.policy.ban_after)
+                })
+            };
             for c in self.model.judged_copies(job) {
                 if honest.contains(&c.identity) || liars.contains(&c.identity) {
                     continue;
                 }
-                if c.counts == real {
-                    honest.push(c.identity.clone());
-                } else {
+                if c.counts != real {
                     liars.push(c.identity.clone());
+                } else if !banned(&c.identity) {
+                    honest.push(c.identity.clone());
                 }
             }
             if !liars.is_empty() && honest.len() <= liars.len() {
