@@ -212,7 +212,10 @@ for n in 20 21 22; do
     st=failed
     : >"$work/worker$n.err"
     if [ -n "$addr" ]; then
-        st=$(step "$limit" "$BIN/nq-worker" --connect "$addr" --gpu --threads 2 --name gpu)
+        # Every core (the default): the worker's claim, four jobs a thread,
+        # bounds what the coordinator lets it hold, and a GPU counts many
+        # jobs at once; --threads 2 held it to 16.
+        st=$(step "$limit" "$BIN/nq-worker" --connect "$addr" --gpu --name gpu)
         cp "$work/err" "$work/worker$n.err"
         # A finished run's coordinator leaves within its linger (1 s).
         for _ in $(seq 50); do
