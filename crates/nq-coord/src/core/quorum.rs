@@ -630,41 +630,15 @@ impl Class {
     }
 }
 
-/// The copies of one job in classes.
-struct Classified {
-    /// The classes of equal results with their valid votes: one per
-    /// untrusted identity in good standing whose copies all agree.
-    classes: Vec<Class>,
-    /// Every identity that reported.
-    reporters: Vec<IdentityId>,
-    /// Untrusted identities in good standing whose own copies disagree.
-    contradicting: Vec<IdentityId>,
-}
-
-/// The copies in classes (see [`Classified`]).
-///
-/// An untrusted identity whose own copies disagree votes for none of them:
-/// a copy is exact, so at least one of its copies is wrong. Counting its
-/// first copy instead made the verdict depend on which copy the store keeps
-/// as the job's record, which changes when the job settles: a job settled
-/// two votes against one could read two against two when judged again
-/// (the core simulation's seed 15330), and a restore could unsettle it.
-/// Such an identity makes the job disputed, and loses if it settles.
-fn classify(copies: &[Vote], identities: &Identities, ban_after: u32) -> Classified {
+/// The copies in classes: the valid ones (not banned, the first copy per
+/// untrusted identity), and every identity that reported.
+fn classify(
+    copies: &[Vote],
+    identities: &Identities,
+    ban_after: u32,
+) -> (Vec<Class>, Vec<IdentityId>) {
     let mut reporters: Vec<IdentityId> = Vec::new();
     let mut classes: Vec<Class> = Vec::new();
-    let mut contradicting: Vec<IdentityId> = Vec::new();
-    for v in copies {
-        if !v.trusted
-            && !contradicting.contains(&v.identity)
-            && copies
-                .iter()
-                .any(|o| !o.trusted && o.identity == v.identity && o.class != v.class)
-            && !identities.is_banned(v.identity, ban_after)
-        {
-            contradicting.push(v.identity);
-        }
-    }
     for v in copies {
         let first = !reporters.contains(&v.identity);
         if first {
@@ -678,10 +652,7 @@ fn classify(copies: &[Vote], identities: &Identities, ban_after: u32) -> Classif
             if !class.trusted.contains(&(v.identity, v.kernel)) {
                 class.trusted.push((v.identity, v.kernel));
             }
-        } else if first
-            && !identities.is_banned(v.identity, ban_after)
-            && !contradicting.contains(&v.identity)
-        {
+        } else if first && !identities.is_banned(v.identity, ban_after) {
             // One identity, one vote.
             class.voters.push(v.identity);
             if v.credentialed {
@@ -689,11 +660,7 @@ fn classify(copies: &[Vote], identities: &Identities, ban_after: u32) -> Classif
             }
         }
     }
-    Classified {
-        classes,
-        reporters,
-        contradicting,
-    }
+    (classes, reporters)
 }
 
 /// Applies the rules to a job's copies, in the order received. `selection`
@@ -732,13 +699,9 @@ fn judge_votes(
     identities: &Identities,
     rules: Rules,
 ) -> Verdict {
-    let Classified {
-        classes,
-        reporters,
-        contradicting,
-    } = classify(copies, identities, rules.ban_after);
+    let (classes, reporters) = classify(copies, identities, rules.ban_after);
     if classes.iter().any(|c| !c.trusted.is_empty()) {
-        return judged_by_trusted(&classes, reporters, &contradicting, selected);
+        return judged_by_trusted(&classes, reporters, selected);
     }
     let mut leader: Option<usize> = None;
     for (c, class) in classes.iter().enumerate() {
@@ -764,8 +727,7 @@ fn judge_votes(
     let leaders = &classes[l].voters;
     let votes = leaders.len();
     let runner_up = others(&classes, l).map(Class::votes).max().unwrap_or(0);
-    let conflict =
-        classes.iter().filter(|c| c.votes() > 0).count() > 1 || !contradicting.is_empty();
+    let conflict = classes.iter().filter(|c| c.votes() > 0).count() > 1;
     let all_suspect = leaders.iter().all(|&i| identities.is_suspect(i));
     let on_probation = leaders
         .iter()
@@ -803,7 +765,7 @@ fn judge_votes(
             by_trusted: false,
             by_credentials: classes[l].credentialed.clone(),
         };
-        (losers_outside(&classes, l, &contradicting), beaten)
+        (losers_outside(&classes, l), beaten)
     } else {
         (vec![], Beaten::default())
     };
@@ -830,17 +792,10 @@ fn others(classes: &[Class], l: usize) -> impl Iterator<Item = &Class> {
         .map(|(_, class)| class)
 }
 
-/// The untrusted voters of the classes other than `l`, and the untrusted
-/// identities that contradicted themselves (some copy of theirs is outside
-/// `l`).
-fn losers_outside(
-    classes: &[Class],
-    l: usize,
-    contradicting: &[IdentityId],
-) -> Vec<IdentityId> {
+/// The untrusted voters of the classes other than `l`.
+fn losers_outside(classes: &[Class], l: usize) -> Vec<IdentityId> {
     others(classes, l)
         .flat_map(|c| c.voters.iter().copied())
-        .chain(contradicting.iter().copied())
         .collect()
 }
 
@@ -854,7 +809,6 @@ fn losers_outside(
 fn judged_by_trusted(
     classes: &[Class],
     reporters: Vec<IdentityId>,
-    contradicting: &[IdentityId],
     selected: bool,
 ) -> Verdict {
     let mut l = 0;
@@ -868,8 +822,7 @@ fn judged_by_trusted(
         .map(|c| c.trusted.len())
         .max()
         .unwrap_or(0);
-    let conflict =
-        classes.iter().filter(|c| c.votes() > 0).count() > 1 || !contradicting.is_empty();
+    let conflict = classes.iter().filter(|c| c.votes() > 0).count() > 1;
     let votes = classes[l].votes();
     let settled = if trusted_runner_up > 0 {
         trusted >= 2 && trusted > trusted_runner_up
@@ -888,7 +841,7 @@ fn judged_by_trusted(
         vec![]
     };
     let losers = if settled && conflict {
-        losers_outside(classes, l, contradicting)
+        losers_outside(classes, l)
     } else {
         vec![]
     };
@@ -948,59 +901,6 @@ mod tests {
             second_machine,
             arbiter: false,
         }
-    }
-
-    /// An identity whose own copies disagree votes for none of them, so
-    /// the verdict does not depend on which copy comes first (the record
-    /// moves when a job settles): seed 15330 of the core simulation settled
-    /// a job two votes against one, then read two against two.
-    #[test]
-    fn an_identity_that_contradicts_itself_votes_for_neither_copy() {
-        let (i, w) = ids(&["honest@1", "honest@2", "liar@3", "colluder@4"]);
-        let (h1, h2, liar, colluder) = (w[0], w[1], w[2], w[3]);
-        let copies = [
-            vote(h1, 0),
-            vote(liar, 1),
-            vote(colluder, 1),
-            vote(liar, 2),
-            vote(h2, 0),
-        ];
-        // The same copies with the liar's other copy first, as when the job's
-        // record is that copy.
-        let reordered = [
-            vote(liar, 2),
-            vote(h1, 0),
-            vote(liar, 1),
-            vote(colluder, 1),
-            vote(h2, 0),
-        ];
-        for order in [&copies, &reordered] {
-            let v = judge(order, Selection::NONE, &i, NO_PROBATION);
-            assert_eq!(v.leader, Some(0), "{order:?}");
-            assert!(v.settled && v.conflict && v.votes == 2, "{v:?}");
-            let mut losers = v.losers.clone();
-            losers.sort();
-            let mut expected = vec![liar, colluder];
-            expected.sort();
-            assert_eq!(losers, expected, "the liar loses too");
-        }
-        // One other voice does not settle against a contradiction: the job
-        // is disputed and waits for a second vote.
-        let v = judge(
-            &[vote(liar, 0), vote(liar, 1), vote(h1, 0)],
-            Selection::NONE,
-            &i,
-            NO_PROBATION,
-        );
-        assert!(v.conflict && !v.settled, "{v:?}");
-        // Alone, it settles nothing.
-        let v = judge(
-            &[vote(liar, 0), vote(liar, 1)],
-            Selection::NONE,
-            &i,
-            NO_PROBATION,
-        );
-        assert!(!v.settled && v.leader.is_none(), "{v:?}");
     }
 
     #[test]

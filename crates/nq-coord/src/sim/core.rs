@@ -365,8 +365,8 @@ fn needs_second_vote(sched: &Scheduler, id: IdentityId) -> bool {
 }
 
 /// The distinct non-banned identities that vote for each class of a job's
-/// `copies` (one identity, one vote, none for an identity whose copies
-/// disagree), as `(a copy of the class, voters)`. Written apart from `quorum::judge`, as a second opinion.
+/// `copies` (one identity, its first copy), as `(a copy of the class,
+/// voters)`. Written apart from `quorum::judge`, as a second opinion.
 fn classes<'a>(
     sched: &Scheduler,
     copies: &[&'a StoredResult],
@@ -383,13 +383,6 @@ fn classes<'a>(
             continue; // never judged: cannot vote yet
         };
         if sched.identities().is_banned(id, ban_after) {
-            continue;
-        }
-        // An identity whose own copies disagree votes for none of them.
-        if copies
-            .iter()
-            .any(|o| o.identity == c.identity && !o.agrees(c))
-        {
             continue;
         }
         match out.iter_mut().find(|(rep, _)| rep.agrees(c)) {
