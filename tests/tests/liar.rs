@@ -601,6 +601,12 @@ async fn moved_between_runs(t: &mut Trial) -> Result<Report> {
         .map(str::to_owned)
         .with_context(|| format!("no run id in {line:?}"))?;
     w.line_containing("job reported").await?;
+    // Killed once the worker has leased a job after a report, so that it
+    // holds one it is computing: killed at the report itself, it could hold
+    // none (both its jobs reported, the next lease not yet answered; CI saw
+    // it wait for a failed report that never came). The job takes
+    // milliseconds; the kill follows the log line at once.
+    w.line_containing("job leased").await?;
     a.proc.kill().await?;
     t.injected("SIGKILL of run A's coordinator while the worker computes for it");
     // The worker now holds a result of run A that it could not deliver.
