@@ -224,7 +224,7 @@ impl GpuRunner {
     }
 
     /// Jobs per second the GPUs finish, all together, over their last
-    /// launches; `None` before two launches ended.
+    /// launches ([`Launches::rate`]); `None` before the first launch ended.
     pub(crate) fn rate(&self) -> Option<f64> {
         // A finisher that panicked left the record as it was: still usable.
         self.launches

@@ -694,7 +694,8 @@ impl<'a> LeaseLoop<'a> {
         if ack.run_complete {
             info!("the run is complete");
             self.exit = Some(Exit::RunComplete);
-        } else if self.draining.is_none() && self.computing() <= self.config.threads.get()
+        } else if self.draining.is_none()
+            && self.computing().count() <= self.config.threads.get()
         {
             // A thread is about to run dry: top the queue up now rather
             // than at the next heartbeat.
@@ -937,20 +938,11 @@ impl<'a> LeaseLoop<'a> {
         }
     }
 
-    /// Jobs leased and not yet computed: the threads' queue.
-    fn computing(&self) -> usize {
+    /// Jobs leased and not yet computed: the threads' (and GPUs') queue.
+    fn computing(&self) -> impl Iterator<Item = &Held> {
         self.held
             .values()
             .filter(|h| !h.dropped && !h.computed.load(Ordering::Relaxed))
-            .count()
-    }
-
-    /// Jobs leased and not yet computed on the CPU threads.
-    fn computing_on_cpu(&self) -> usize {
-        self.held
-            .values()
-            .filter(|h| !h.on_gpu && !h.dropped && !h.computed.load(Ordering::Relaxed))
-            .count()
     }
 
     /// How many new jobs to ask for, up to the configured [`Prefetch`].
@@ -967,14 +959,14 @@ impl<'a> LeaseLoop<'a> {
             // kernel), so those never take a GPU's share.
             (Prefetch::Launches, Some(gpu)) if !lists_solutions => (self.pace)
                 .launch_outstanding(gpu.rate(), gpu.streams(), max_jobs)
-                .saturating_add(self.computing_on_cpu()),
+                .saturating_add(self.computing().filter(|h| !h.on_gpu).count()),
             // The CPU threads compute the jobs: listed solutions, or every
             // GPU failed.
             (Prefetch::Measured | Prefetch::Launches, _) => {
                 self.pace.outstanding(threads, max_jobs)
             }
         };
-        let want = outstanding.saturating_sub(self.computing());
+        let want = outstanding.saturating_sub(self.computing().count());
         u32::try_from(want).unwrap_or(u32::MAX)
     }
 

@@ -36,7 +36,7 @@ const TRIPS_PER_REFILL: u32 = 2;
 /// work rather than minutes (what a killed worker loses, and what the run's
 /// end waits for). Modelled, not measured on a GPU: the worker logs each
 /// launch's `wall_ms` beside its `kernel_ms`, which is where to check it.
-pub(crate) const LAUNCH_TARGET: Duration = Duration::from_secs(2);
+const LAUNCH_TARGET: Duration = Duration::from_secs(2);
 
 /// Launch ends remembered for a GPU's rate: a few launches of each GPU of a
 /// machine, so the rate follows the run's jobs as they shrink.

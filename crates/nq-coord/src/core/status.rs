@@ -545,7 +545,6 @@ impl Snapshot {
         let remote = self.workers.iter().filter(|w| !w.local);
         let listed: Vec<&WorkerStatus> =
             local.chain(remote).take(LISTED_WORKERS).collect();
-        let unlisted = |all: usize, listed: usize| (all - listed) as u64;
         let state = match self.state {
             RunState::Running => pb::RunState::Running,
             RunState::Complete => pb::RunState::Complete,
@@ -578,12 +577,9 @@ impl Snapshot {
             workers_connected: self.workers_connected,
             workers_unlisted: self
                 .workers_unlisted
-                .saturating_add(unlisted(self.workers.len(), listed.len())),
+                .saturating_add((self.workers.len() - listed.len()) as u64),
             faulty_workers_unlisted: self.faulty_workers_unlisted.saturating_add(
-                unlisted(
-                    self.faulty_workers.len(),
-                    self.faulty_workers.len().min(LISTED_FAULTY),
-                ),
+                self.faulty_workers.len().saturating_sub(LISTED_FAULTY) as u64,
             ),
             workers: listed
                 .into_iter()

@@ -393,6 +393,14 @@ fn classes<'a>(
     out
 }
 
+/// True when the identity named `name` is known and banned.
+fn is_banned_name(sched: &Scheduler, name: &str, ban_after: u32) -> bool {
+    sched
+        .identities()
+        .get(name)
+        .is_some_and(|id| sched.identities().is_banned(id, ban_after))
+}
+
 struct Sim {
     seed: u64,
     rng: StdRng,
@@ -824,10 +832,7 @@ impl Sim {
                 self.stats.refused += 1;
                 // By identity: the registration may be forgotten meanwhile.
                 let key = self.workers[w].identity();
-                let banned = s
-                    .identities()
-                    .get(&key)
-                    .is_some_and(|i| s.identities().is_banned(i, self.policy.ban_after));
+                let banned = is_banned_name(s, &key, self.policy.ban_after);
                 // Leases of settled jobs are forgotten: nothing under them
                 // can change anything.
                 ensure!(
@@ -1454,22 +1459,21 @@ impl Sim {
             // Each identity as it votes: by its first copy, among those
             // judged before the run completed.
             let (mut honest, mut liars): (Vec<String>, Vec<String>) = (vec![], vec![]);
-            // A banned identity's copy votes for nothing, true or not: it
-            // is no honest copy here (seed 32026: a colluder's one true copy,
-            // made before its ban, against another group's lie).
-            let sched = self.core.sched();
-            let banned = |name: &str| {
-                sched.identities().get(name).is_some_and(|id| {
-                    sched.identities().is_banned(id, self.policy.ban_after)
-                })
-            };
             for c in self.model.judged_copies(job) {
                 if honest.contains(&c.identity) || liars.contains(&c.identity) {
                     continue;
                 }
                 if c.counts != real {
                     liars.push(c.identity.clone());
-                } else if !banned(&c.identity) {
+                } else if !is_banned_name(
+                    self.core.sched(),
+                    &c.identity,
+                    self.policy.ban_after,
+                ) {
+                    // A banned identity's copy votes for nothing, true or
+                    // not: it is no honest copy here (seed 32026: a
+                    // colluder's one true copy, made before its ban, against
+                    // another group's lie).
                     honest.push(c.identity.clone());
                 }
             }
