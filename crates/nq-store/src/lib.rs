@@ -94,7 +94,9 @@ pub use job::{
 };
 pub use manifest::{Manifest, RunKey};
 pub use plan::{Checkpoint, Creation, PlanParams};
-pub use result::{CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult};
+pub use result::{
+    CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult, in_received_order,
+};
 pub use scan::{JobScan, Scan, ScannedJob};
 pub use seal::{KeyError, StoreKey};
 pub use settings::{RunSettings, SettingChange};

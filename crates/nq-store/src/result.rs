@@ -6,6 +6,38 @@ use crate::codec::{Reader, open, put_str, put_varint, seal};
 use crate::error::{Corruption, Result};
 use crate::job::{JobId, JobRecord, JobState};
 
+/// A job's copies as the store holds them (the Done record's first, then
+/// the duplicates in the order stored) put back in the order they were
+/// received, with the index of the Done record's copy.
+///
+/// Judging needs that order: each identity votes with the first copy it
+/// sent, and the store's order is not the order received once verification
+/// moved the Done record to a later copy (the old record is then kept
+/// after the duplicates, and the new one may also be among them). A
+/// self-contradicting identity's vote would move with the record, and a
+/// job settled two votes to one could read two to two when judged again.
+/// The sort is stable and copies of one job are stamped strictly apart
+/// ([`StoredResult::stamp_after`]), so a tie only arises in stores written
+/// before the stamp, where the store's order decides as it always did. A
+/// duplicate equal to the record in every field is the record's own copy,
+/// and is dropped.
+pub fn in_received_order<T: std::borrow::Borrow<StoredResult>>(
+    copies: Vec<T>,
+) -> (Vec<T>, Option<usize>) {
+    let mut tagged: Vec<(bool, T)> = copies
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (i == 0, c))
+        .collect();
+    if let Some((_, record)) = tagged.first() {
+        let record: StoredResult = record.borrow().clone();
+        tagged.retain(|(is_record, c)| *is_record || *c.borrow() != record);
+    }
+    tagged.sort_by_key(|(_, c)| c.borrow().received_unix_ms);
+    let record = tagged.iter().position(|(is_record, _)| *is_record);
+    (tagged.into_iter().map(|(_, c)| c).collect(), record)
+}
+
 /// The accepted result of one job.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StoredResult {
@@ -31,7 +63,9 @@ pub struct StoredResult {
     pub identity: String,
     /// The kernel that counted (`avx512`, `avx2`, `scalar`), as reported.
     pub kernel: String,
-    /// When the coordinator received it, milliseconds since the Unix epoch.
+    /// When the coordinator received it, milliseconds since the Unix epoch,
+    /// and at least one after the job's earlier copies
+    /// ([`StoredResult::stamp_after`]); 0 in stores of format version 1.
     pub received_unix_ms: u64,
 }
 
@@ -41,6 +75,24 @@ impl StoredResult {
     /// lease and with how many nodes does not matter.
     pub fn agrees(&self, other: &StoredResult) -> bool {
         self.counts == other.counts && self.solutions == other.solutions
+    }
+
+    /// Stamps this copy, received at `received_unix_ms`, as received after
+    /// every copy in `earlier` (a job's copies already stored or judged):
+    /// one millisecond after the latest of them if the clock says otherwise
+    /// (two copies in one millisecond, or a clock set back). A job's copies
+    /// then sort by the time received into the order they were judged in,
+    /// whatever the store moved since (see [`in_received_order`]).
+    pub fn stamp_after<'a>(
+        &mut self,
+        received_unix_ms: u64,
+        earlier: impl IntoIterator<Item = &'a StoredResult>,
+    ) {
+        let latest = earlier.into_iter().map(|c| c.received_unix_ms).max();
+        self.received_unix_ms = match latest {
+            Some(latest) => received_unix_ms.max(latest.saturating_add(1)),
+            None => received_unix_ms,
+        };
     }
 
     #[cfg(test)]
@@ -392,5 +444,57 @@ mod tests {
         assert!(a.agrees(&b));
         b.counts[0].count = 1;
         assert!(!a.agrees(&b));
+    }
+
+    /// A copy of `sample()` from `identity` under `lease`, stamped after
+    /// `earlier`.
+    fn copy(identity: &str, lease: u64, earlier: &[StoredResult]) -> StoredResult {
+        let mut c = sample();
+        c.identity = identity.into();
+        c.lease = lease;
+        // One millisecond for all: the stamp alone sets them apart.
+        c.stamp_after(1_000, earlier);
+        c
+    }
+
+    #[test]
+    fn copies_stamped_in_one_millisecond_come_back_in_the_order_received() {
+        let mut received: Vec<StoredResult> = Vec::new();
+        for (identity, lease) in [("liar", 1), ("liar", 2), ("x", 3), ("y", 4)] {
+            let c = copy(identity, lease, &received);
+            received.push(c);
+        }
+        let stamps: Vec<u64> = received.iter().map(|c| c.received_unix_ms).collect();
+        assert_eq!(stamps, [1_000, 1_001, 1_002, 1_003]);
+        // The store after verification moved the record from the first copy
+        // to the fourth, and then the fourth to the third (kept earlier as a
+        // duplicate): the record first, the duplicates in the order stored.
+        let [a, b, c, d] = [0, 1, 2, 3].map(|i| received[i].clone());
+        let stored = vec![c.clone(), b.clone(), c.clone(), a.clone(), d.clone()];
+        let (ordered, record) = in_received_order(stored);
+        assert_eq!(ordered, received, "the record's own duplicate is dropped");
+        assert_eq!(record, Some(2));
+        // References sort the same way, and an empty job has no record.
+        let (refs, record) = in_received_order(vec![&d, &a]);
+        assert_eq!((refs, record), (vec![&a, &d], Some(1)));
+        assert_eq!(in_received_order(Vec::<StoredResult>::new()).1, None);
+    }
+
+    #[test]
+    fn copies_of_a_store_without_stamps_keep_the_stored_order() {
+        // Version 1 results read as received at 0: the store decides.
+        let v1 = |identity: &str| {
+            let mut c = sample();
+            c.identity = identity.into();
+            c.received_unix_ms = 0;
+            c
+        };
+        let stored = vec![v1("b"), v1("a"), v1("c")];
+        let (ordered, record) = in_received_order(stored.clone());
+        assert_eq!((ordered, record), (stored, Some(0)));
+        // A clock set back still stamps after the latest copy.
+        let mut late = sample();
+        late.stamp_after(5, &[sample()]);
+        assert_eq!(late.received_unix_ms, sample().received_unix_ms + 1);
     }
 }

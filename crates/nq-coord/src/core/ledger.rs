@@ -158,7 +158,8 @@ fn solutions_received(
 /// [`decide`] updates it, and the engine keeps it for the rest of a group.
 #[derive(Debug, Clone)]
 pub(crate) struct JobCopies {
-    /// Every copy, in the order received; the Done record's copy first.
+    /// Every copy, in the order received (and judged), wherever the Done
+    /// record's copy is among them.
     pub(crate) copies: Vec<StoredResult>,
     /// Which copy the job's Done record holds.
     pub(crate) done: Option<usize>,
@@ -176,7 +177,8 @@ pub(crate) struct JobCopies {
 
 impl JobCopies {
     /// The copies of `job` as stored (`copies`: the Done record's first;
-    /// empty when the job is not done), with what the scheduler says of it.
+    /// empty when the job is not done), put back in the order received,
+    /// with what the scheduler says of it.
     pub(crate) fn new(
         jobs: &Jobs,
         job: JobId,
@@ -184,7 +186,7 @@ impl JobCopies {
         attempts: u32,
         work: u64,
     ) -> JobCopies {
-        let done = (!copies.is_empty()).then_some(0);
+        let (copies, done) = nq_store::in_received_order(copies);
         let counted = match (jobs.is_counted(job), done) {
             (true, Some(i)) => Some(copies[i].tally),
             _ => None,
@@ -301,7 +303,9 @@ pub(crate) fn decide(
 ) -> Decision {
     let old_done = jc.done;
     if let Some(v) = new {
-        jc.copies.push(v.result.clone());
+        let mut copy = v.result.clone();
+        copy.stamp_after(v.result.received_unix_ms, &jc.copies);
+        jc.copies.push(copy);
         if v.stored_solutions {
             jc.stored = Some(jc.copies.len() - 1);
         }
@@ -490,17 +494,16 @@ pub(crate) fn refuse_late_alone(
 
 /// A copy that arrives once the run is complete: the result is final, so it
 /// is only compared with the recorded copy and kept as evidence.
-pub(crate) fn late_copy(
-    recorded: Option<&StoredResult>,
-    late: &Verified,
-) -> (Write, Outcome) {
-    let agrees = recorded.is_some_and(|r| r.agrees(&late.result));
+pub(crate) fn late_copy(copies: &[StoredResult], late: &Verified) -> (Write, Outcome) {
+    let agrees = copies.first().is_some_and(|r| r.agrees(&late.result));
     let outcome = if agrees {
         Outcome::Confirmed
     } else {
         Outcome::Conflict
     };
-    (keep(late.job, &late.result, agrees), outcome)
+    let mut copy = late.result.clone();
+    copy.stamp_after(late.result.received_unix_ms, copies);
+    (keep(late.job, &copy, agrees), outcome)
 }
 
 /// The verification machine a copy came from: the coordinator's threads are
@@ -514,15 +517,16 @@ pub(crate) fn machine_of(identity: &str) -> &str {
 }
 
 /// Restore: what a job's stored `copies` (the counted one first) say of
-/// its voters' records, judged with no reputations, as the job was when it
-/// settled: the conflicts lost (`losers`) and the results confirmed by
-/// another identity (`confirmed`, for probation).
+/// its voters' records, judged in the order received with no reputations,
+/// as the job was when it settled: the conflicts lost (`losers`) and the
+/// results confirmed by another identity (`confirmed`, for probation).
 pub(crate) fn records_in(
     identities: &mut Identities,
     (rules, selected): (Rules, Selection),
     copies: &[StoredResult],
 ) -> Verdict {
-    let (votes, _) = votes_of(identities, copies);
+    let (copies, _) = nq_store::in_received_order(copies.to_vec());
+    let (votes, _) = votes_of(identities, &copies);
     judge(&votes, selected, &Identities::default(), rules)
 }
 
@@ -543,14 +547,15 @@ pub(crate) fn judge_restored(
     stored: bool,
     solutions_mode: bool,
 ) -> (Settlement, Vec<Write>) {
+    let (copies, done) = nq_store::in_received_order(copies);
     let mut jc = JobCopies {
         copies,
-        done: Some(0),
+        done,
         counted: None,
         settled: false,
         attempts,
         work,
-        stored: stored.then_some(0),
+        stored: if stored { done } else { None },
     };
     let mut d = decide(identities, at, job, &mut jc, None, solutions_mode);
     d.settlement.losers.clear();
@@ -699,23 +704,57 @@ mod tests {
         judge_restored(&mut s, JOB, copies, (1, 5), true, false).0
     }
 
+    /// The copies as the store holds them after `writes`, from `before`
+    /// (the same form): the Done record first, then every duplicate in the
+    /// order kept, the record's own copy among them where a replacement
+    /// moved the record onto a copy kept earlier.
     fn stored_copies(writes: &[Write], before: Vec<StoredResult>) -> Vec<StoredResult> {
-        let mut copies = before;
+        let mut before = before.into_iter();
+        let mut record = before.next();
+        let mut duplicates: Vec<StoredResult> = before.collect();
         for w in writes {
             match w {
-                Write::First { result, .. } => copies.insert(0, result.clone()),
-                Write::Replace { result, .. } => {
-                    copies.retain(|c| c != result);
-                    copies.insert(0, result.clone());
+                Write::First { result, .. } => {
+                    record.get_or_insert_with(|| result.clone());
                 }
+                Write::Replace { result, .. } => record = Some(result.clone()),
                 Write::Keep { duplicate, .. } => {
-                    if !copies.contains(&duplicate.result) {
-                        copies.push(duplicate.result.clone());
-                    }
+                    duplicates.push(duplicate.result.clone())
                 }
             }
         }
-        copies
+        record.into_iter().chain(duplicates).collect()
+    }
+
+    /// Core simulation seed 15330: an identity that contradicts itself
+    /// votes with the first copy it sent, also when the job is judged again
+    /// from the store after verification moved the Done record (the old
+    /// record then follows the duplicates). All copies arrive in one
+    /// millisecond, so only their stamps keep the order.
+    #[test]
+    fn an_identity_votes_with_its_first_copy_wherever_the_record_moved() {
+        let mut s = sched(0.0);
+        let mut jc = empty(&s);
+        let mut stored = Vec::new();
+        for (who, count) in [("liar", 6), ("liar", 5), ("x", 5), ("a", 2), ("b", 2)] {
+            let d = decide_and_settle(&mut s, &mut jc, &copy(who, count), false);
+            stored = stored_copies(&d.writes, stored);
+        }
+        // Two votes for 2 against one for 5 (the liar's vote is for 6).
+        assert!(jc.settled);
+        assert_eq!(jc.counted.map(|t| t.total), Some(16));
+        let identities: Vec<&str> = stored.iter().map(|c| c.identity.as_str()).collect();
+        assert_eq!(
+            identities,
+            ["a", "liar", "x", "a", "liar", "b"],
+            "the record moved, and the old one follows the duplicates"
+        );
+        let mut again = JobCopies::new(s.job_phases(), JOB, stored.clone(), 1, 5);
+        let d = decide(&mut s, JOB, &mut again, None, false);
+        assert!(d.settlement.settled && d.settlement.votes == 2, "{d:?}");
+        assert!(d.writes.is_empty(), "the record stays: {:?}", d.writes);
+        // A restart judges the stored copies the same way.
+        assert!(restored(0.0, stored, &["liar", "x"]).settled);
     }
 
     /// See: issue 18, item 4: a stalled stream's count-0 report landed as
@@ -832,7 +871,10 @@ mod tests {
         assert_eq!(d.settlement.counted_before, Some(liar.result.tally));
         assert_eq!(d.settlement.counted, Some(honest.result.tally));
         assert!(
-            matches!(&d.writes[0], Write::Replace { result, .. } if *result == honest.result)
+            matches!(&d.writes[0], Write::Replace { result, .. }
+                if result.identity == honest.result.identity && result.agrees(&honest.result)),
+            "the honest copy, stamped after the liar's: {:?}",
+            d.writes[0]
         );
         assert!(d.writes.iter().any(|w| matches!(w,
             Write::Keep { duplicate, .. }
@@ -992,12 +1034,20 @@ mod tests {
     #[test]
     fn a_late_copy_after_completion_changes_nothing() {
         let recorded = copy("a@127.0.0.1", 3);
-        let (w, outcome) = late_copy(Some(&recorded.result), &copy("b@127.0.0.1", 3));
-        assert_eq!(outcome, Outcome::Confirmed);
-        assert!(
-            matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Confirmation)
+        let (w, outcome) = late_copy(
+            std::slice::from_ref(&recorded.result),
+            &copy("b@127.0.0.1", 3),
         );
-        let (w, outcome) = late_copy(Some(&recorded.result), &copy("liar@127.0.0.1", 9));
+        assert_eq!(outcome, Outcome::Confirmed);
+        // Kept after the recorded copy though both read the same clock.
+        assert!(
+            matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Confirmation
+                && duplicate.result.received_unix_ms > recorded.result.received_unix_ms)
+        );
+        let (w, outcome) = late_copy(
+            std::slice::from_ref(&recorded.result),
+            &copy("liar@127.0.0.1", 9),
+        );
         assert_eq!(outcome, Outcome::Conflict);
         assert!(
             matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Conflict)

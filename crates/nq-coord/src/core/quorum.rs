@@ -19,8 +19,12 @@
 //!   several names; only on loopback (one machine, as in tests) does the
 //!   registration name tell processes apart (`name@127.0.0.1`). The
 //!   coordinator's threads are one identity, [`LOCAL`], whatever kernel they
-//!   run. Two copies from one untrusted identity are one vote; a worker
-//!   never checks itself. A trusted identity's copies count once per kernel:
+//!   run. Two copies from one untrusted identity are one vote, for the
+//!   result of the first it sent: copies are judged in the order received,
+//!   which the store keeps by stamping each job's copies strictly apart
+//!   (`nq_store::in_received_order`), so a worker that contradicts itself
+//!   votes the same way every time its job is judged. A worker never
+//!   checks itself. A trusted identity's copies count once per kernel:
 //!   the trusted machine may check itself only with another kernel, which
 //!   catches a faulty vector unit or a miscompiled kernel.
 //! * **Selection.** A share of the jobs ([`Policy::fraction`]) is chosen for a

@@ -14,7 +14,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use nq_store::{CommitBatch, JobId, JobState, Scan};
+use nq_store::{CommitBatch, JobId, JobState, Scan, StoredResult};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -347,9 +347,18 @@ async fn keep_late_copies(engine: &Engine, group: &mut Vec<CommitRequest>) -> Re
     let mut batch = CommitBatch::new();
     let mut outcomes = Vec::with_capacity(group.len());
     blocking(|| -> Result<()> {
+        // Each job's copies, stored and kept in this group, so that every
+        // late copy is stamped after them (`StoredResult::stamp_after`).
+        let mut copies: HashMap<JobId, Vec<StoredResult>> = HashMap::new();
         for v in group.iter().flat_map(|req| &req.copies) {
-            let recorded = engine.store.result(v.job)?;
-            let (write, outcome) = ledger::late_copy(recorded.as_ref(), v);
+            let job = match copies.entry(v.job) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(read(engine, v.job)?.copies),
+            };
+            let (write, outcome) = ledger::late_copy(job, v);
+            if let ledger::Write::Keep { duplicate, .. } = &write {
+                job.push(duplicate.result.clone());
+            }
             ledger::add_writes(&mut batch, vec![write]);
             outcomes.push(outcome);
         }

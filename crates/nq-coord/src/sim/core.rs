@@ -288,20 +288,21 @@ impl Model {
         }
     }
 
-    /// A job's copies that were judged: those before the run completed.
-    fn judged_copies(&self, job: JobId) -> Vec<&StoredResult> {
-        let mut copies = self.copy_refs(job);
-        if let Some(n) = self.jobs[job.0 as usize].sealed {
-            copies.truncate(n);
-        }
-        copies
+    /// A job's copies that were judged, in the order received: those
+    /// before the run completed, and the Done record's copy (`None` for a
+    /// job with no copy).
+    fn judged_copies(&self, job: JobId) -> Judged<'_> {
+        judged(self.copy_refs(job), self.jobs[job.0 as usize].sealed)
     }
 
-    /// Seals every job's copies: the run is complete.
+    /// Seals every job's copies: the run is complete. Copies come later in
+    /// the order received, so the number received seals them.
     fn seal(&mut self) {
         for j in 0..self.jobs.len() {
             if self.jobs[j].sealed.is_none() {
-                self.jobs[j].sealed = Some(self.copies(JobId(j as u64)).len());
+                let received =
+                    nq_store::in_received_order(self.copy_refs(JobId(j as u64)));
+                self.jobs[j].sealed = Some(received.0.len());
             }
         }
     }
@@ -332,6 +333,22 @@ impl Model {
         }
         out.into_iter()
     }
+}
+
+/// A job's copies that were judged, in the order received, and its Done
+/// record's copy (`None` for a job with no copy).
+pub(super) type Judged<'a> = (Vec<&'a StoredResult>, Option<&'a StoredResult>);
+
+/// The judged copies of a job whose `stored` copies are as the store
+/// gives them (the Done record's first): in the order received, the first
+/// `sealed` of them once the run completed (the copies that came before).
+pub(super) fn judged(stored: Vec<&StoredResult>, sealed: Option<usize>) -> Judged<'_> {
+    let (mut copies, record) = nq_store::in_received_order(stored);
+    let record = record.map(|r| copies[r]);
+    if let Some(n) = sealed {
+        copies.truncate(n);
+    }
+    (copies, record)
 }
 
 /// The made-up truth of job `job`: `subs` sub-problem counts.
@@ -365,7 +382,7 @@ fn needs_second_vote(sched: &Scheduler, id: IdentityId) -> bool {
 }
 
 /// The distinct non-banned identities that vote for each class of a job's
-/// `copies` (one identity, its first copy), as `(a copy of the class,
+/// `copies`, in the order received (one identity, its first copy), as `(a copy of the class,
 /// voters)`. Written apart from `quorum::judge`, as a second opinion.
 fn classes<'a>(
     sched: &Scheduler,
@@ -906,8 +923,8 @@ impl Sim {
         if self.core.sched().is_complete() {
             self.model.seal();
             for (_, (v, _)) in &group {
-                let recorded = self.model.jobs[v.job.0 as usize].record.clone();
-                let (write, outcome) = ledger::late_copy(recorded.as_ref(), v);
+                let copies = self.model.copies(v.job);
+                let (write, outcome) = ledger::late_copy(&copies, v);
                 self.model.apply(&[write]);
                 self.core.sched_mut().note_outcome(outcome);
             }
@@ -1459,7 +1476,7 @@ impl Sim {
             // Each identity as it votes: by its first copy, among those
             // judged before the run completed.
             let (mut honest, mut liars): (Vec<String>, Vec<String>) = (vec![], vec![]);
-            for c in self.model.judged_copies(job) {
+            for c in self.model.judged_copies(job).0 {
                 if honest.contains(&c.identity) || liars.contains(&c.identity) {
                     continue;
                 }
@@ -1543,15 +1560,15 @@ impl Sim {
 /// never count, and a settled job has its quorum.
 pub(super) fn check_ledger<'a>(
     s: &Scheduler,
-    copies_of: impl Fn(JobId) -> Vec<&'a StoredResult>,
+    copies_of: impl Fn(JobId) -> Judged<'a>,
 ) -> Result<(), String> {
     let mut sum = Tally::default();
     let mut done = 0;
     for j in 0..s.jobs() {
         let job = JobId(j);
-        let copies = copies_of(job);
+        let (copies, record) = copies_of(job);
         if s.is_counted(job) {
-            let Some(&record) = copies.first() else {
+            let Some(record) = record else {
                 return Err(format!(
                     "job {job} counts but the store holds no copy of it"
                 ));
@@ -1571,7 +1588,8 @@ pub(super) fn check_ledger<'a>(
             done += 1;
             // Jobs settled on one vote while no second machine could check them
             // are flagged, and judged again once one can.
-            check_quorum(s, job, &copies, s.is_unchecked(job))?;
+            let record = record.ok_or(format!("job {job} is settled with no copy"))?;
+            check_quorum(s, job, record, &copies, s.is_unchecked(job))?;
         }
     }
     ensure!(
@@ -1593,10 +1611,10 @@ pub(super) fn check_ledger<'a>(
 fn check_quorum(
     s: &Scheduler,
     job: JobId,
+    record: &StoredResult,
     copies: &[&StoredResult],
     unchecked: bool,
 ) -> Result<(), String> {
-    let record = copies[0];
     // The CPU sample: GPU copies alone never settle a sampled job while a
     // trusted computation can give it a CPU copy.
     let gpu_only = copies

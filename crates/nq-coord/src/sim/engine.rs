@@ -44,7 +44,7 @@ use rand::rngs::StdRng;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::core::{Restored, check_ledger, compare, finished};
+use super::core::{Restored, check_ledger, compare, finished, judged};
 use super::{Failure, Stats, ensure, mix, rng, run_all};
 use crate::config::Config;
 use crate::core::Core;
@@ -608,32 +608,35 @@ impl Sim {
         let engine = Arc::clone(self.engine());
         let core = engine.core();
         if core.sched().is_complete() && self.sealed.is_none() {
-            // The copies judged: those of jobs settled before the window in
-            // which the run completed, as they were then, and every copy of
-            // the others (copies that came after the completing group in the
+            // The copies judged: those of jobs settled (and checked) before
+            // the window in which the run completed, as they were then, and
+            // every copy of the others (copies that came after the completing group in the
             // same window are counted as judged: a rare false alarm, never
             // a missed one).
             let sealed = match &self.before {
                 Some((counts, settled)) => copies
                     .iter()
                     .enumerate()
-                    .map(|(j, c)| if settled[j] { counts[j] } else { c.len() })
+                    .map(|(j, c)| if settled[j] { counts[j] } else { received(c) })
                     .collect(),
-                None => copies.iter().map(Vec::len).collect(),
+                None => copies.iter().map(|c| received(c)).collect(),
             };
             self.sealed = Some(sealed);
         }
         if !core.sched().is_complete() {
+            // A job settled unchecked is still open to its check: the copy
+            // that checks it may come in the window that completes the run
+            // (seed 1002717), so its copies are not sealed yet.
             let settled = (0..core.sched().jobs())
-                .map(|j| core.sched().is_done(JobId(j)))
+                .map(JobId)
+                .map(|j| core.sched().is_done(j) && !core.sched().is_unchecked(j))
                 .collect();
-            self.before = Some((copies.iter().map(Vec::len).collect(), settled));
+            self.before = Some((copies.iter().map(|c| received(c)).collect(), settled));
         }
         let sealed = self.sealed.clone();
         check_ledger(core.sched(), |job| {
-            let all = &copies[job.0 as usize];
-            let n = sealed.as_ref().map_or(all.len(), |s| s[job.0 as usize]);
-            all[..n.min(all.len())].iter().collect()
+            let n = sealed.as_ref().map(|s| s[job.0 as usize]);
+            judged(copies[job.0 as usize].iter().collect(), n)
         })
     }
 
@@ -836,9 +839,9 @@ impl Sim {
         let copies = stored_copies(&self.engine().store)?;
         let mut outnumbered = true;
         for (j, all) in copies.iter().enumerate() {
-            let n = self.sealed.as_ref().map_or(all.len(), |s| s[j]);
+            let n = self.sealed.as_ref().map(|s| s[j]);
             let (mut honest, mut liars): (Vec<&str>, Vec<&str>) = (vec![], vec![]);
-            for c in &all[..n.min(all.len())] {
+            for c in judged(all.iter().collect(), n).0 {
                 if honest.contains(&c.identity.as_str())
                     || liars.contains(&c.identity.as_str())
                 {
@@ -882,6 +885,12 @@ fn stored(store: &Store, job: JobId, lease: u64) -> Result<bool, String> {
     }
     let dups = store.job_duplicates(job).map_err(|e| e.to_string())?;
     Ok(dups.iter().any(|d| d.result.lease == lease))
+}
+
+/// How many copies of a job the store holds, `copies` as it gives them:
+/// the number received, which seals those judged (see `core::judged`).
+fn received(copies: &[StoredResult]) -> usize {
+    nq_store::in_received_order(copies.iter().collect()).0.len()
 }
 
 /// Every job's copies as the store holds them (the Done record's first).
