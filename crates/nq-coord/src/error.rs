@@ -357,6 +357,25 @@ pub enum Error {
          again with the same --data directory and flags to finish the creation"
     )]
     CreationInterrupted,
+    /// The store finished none of its writes for `after` while some were in
+    /// progress (sled's deadlock, watched by `crate::stall`): the serving
+    /// process cannot go on, and exits as interrupted.
+    #[error(
+        "the store finished no write for {} s with {in_flight} in progress ({finished} \
+         finished since it opened): its writes are stuck, and sled 0.34 can deadlock \
+         under heavy writes (spacejam/sled#1412). Every result acknowledged to a \
+         worker was made durable first: run the same command again to resume, with \
+         no other heavy disk work beside it",
+        after.as_secs()
+    )]
+    StoreStalled {
+        /// How long no write finished.
+        after: std::time::Duration,
+        /// Writes in progress.
+        in_flight: usize,
+        /// Writes finished since the store opened.
+        finished: u64,
+    },
     /// A creation resumed by a program whose split of the board differs from
     /// the one that started it.
     #[error(

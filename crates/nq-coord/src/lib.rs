@@ -86,6 +86,7 @@ mod settings;
 mod setup;
 #[cfg(test)]
 mod sim;
+mod stall;
 mod wall;
 
 pub use crate::adapters::grpc as service;

@@ -54,6 +54,12 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// An interrupted run returns a report with `complete: false`; running again
 /// with the same directory resumes it.
 ///
+/// A store whose writes are stuck (sled's deadlock, see `crate::stall`)
+/// ends the process: its error is logged ([`Error::StoreStalled`]) and the
+/// process exits with code 3 (`interrupted`), since nothing else can stop a
+/// thread caught in it. Every result acknowledged before was durable, and
+/// the same command resumes.
+///
 /// # Errors
 ///
 /// A `config` field out of range ([`Error::Option`], from
@@ -154,6 +160,16 @@ async fn session(
         core,
         elapsed_before,
     } = prepare(&config, accepted, &stop).await?;
+    // Held for the session: a stuck store ends the process (see `stall`).
+    let _watch = crate::stall::watch(store.writes(), crate::stall::STORE_STALL, |e| {
+        // The log is the last word: nothing returns to the caller.
+        error!(error = %e, "the store is stuck; exiting as interrupted (code 3)");
+        std::process::exit(i32::from(crate::report::RunStatus::Interrupted.exit_code()));
+    })
+    .map_err(|source| Error::Io {
+        context: "cannot start the thread that watches the store's writes".into(),
+        source,
+    })?;
     let (engine, commits) = Engine::new(
         Arc::clone(&store),
         core,

@@ -81,6 +81,7 @@ pub mod seal;
 pub mod settings;
 pub mod states;
 pub mod worker;
+pub mod writes;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -102,6 +103,7 @@ pub use seal::{KeyError, StoreKey};
 pub use settings::{RunSettings, SettingChange};
 pub use states::RecordKind;
 pub use worker::StoredWorker;
+pub use writes::{WriteProgress, Writes};
 
 use codec::{Reader, key_u64};
 use seal::SealedTree;
@@ -223,6 +225,8 @@ pub struct Store {
     /// The run's board, known once a manifest was read or written; jobs and
     /// solutions cannot be decoded without it.
     board: OnceLock<Board>,
+    /// The batches applied and the flushes, in progress and finished.
+    writes: std::sync::Arc<WriteProgress>,
 }
 
 impl fmt::Debug for Store {
@@ -375,6 +379,7 @@ impl Store {
             db,
             dir,
             board: OnceLock::new(),
+            writes: std::sync::Arc::default(),
         };
         // Reading the manifest validates it and learns the board.
         if store.manifest()?.is_none()
@@ -885,6 +890,7 @@ impl Store {
     ///
     /// sled errors.
     pub fn apply(&self, batch: CommitBatch) -> Result<()> {
+        let _writing = self.writes.begin();
         self.note_voters(batch.voters)?;
         self.update_records(batch.records)?;
         for (id, value) in batch.workers {
@@ -948,6 +954,7 @@ impl Store {
     ///
     /// sled errors (I/O).
     pub fn flush(&self) -> Result<usize> {
+        let _writing = self.writes.begin();
         Ok(self.db.flush()?)
     }
 
@@ -958,7 +965,14 @@ impl Store {
     ///
     /// As [`Store::flush`].
     pub async fn flush_async(&self) -> Result<usize> {
+        let _writing = self.writes.begin();
         Ok(self.db.flush_async().await?)
+    }
+
+    /// The batches applied ([`Store::apply`]) and the flushes in progress
+    /// and finished, for a watchdog (see [`writes`]).
+    pub fn writes(&self) -> std::sync::Arc<WriteProgress> {
+        std::sync::Arc::clone(&self.writes)
     }
 
     // ----- solutions --------------------------------------------------------
