@@ -144,6 +144,27 @@ async fn a_live_run_is_visible_from_outside() -> Result<()> {
         );
         let page_json: serde_json::Value = serde_json::from_str(&body)?;
         ensure!(page_json["run_id"] == json["run_id"], "{page_json}");
+        // The page's form: the workers past the cap are counted, not listed.
+        let all = page_json["workers"].as_array().map_or(0, Vec::len);
+        ensure!(all >= 1, "{page_json}");
+        let (code, _, body) = get(metrics, "/status.json?workers=0").await?;
+        let capped: serde_json::Value = serde_json::from_str(&body)?;
+        ensure!(
+            code == 200
+                && capped["workers"].as_array().is_some_and(Vec::is_empty)
+                && capped["workers_unlisted"].as_u64() == Some(all as u64),
+            "{code} {capped}"
+        );
+        for (query, names) in [
+            ("workers=many", "workers=K"),
+            ("limit=5", "unknown parameter \"limit\""),
+        ] {
+            let (code, _, body) = get(metrics, &format!("/status.json?{query}")).await?;
+            ensure!(
+                code == 400 && body.contains(names),
+                "?{query}: {code} {body}"
+            );
+        }
 
         let (code, content_type, body) = get(metrics, "/").await?;
         ensure!(
@@ -151,8 +172,8 @@ async fn a_live_run_is_visible_from_outside() -> Result<()> {
             "{code} {content_type}"
         );
         ensure!(
-            body.contains("fetch(\"status.json\""),
-            "the page polls status.json"
+            body.contains("fetch(`status.json?workers=${PAGE_WORKERS}`"),
+            "the page polls status.json, capped"
         );
         // Self-contained: no script, style, image or font from another host.
         for remote in [

@@ -2,7 +2,9 @@
 //!
 //! * `GET /metrics`: Prometheus metrics ([`crate::metrics`]);
 //! * `GET /status.json`: the run's [`Snapshot`] as JSON
-//!   ([`Snapshot::to_json`], the same picture as the `Status` rpc);
+//!   ([`Snapshot::to_json`], the same picture as the `Status` rpc), every
+//!   worker listed; `GET /status.json?workers=K` lists at most K workers
+//!   and K faulty ones and counts the rest (the status page asks for 200);
 //! * `GET /`: the status page, one self-contained HTML file (inline CSS and
 //!   JS, nothing fetched from elsewhere) that polls `/status.json`;
 //! * gRPC over HTTP/2 (h2c), for operators: the coordinator's `Status` and
@@ -213,9 +215,41 @@ async fn page() -> impl IntoResponse {
     ([NO_STORE], Html(STATUS_PAGE))
 }
 
-async fn status_json(State(engine): State<Arc<Engine>>) -> impl IntoResponse {
-    let body = engine.snapshot().to_json().to_string();
-    ([(CONTENT_TYPE, "application/json"), NO_STORE], body)
+async fn status_json(
+    State(engine): State<Arc<Engine>>,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    let cap = match listing_cap(uri.query()) {
+        Ok(cap) => cap,
+        Err(message) => {
+            return (StatusCode::BAD_REQUEST, [NO_STORE], message).into_response();
+        }
+    };
+    let body = engine.snapshot().to_json_listing(cap).to_string();
+    ([(CONTENT_TYPE, "application/json"), NO_STORE], body).into_response()
+}
+
+/// The cap on the workers listed that `/status.json`'s query asks for:
+/// `workers=K` (K from 0), or every worker without it.
+///
+/// # Errors
+///
+/// A message naming the parameter refused and the accepted form.
+fn listing_cap(query: Option<&str>) -> std::result::Result<usize, String> {
+    let mut cap = usize::MAX;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "workers" {
+            return Err(format!(
+                "unknown parameter {key:?}: /status.json takes workers=K, the most workers to list \
+                 (every one without it)\n"
+            ));
+        }
+        cap = value.parse().map_err(|_| {
+            format!("workers={value:?} is not a count: give workers=K with K a whole number from 0\n")
+        })?;
+    }
+    Ok(cap)
 }
 
 async fn metrics(State(engine): State<Arc<Engine>>) -> impl IntoResponse {

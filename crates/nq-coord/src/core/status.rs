@@ -535,16 +535,34 @@ impl Snapshot {
             .fold(0u32, |sum, w| sum.saturating_add(w.threads))
     }
 
+    /// At most `cap` worker rows, the coordinator's own first (a client sums
+    /// their threads), then remote workers in name order, and the count of
+    /// the rows left out (with those left out before).
+    fn listed_workers(&self, cap: usize) -> (Vec<&WorkerStatus>, u64) {
+        let local = self.workers.iter().filter(|w| w.local);
+        let remote = self.workers.iter().filter(|w| !w.local);
+        let listed: Vec<&WorkerStatus> = local.chain(remote).take(cap).collect();
+        let unlisted = (self.workers.len() - listed.len()) as u64;
+        (listed, self.workers_unlisted.saturating_add(unlisted))
+    }
+
+    /// At most `cap` faulty workers, and the count of those left out (with
+    /// those left out before).
+    fn listed_faulty(&self, cap: usize) -> (&[FaultyWorker], u64) {
+        let listed = &self.faulty_workers[..self.faulty_workers.len().min(cap)];
+        let unlisted = (self.faulty_workers.len() - listed.len()) as u64;
+        (
+            listed,
+            self.faulty_workers_unlisted.saturating_add(unlisted),
+        )
+    }
+
     /// The wire form, its lists capped at [`LISTED_WORKERS`] (the
     /// coordinator's own rows first, then remote workers in name order) and
     /// [`LISTED_FAULTY`], with counts of the rows left out.
     pub fn to_pb(&self) -> pb::StatusResponse {
-        // The local rows are listed whatever the cap: the client sums their
-        // threads.
-        let local = self.workers.iter().filter(|w| w.local);
-        let remote = self.workers.iter().filter(|w| !w.local);
-        let listed: Vec<&WorkerStatus> =
-            local.chain(remote).take(LISTED_WORKERS).collect();
+        let (listed, workers_unlisted) = self.listed_workers(LISTED_WORKERS);
+        let (faulty, faulty_workers_unlisted) = self.listed_faulty(LISTED_FAULTY);
         let state = match self.state {
             RunState::Running => pb::RunState::Running,
             RunState::Complete => pb::RunState::Complete,
@@ -575,12 +593,8 @@ impl Snapshot {
             rate_window_seconds: self.rate_window_seconds,
             session_seconds: self.session_seconds,
             workers_connected: self.workers_connected,
-            workers_unlisted: self
-                .workers_unlisted
-                .saturating_add((self.workers.len() - listed.len()) as u64),
-            faulty_workers_unlisted: self.faulty_workers_unlisted.saturating_add(
-                self.faulty_workers.len().saturating_sub(LISTED_FAULTY) as u64,
-            ),
+            workers_unlisted,
+            faulty_workers_unlisted,
             workers: listed
                 .into_iter()
                 .map(|w| pb::WorkerStatus {
@@ -598,10 +612,8 @@ impl Snapshot {
             confirmations: self.confirmations,
             conflicts: self.conflicts,
             lease_expiries: self.lease_expiries,
-            faulty_workers: self
-                .faulty_workers
+            faulty_workers: faulty
                 .iter()
-                .take(LISTED_FAULTY)
                 .map(|f| pb::FaultyWorkerStatus {
                     name: f.name.clone(),
                     address: f.address.clone(),
@@ -620,11 +632,22 @@ impl Snapshot {
 
     /// The JSON form, for scripts and the status page. Counts and work are
     /// u128 and are written as decimal STRINGS (JSON numbers lose precision
-    /// beyond 2^53 in most readers); `fraction` is a number.
+    /// beyond 2^53 in most readers); `fraction` is a number. Every worker is
+    /// listed ([`Snapshot::to_json_listing`] caps the lists).
     pub fn to_json(&self) -> serde_json::Value {
-        let workers: Vec<serde_json::Value> = self
-            .workers
-            .iter()
+        self.to_json_listing(usize::MAX)
+    }
+
+    /// [`Snapshot::to_json`] with at most `cap` workers and `cap` faulty
+    /// workers listed (chosen as in [`Snapshot::to_pb`]), and the rest
+    /// counted in `workers_unlisted` and `faulty_workers_unlisted`: the
+    /// status page polls every second, and a list of 50,000 workers is
+    /// 8.8 MB.
+    pub fn to_json_listing(&self, cap: usize) -> serde_json::Value {
+        let (listed, workers_unlisted) = self.listed_workers(cap);
+        let (faulty, faulty_workers_unlisted) = self.listed_faulty(cap);
+        let workers: Vec<serde_json::Value> = listed
+            .into_iter()
             .map(|w| {
                 json!({
                     "name": w.name,
@@ -639,8 +662,7 @@ impl Snapshot {
                 })
             })
             .collect();
-        let faulty: Vec<serde_json::Value> = self
-            .faulty_workers
+        let faulty: Vec<serde_json::Value> = faulty
             .iter()
             .map(|f| {
                 json!({"name": f.name, "address": f.address, "lost": f.lost, "banned": f.banned})
@@ -689,12 +711,12 @@ impl Snapshot {
             "workers_connected": self.workers_connected,
             "local_threads": self.local_threads(),
             "workers": workers,
-            "workers_unlisted": self.workers_unlisted,
+            "workers_unlisted": workers_unlisted,
             "confirmations": self.confirmations,
             "conflicts": self.conflicts,
             "lease_expiries": self.lease_expiries,
             "faulty_workers": faulty,
-            "faulty_workers_unlisted": self.faulty_workers_unlisted,
+            "faulty_workers_unlisted": faulty_workers_unlisted,
             "total_so_far": self.total_so_far.to_string(),
             "result": result,
         })
@@ -1254,6 +1276,24 @@ mod tests {
         assert_eq!(back.to_json()["faulty_workers_unlisted"], 8_000);
         // Where the snapshot was built nothing is left out.
         assert_eq!(snap.to_json()["workers_unlisted"], 0);
+        assert_eq!(
+            snap.to_json()["workers"].as_array().map(Vec::len),
+            Some(60_001)
+        );
+        // The status page's form: the local row, then the first by name.
+        let page = snap.to_json_listing(200);
+        let listed = page["workers"].as_array().unwrap();
+        assert_eq!(listed.len(), 200);
+        assert_eq!(listed[0]["local"], true);
+        assert_eq!(listed[1]["name"], longest(0).as_str());
+        assert_eq!(page["workers_unlisted"], 60_001 - 200);
+        assert_eq!(page["faulty_workers"].as_array().map(Vec::len), Some(200));
+        assert_eq!(page["faulty_workers_unlisted"], 10_000 - 200);
+        // Under 256 KiB a second, with the longest names (8.8 MB listing all).
+        assert!(
+            page.to_string().len() < 256 << 10,
+            "the page's poll is small"
+        );
     }
 
     /// A job computed but waiting for a check is shown as work done apart
