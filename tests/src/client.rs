@@ -106,6 +106,7 @@ impl ProtocolWorker {
                 name: name.to_owned(),
                 threads: 1,
                 program_version: concat!("nq-e2e ", env!("CARGO_PKG_VERSION")).into(),
+                gpu_jobs: 0,
             })
             .await?
             .into_inner();

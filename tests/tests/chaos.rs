@@ -483,6 +483,7 @@ async fn garbage_traffic(t: &mut Trial) -> Result<Report> {
             name: "x".repeat(over),
             threads: 1,
             program_version: String::new(),
+            gpu_jobs: 0,
         })
         .await
         .err()

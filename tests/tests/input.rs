@@ -114,6 +114,7 @@ async fn another_protocol_version_is_refused_by_the_coordinator() -> Result<()> 
                 name: "from-the-future".into(),
                 threads: 1,
                 program_version: "9.9.9".into(),
+                gpu_jobs: 0,
             })
             .await
             .expect_err("a foreign protocol version must be refused");

@@ -221,6 +221,7 @@ async fn a_live_run_is_visible_from_outside() -> Result<()> {
                 name: "lost".into(),
                 threads: 1,
                 program_version: "test".into(),
+                gpu_jobs: 0,
             })
             .await
             .err()

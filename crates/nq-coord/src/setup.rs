@@ -23,7 +23,7 @@ use crate::core::Core;
 use crate::core::lease::WorkerId;
 use crate::core::quorum::Policy;
 use crate::core::scheduler::{
-    EXACT_ORDER_UP_TO, ExactOrder, HandOut, MAX_DEFERRED, claimed_cap,
+    Claim, EXACT_ORDER_UP_TO, ExactOrder, HandOut, MAX_DEFERRED,
 };
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
@@ -254,7 +254,13 @@ fn restore_previous_leases(
     let caps: u64 = recorded
         .iter()
         .filter(|(_, w)| !crate::restore::own_threads(w))
-        .map(|(_, w)| claimed_cap(w.threads))
+        .map(|(_, w)| {
+            Claim {
+                threads: w.threads,
+                gpu_jobs: w.gpu_jobs,
+            }
+            .cap()
+        })
         .sum();
     let set_aside =
         set_aside_at_restart(store.set_aside()?, caps, unix_ms(SystemTime::now()), ttl);

@@ -274,15 +274,19 @@ fn action(solutions: bool) -> impl Strategy<Value = Action> {
             text(),
             prop_oneof![0u32..64, any::<u32>()],
             text(),
+            prop_oneof![Just(0u32), any::<u32>()],
         )
-            .prop_map(|(protocol_version, name, threads, program_version)| {
-                Action::Register(pb::RegisterRequest {
-                    protocol_version,
-                    name,
-                    threads,
-                    program_version,
-                })
-            }),
+            .prop_map(
+                |(protocol_version, name, threads, program_version, gpu_jobs)| {
+                    Action::Register(pb::RegisterRequest {
+                        protocol_version,
+                        name,
+                        threads,
+                        program_version,
+                        gpu_jobs,
+                    })
+                },
+            ),
         3 => (who(4), prop_oneof![0u32..8, any::<u32>()], vec(lease_pick(), 0..4))
             .prop_map(|(who, want, held)| Action::Lease { who, want, held }),
         1 => (who(4), vec(lease_pick(), 0..3))

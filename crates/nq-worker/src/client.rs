@@ -579,15 +579,19 @@ impl Client {
         request
     }
 
+    /// Registers with `config`'s name and threads, and `gpu_jobs`, the jobs
+    /// its GPUs may hold (0 without one), as its claim.
     pub(crate) async fn register(
         &self,
         config: &Config,
+        gpu_jobs: usize,
     ) -> Result<pb::RegisterResponse, Status> {
         let request = self.request(pb::RegisterRequest {
             protocol_version: nq_proto::PROTOCOL_VERSION,
             name: config.name.clone(),
             threads: u32::try_from(config.threads.get()).unwrap_or(u32::MAX),
             program_version: env!("CARGO_PKG_VERSION").to_owned(),
+            gpu_jobs: u32::try_from(gpu_jobs).unwrap_or(u32::MAX),
         });
         Ok(self.inner.clone().register(request).await?.into_inner())
     }

@@ -40,7 +40,7 @@ use crate::adapters::security::{self, Admission, CallerCheck};
 use crate::core::allowance::StreamDeadlines;
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::ledger::Verified;
-use crate::core::scheduler::Outcome;
+use crate::core::scheduler::{Claim, Outcome};
 use crate::core::tag::Caller;
 use crate::engine::solutions::SolutionWriter;
 use crate::engine::{Admitted, Engine, Submission, blocking};
@@ -166,9 +166,13 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
         }
         // Every call gets a fresh id, even for a known name: a restarted worker
         // cannot prove it is the same one, and its old leases simply expire.
+        let claim = Claim {
+            threads: req.threads,
+            gpu_jobs: req.gpu_jobs,
+        };
         let registered = self.engine.core().register(
             &req.name,
-            req.threads,
+            claim,
             peer.map(|p| p.ip()),
             credential.as_deref(),
             Instant::now(),
@@ -179,6 +183,7 @@ impl pb::coordinator_server::Coordinator for CoordinatorService {
             peer = ?peer,
             credential = credential.as_deref().unwrap_or("none (its address)"),
             threads = req.threads,
+            gpu_jobs = req.gpu_jobs,
             version = %req.program_version,
             "worker registered"
         );

@@ -17,7 +17,8 @@
 //!   worker (a GPU, a machine of many cores) earns its cap in seconds, not
 //!   after a lifetime at [`START_CAP`]; since every lease counted lies in
 //!   that time, the measure never exceeds the leases the identity held at
-//!   once. The claimed thread count can only lower the cap.
+//!   once. The claim (threads and GPU jobs, `Claim::cap`) can only lower
+//!   the cap.
 //! * **Overdue.** A lease held (and renewed) for longer than
 //!   [`OVERDUE_TTLS`] lease lifetimes plus [`OVERDUE_SLACK`] times the
 //!   longest lease the identity ever needed for a copy (or, for an identity

@@ -191,13 +191,13 @@ impl Core {
     pub(crate) fn register(
         &mut self,
         name: &str,
-        threads: u32,
+        claim: impl Into<scheduler::Claim>,
         address: Option<IpAddr>,
         credential: Option<&str>,
         now: Instant,
     ) -> Result<WorkerId> {
         self.sched
-            .register_as(name, threads, address, credential, now)
+            .register_as(name, claim, address, credential, now)
     }
 
     /// Registers the coordinator's own threads (see

@@ -597,6 +597,7 @@ impl Engine {
                             .to_owned(),
                         address: w.address.map(|a| a.to_string()),
                         threads: w.threads,
+                        gpu_jobs: w.gpu_jobs,
                     };
                     batch.worker(&id.0, &stored);
                 }

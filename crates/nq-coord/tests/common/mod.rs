@@ -110,6 +110,7 @@ impl Worker {
                 name: name.into(),
                 threads,
                 program_version: "test".into(),
+                gpu_jobs: 0,
             })
             .await
             .unwrap()

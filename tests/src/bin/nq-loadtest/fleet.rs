@@ -189,6 +189,7 @@ pub(super) fn register_request(
         },
         threads: want,
         program_version: "loadtest".into(),
+        gpu_jobs: 0,
     }
 }
 

@@ -50,18 +50,18 @@ impl Scheduler {
     ) -> Result<Grant> {
         let deadline = now + self.ttl;
         let complete = self.is_complete();
-        let (threads, identity, local) = {
+        let (claim, identity, local) = {
             let w = self.admit(worker)?;
-            (w.threads, w.identity, w.local)
+            (w.claim(), w.identity, w.local)
         };
         self.workers.heard_from(worker, now);
         if complete {
             self.workers.mark_told(worker);
         }
         self.note_machine(now);
-        // `threads` is whatever the worker registered with: saturate, never
+        // The claim is whatever the worker registered with: saturate, never
         // overflow (found by tests/fuzz_messages.rs).
-        let claimed = claimed_cap(threads) as usize;
+        let claimed = claim.cap() as usize;
         let mut grant = Grant {
             run_complete: complete,
             ..Grant::default()

@@ -117,10 +117,38 @@ const RECOGNIZED_THREADS: u32 = MAX_GRANT / 4;
 /// first `Lease` call after it reads that far into the hand-out order.
 pub(crate) const MAX_DEFERRED: u64 = 1 << 20;
 
-/// The most leases a remote worker that claims `threads` threads may hold
-/// at once (its measured allowance may lower it).
-pub(crate) fn claimed_cap(threads: u32) -> u64 {
-    u64::from(threads.saturating_mul(4).max(16))
+/// What a worker says it can compute at once, at registration: its CPU
+/// threads and the jobs its GPUs may hold. Nothing checks either; together
+/// they only bound the leases its measured allowance may grant
+/// ([`Claim::cap`]), so a false claim gains nothing it has not delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Claim {
+    /// CPU threads.
+    pub threads: u32,
+    /// Jobs its GPUs may hold at once (0 without a GPU).
+    pub gpu_jobs: u32,
+}
+
+impl From<u32> for Claim {
+    /// A claim of `threads` CPU threads and no GPU.
+    fn from(threads: u32) -> Claim {
+        Claim {
+            threads,
+            gpu_jobs: 0,
+        }
+    }
+}
+
+impl Claim {
+    /// The most leases a remote worker with this claim may hold at once
+    /// (its measured allowance may lower it): 4 per thread, at least 16,
+    /// plus its GPUs' jobs, and never above what any allowance grants. A
+    /// GPU worker started with `--threads 1` was held to 16 jobs for all
+    /// its GPUs, about a third of what one H100 keeps in flight.
+    pub fn cap(self) -> u64 {
+        let threads = u64::from(self.threads.saturating_mul(4).max(16));
+        (threads + u64::from(self.gpu_jobs)).min(crate::core::allowance::MAX_CAP as u64)
+    }
 }
 
 /// Lease lifetimes of silence after which a worker is forgotten: its leases
@@ -350,6 +378,8 @@ pub struct Worker {
     pub identity: IdentityId,
     /// CPU threads it runs.
     pub threads: u32,
+    /// Jobs its GPUs may hold at once, as it claimed (0 without a GPU).
+    pub gpu_jobs: u32,
     /// The last time it called in.
     pub last_seen: Instant,
     /// True once a response told it the run is complete.
@@ -366,12 +396,20 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// What it claimed at registration.
+    pub fn claim(&self) -> Claim {
+        Claim {
+            threads: self.threads,
+            gpu_jobs: self.gpu_jobs,
+        }
+    }
+
     /// A worker registered at `now`, with nothing reported yet.
     fn new(
         name: &str,
         address: Option<IpAddr>,
         identity: IdentityId,
-        threads: u32,
+        claim: Claim,
         now: Instant,
         local: bool,
     ) -> Worker {
@@ -379,7 +417,8 @@ impl Worker {
             name: name.to_owned(),
             address,
             identity,
-            threads,
+            threads: claim.threads,
+            gpu_jobs: claim.gpu_jobs,
             last_seen: now,
             told_complete: false,
             local,

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use nq_store::JobId;
 
-use super::{Issued, MAX_DEFERRED, Phase, Scheduler, Worker};
+use super::{Claim, Issued, MAX_DEFERRED, Phase, Scheduler, Worker};
 use crate::core::lease::{LeaseId, WorkerId};
 use crate::core::quorum::{Beaten, IdentityId};
 
@@ -132,7 +132,7 @@ impl Restorer<'_> {
         name: &str,
         identity: &str,
         address: Option<IpAddr>,
-        threads: u32,
+        claim: impl Into<Claim>,
         now: Instant,
     ) {
         if self.sched.workers.by_id.contains_key(&id) {
@@ -156,7 +156,7 @@ impl Restorer<'_> {
             .or_insert(0) += 1;
         self.sched.workers.returning.remove(&identity);
         self.sched.workers.presence.touch(&id, identity, None, now);
-        let worker = Worker::new(name, address, identity, threads, now, false);
+        let worker = Worker::new(name, address, identity, claim.into(), now, false);
         self.sched.workers.by_id.insert(id, worker);
     }
 

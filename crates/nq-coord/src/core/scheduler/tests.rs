@@ -900,13 +900,22 @@ fn a_recognised_worker_keeps_its_recorded_name_and_identity() {
         identity: "a@127.0.0.1".into(),
         address: Some("127.0.0.1".into()),
         threads: 8,
+        gpu_jobs: 512,
     };
     s.restorer().expect_recorded([(a.clone(), recorded)]);
     let from = caller([127, 0, 0, 1], None);
     assert!(s.recognize(&a, &from, now).unwrap());
     assert!(s.recognize(&b, &from, now).unwrap());
     let w = s.worker(&a).unwrap();
-    assert_eq!((w.name.as_str(), w.threads), ("a", 8));
+    assert_eq!(w.name.as_str(), "a");
+    assert_eq!(
+        w.claim(),
+        Claim {
+            threads: 8,
+            gpu_jobs: 512
+        },
+        "its GPUs' claim too"
+    );
     assert_eq!(s.identities().name(w.identity), "a@127.0.0.1", "one voice");
     // Unrecorded (registered in the second before the crash): its id
     // names it.
@@ -1098,6 +1107,45 @@ fn the_cap_grows_with_the_identitys_delivered_work() {
         s.lease(&big, 1024, &[], clock.now()).unwrap().jobs.len(),
         32 - 16
     );
+}
+
+/// See: issue 24, item 3. A GPU worker started with `--threads 1` claimed
+/// 16 jobs for all its GPUs, so however fast its GPUs delivered it held 16;
+/// its GPUs' jobs now raise the claim, and only what it delivered earns
+/// the leases.
+#[test]
+fn a_gpu_workers_claim_lets_its_measured_throughput_earn_more_than_its_threads() {
+    let (mut s, mut clock) = setup(&[1; 400]);
+    let host = Some(IpAddr::from([10, 0, 0, 7]));
+    let gpus = Claim {
+        threads: 1,
+        gpu_jobs: 2 * 256,
+    };
+    assert_eq!(gpus.cap(), 16 + 512);
+    let w = s.register("gpu", gpus, host, clock.now()).unwrap();
+    let g = s.lease(&w, 1024, &[], clock.now()).unwrap();
+    assert_eq!(g.jobs.len(), 16, "a claim never raises the start");
+    // The same delivery as above earns 32, and now the claim lets it hold
+    // them; a second round at 32 at once earns 64.
+    clock.advance(20);
+    for j in &g.jobs {
+        first_copy(&mut s, j.job, j.lease, 1);
+        s.note_copy(&w, j.lease, 1, clock.now());
+    }
+    let g = s.lease(&w, 1024, &[], clock.now()).unwrap();
+    assert_eq!(g.jobs.len(), 32);
+    clock.advance(20);
+    for j in &g.jobs {
+        first_copy(&mut s, j.job, j.lease, 1);
+        s.note_copy(&w, j.lease, 1, clock.now());
+    }
+    assert_eq!(s.lease(&w, 1024, &[], clock.now()).unwrap().jobs.len(), 64);
+    // No claim reaches past what any allowance grants.
+    let huge = Claim {
+        threads: u32::MAX,
+        gpu_jobs: u32::MAX,
+    };
+    assert_eq!(huge.cap(), crate::core::allowance::MAX_CAP as u64);
 }
 
 #[test]

@@ -46,11 +46,11 @@ impl Scheduler {
     pub fn register(
         &mut self,
         name: &str,
-        threads: u32,
+        claim: impl Into<Claim>,
         address: Option<IpAddr>,
         now: Instant,
     ) -> Result<WorkerId> {
-        self.register_as(name, threads, address, None, now)
+        self.register_as(name, claim, address, None, now)
     }
 
     /// [`Scheduler::register`] for a caller whose calls carry `credential`
@@ -64,7 +64,7 @@ impl Scheduler {
     pub fn register_as(
         &mut self,
         name: &str,
-        threads: u32,
+        claim: impl Into<Claim>,
         address: Option<IpAddr>,
         credential: Option<&str>,
         now: Instant,
@@ -86,7 +86,7 @@ impl Scheduler {
             *self.workers.registrations_by_address.entry(ip).or_insert(0) += 1;
         }
         *self.workers.registrations.entry(identity).or_insert(0) += 1;
-        Ok(self.add_worker(name, address, identity, threads, now, &caller))
+        Ok(self.add_worker(name, address, identity, claim.into(), now, &caller))
     }
 
     /// Refuses one more registration of identity `key` from `address` when
@@ -166,21 +166,21 @@ impl Scheduler {
             Some(c) => c.clone(),
             None => remote_identity(name, caller.address),
         };
-        let (name, threads) = match self.workers.recorded.remove(id) {
-            Some(w) if w.identity == resolve(&w.name) => (w.name, w.threads),
-            _ => (id.0.clone(), RECOGNIZED_THREADS),
+        let (name, claim) = match self.workers.recorded.remove(id) {
+            Some(w) if w.identity == resolve(&w.name) => (
+                w.name,
+                Claim {
+                    threads: w.threads,
+                    gpu_jobs: w.gpu_jobs,
+                },
+            ),
+            _ => (id.0.clone(), Claim::from(RECOGNIZED_THREADS)),
         };
         let identity = resolve(&name);
         let address = caller.address.map(|ip| ip.to_canonical());
         self.within_limits(&identity, address)?;
-        self.restorer().restore_worker(
-            id.clone(),
-            &name,
-            &identity,
-            address,
-            threads,
-            now,
-        );
+        self.restorer()
+            .restore_worker(id.clone(), &name, &identity, address, claim, now);
         self.note_machine(now);
         Ok(true)
     }
@@ -253,7 +253,7 @@ impl Scheduler {
         let identity = self.verify.identities.intern(LOCAL);
         self.verify.local_arbiter = true;
         self.workers.local_threads = self.workers.local_threads.saturating_add(threads);
-        self.add_worker("local", None, identity, threads, now, "local")
+        self.add_worker("local", None, identity, threads.into(), now, "local")
     }
 
     /// Adds a registration of `caller` ([`caller_key`]; `"local"` for the
@@ -263,7 +263,7 @@ impl Scheduler {
         name: &str,
         address: Option<IpAddr>,
         identity: IdentityId,
-        threads: u32,
+        claim: Claim,
         now: Instant,
         caller: &str,
     ) -> WorkerId {
@@ -285,7 +285,7 @@ impl Scheduler {
         } else {
             self.workers.presence.touch(&id, identity, None, now);
         }
-        let worker = Worker::new(name, address, identity, threads, now, local);
+        let worker = Worker::new(name, address, identity, claim, now, local);
         self.workers.by_id.insert(id.clone(), worker);
         self.note_machine(now);
         id
