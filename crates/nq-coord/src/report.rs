@@ -154,9 +154,15 @@ impl Totals {
         })
     }
 
-    /// The totals a finished run stored, with what judging its copies again
-    /// found unchecked (`unchecked`).
-    pub(crate) fn of_summary(s: &RunSummary, disputed: u64, unchecked: u64) -> Totals {
+    /// The totals a finished run stored: its unchecked jobs as it ended
+    /// where the summary kept them, else `judged_unchecked`, what judging
+    /// its copies again found unchecked.
+    pub(crate) fn of_summary(
+        s: &RunSummary,
+        disputed: u64,
+        judged_unchecked: u64,
+    ) -> Totals {
+        let unchecked = s.unchecked.unwrap_or(judged_unchecked);
         Totals {
             complete: true,
             total: s.total,
@@ -180,6 +186,7 @@ impl Totals {
             confirmations: self.confirmations,
             conflicts: self.conflicts,
             finished_unix_ms,
+            unchecked: Some(self.unchecked),
         })
     }
 }
@@ -472,6 +479,41 @@ impl RunReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A finished run reprinted from its summary keeps the status it ended
+    /// with: a copy kept after it completed (a late lie) leaves its job
+    /// waiting for a check when the copies are judged again, which read as
+    /// `unchecked` (exit 6) for a run that ended `complete`.
+    #[test]
+    fn a_summary_keeps_the_unchecked_jobs_the_run_ended_with() {
+        let ended = Totals {
+            complete: true,
+            total: 92,
+            unique: 12,
+            elapsed_ms: 1,
+            jobs_done: 4,
+            confirmations: 4,
+            conflicts: 1,
+            disputed: 0,
+            unchecked: 0,
+        };
+        let summary = ended.summary(4, 2).expect("complete");
+        assert_eq!(summary.unchecked, Some(0));
+        // Judged again, one job waits for a check: the summary decides.
+        assert_eq!(Totals::of_summary(&summary, 0, 1).unchecked, 0);
+        let alone = Totals {
+            unchecked: 3,
+            ..ended
+        };
+        let summary = alone.summary(4, 2).expect("complete");
+        assert_eq!(Totals::of_summary(&summary, 0, 0).unchecked, 3);
+        // A summary written before it kept the count: judged again.
+        let old = RunSummary {
+            unchecked: None,
+            ..summary
+        };
+        assert_eq!(Totals::of_summary(&old, 0, 2).unchecked, 2);
+    }
 
     fn report(n: u8, total: u128, unique: u128) -> RunReport {
         RunReport {

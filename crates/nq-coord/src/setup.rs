@@ -537,8 +537,10 @@ fn finished_report(
     let mut report = RunReport::new(
         m,
         &config.data_dir,
-        // Every job settled in the finished run; those that judging now
-        // leaves waiting for a check settled without one too.
+        // Every job settled in the finished run. Its summary says how many
+        // settled unchecked; one written before it did is judged again:
+        // those left waiting for a check settled without one too (or a
+        // copy kept after the run completed disputes them).
         Totals::of_summary(s, 0, standing.jobs_unchecked + standing.jobs_in_check),
         core.verification().faulty_workers(),
     );

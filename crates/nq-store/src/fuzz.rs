@@ -217,15 +217,18 @@ fn duplicate() -> impl Strategy<Value = Duplicate> {
 }
 
 fn summary() -> impl Strategy<Value = RunSummary> {
-    (count(), count(), any::<[u64; 5]>()).prop_map(|(total, unique, v)| RunSummary {
-        total,
-        unique,
-        elapsed_ms: v[0],
-        jobs: v[1],
-        confirmations: v[2],
-        conflicts: v[3],
-        finished_unix_ms: v[4],
-    })
+    (count(), count(), any::<[u64; 5]>(), any::<Option<u64>>()).prop_map(
+        |(total, unique, v, unchecked)| RunSummary {
+            total,
+            unique,
+            elapsed_ms: v[0],
+            jobs: v[1],
+            confirmations: v[2],
+            conflicts: v[3],
+            finished_unix_ms: v[4],
+            unchecked,
+        },
+    )
 }
 
 fn manifest() -> impl Strategy<Value = Manifest> {
@@ -837,6 +840,7 @@ fn a_flipped_bit_in_the_summary_total_is_refused() {
         confirmations: 0,
         conflicts: 0,
         finished_unix_ms: 3,
+        unchecked: Some(0),
     };
     let mut bytes = s.encode();
     bytes[1] ^= 1;
@@ -915,6 +919,7 @@ fn version_1_values_are_refused() {
         confirmations: 3,
         conflicts: 4,
         finished_unix_ms: 5,
+        unchecked: Some(0),
     };
     let err = RunSummary::decode(&as_version_1(&s.encode())).unwrap_err();
     assert!(is_unsealed(&err), "{err:?}");

@@ -1738,6 +1738,7 @@ mod tests {
             confirmations: 1,
             conflicts: 0,
             finished_unix_ms: 2,
+            unchecked: Some(0),
         }
     }
 
@@ -1918,6 +1919,7 @@ mod tests {
             confirmations: 1,
             conflicts: 0,
             finished_unix_ms: 2,
+            unchecked: Some(0),
         };
         store.set_summary(&s).unwrap();
         store.flush().unwrap();

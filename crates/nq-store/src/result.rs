@@ -326,16 +326,25 @@ pub struct RunSummary {
     pub conflicts: u64,
     /// When the last job was done, milliseconds since the Unix epoch.
     pub finished_unix_ms: u64,
+    /// Jobs that counted one copy where a check was needed that no second
+    /// machine gave, as the run ended (its status `unchecked` when above
+    /// 0); `None` in summaries of format 2, written before it was kept.
+    /// Judging the stored copies again cannot tell it: copies kept after
+    /// the run completed were never judged, and a late lie among them
+    /// would read as a job still waiting for a check.
+    pub unchecked: Option<u64>,
 }
 
 /// Format of the summary. Version 2 seals it with a CRC-32: a finished run
 /// answers from it alone, so a damaged total must be refused, not printed.
-/// Version 1 (unsealed) is refused.
-const SUMMARY_VERSION: u8 = 2;
+/// Version 1 (unsealed) is refused. Version 3 adds `unchecked`; a summary
+/// without it is still written as version 2.
+const SUMMARY_VERSION: u8 = 3;
 
 impl RunSummary {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = vec![SUMMARY_VERSION];
+        let version = if self.unchecked.is_some() { 3 } else { 2 };
+        let mut out = vec![version];
         put_varint(&mut out, self.total);
         put_varint(&mut out, self.unique);
         for v in [
@@ -347,12 +356,15 @@ impl RunSummary {
         ] {
             put_varint(&mut out, v.into());
         }
+        if let Some(unchecked) = self.unchecked {
+            put_varint(&mut out, unchecked.into());
+        }
         seal(&mut out);
         out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<RunSummary> {
-        let (_, mut r) = open("meta", bytes, 2, SUMMARY_VERSION)?;
+        let (version, mut r) = open("meta", bytes, 2, SUMMARY_VERSION)?;
         let s = RunSummary {
             total: r.varint()?,
             unique: r.varint()?,
@@ -361,6 +373,11 @@ impl RunSummary {
             confirmations: r.varint_u64()?,
             conflicts: r.varint_u64()?,
             finished_unix_ms: r.varint_u64()?,
+            unchecked: if version >= 3 {
+                Some(r.varint_u64()?)
+            } else {
+                None
+            },
         };
         r.end()?;
         Ok(s)
@@ -412,8 +429,16 @@ mod tests {
             confirmations: 6,
             conflicts: 7,
             finished_unix_ms: 8,
+            unchecked: Some(9),
         };
         assert_eq!(RunSummary::decode(&s.encode()).unwrap(), s);
+        // Written before `unchecked` was kept: format 2, read as unknown.
+        let v2 = RunSummary {
+            unchecked: None,
+            ..s.clone()
+        };
+        assert_eq!(v2.encode()[0], 2);
+        assert_eq!(RunSummary::decode(&v2.encode()).unwrap(), v2);
     }
 
     #[test]
