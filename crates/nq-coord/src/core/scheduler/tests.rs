@@ -57,6 +57,14 @@ fn first_copy(s: &mut Scheduler, job: JobId, lease: LeaseId, total: u128) -> Fal
     s.settle(&settlement, true).unwrap()
 }
 
+/// `worker` delivers every job of `g` at `now`, each a first copy.
+fn deliver_all(s: &mut Scheduler, worker: &WorkerId, g: &Grant, now: Instant) {
+    for j in &g.jobs {
+        first_copy(s, j.job, j.lease, 1);
+        s.note_copy(worker, j.lease, 1, now);
+    }
+}
+
 fn jobs_of(g: &Grant) -> Vec<u64> {
     g.jobs.iter().map(|j| j.job.0).collect()
 }
@@ -1091,10 +1099,7 @@ fn the_cap_grows_with_the_identitys_delivered_work() {
     // of lease time in the 20 s it lies in, 16 at once, earns a cap of 32
     // (the claim of one thread, `max(16, 4)`, lowers it back to 16).
     clock.advance(20);
-    for j in &g.jobs {
-        first_copy(&mut s, j.job, j.lease, 1);
-        s.note_copy(&w, j.lease, 1, clock.now());
-    }
+    deliver_all(&mut s, &w, &g, clock.now());
     assert_eq!(
         s.allowances()
             .cap(s.worker(&w).unwrap().identity, clock.now()),
@@ -1128,17 +1133,11 @@ fn a_gpu_workers_claim_lets_its_measured_throughput_earn_more_than_its_threads()
     // The same delivery as above earns 32, and now the claim lets it hold
     // them; a second round at 32 at once earns 64.
     clock.advance(20);
-    for j in &g.jobs {
-        first_copy(&mut s, j.job, j.lease, 1);
-        s.note_copy(&w, j.lease, 1, clock.now());
-    }
+    deliver_all(&mut s, &w, &g, clock.now());
     let g = s.lease(&w, 1024, &[], clock.now()).unwrap();
     assert_eq!(g.jobs.len(), 32);
     clock.advance(20);
-    for j in &g.jobs {
-        first_copy(&mut s, j.job, j.lease, 1);
-        s.note_copy(&w, j.lease, 1, clock.now());
-    }
+    deliver_all(&mut s, &w, &g, clock.now());
     assert_eq!(s.lease(&w, 1024, &[], clock.now()).unwrap().jobs.len(), 64);
     // No claim reaches past what any allowance grants.
     let huge = Claim {
