@@ -407,11 +407,7 @@ fn keep_lease(
     let id = WorkerId(worker.clone());
     let address = w.address.as_deref().and_then(|a| a.parse().ok());
     let mut restorer = core.restorer();
-    let claim = crate::core::scheduler::Claim {
-        threads: w.threads,
-        gpu_jobs: w.gpu_jobs,
-    };
-    restorer.restore_worker(id.clone(), &w.name, &w.identity, address, claim, now);
+    restorer.restore_worker(id.clone(), &w.name, &w.identity, address, w, now);
     restorer.restore_lease(job, LeaseId(*lease), &id, record.attempts, now)
 }
 

@@ -254,13 +254,7 @@ fn restore_previous_leases(
     let caps: u64 = recorded
         .iter()
         .filter(|(_, w)| !crate::restore::own_threads(w))
-        .map(|(_, w)| {
-            Claim {
-                threads: w.threads,
-                gpu_jobs: w.gpu_jobs,
-            }
-            .cap()
-        })
+        .map(|(_, w)| Claim::from(w).cap())
         .sum();
     let set_aside =
         set_aside_at_restart(store.set_aside()?, caps, unix_ms(SystemTime::now()), ttl);

@@ -3,8 +3,8 @@
 //! sled 0.34 can deadlock under heavy writes (spacejam/sled#1412): a
 //! segment's truncation waits for sled's I/O pool while it holds the
 //! segment accountant's lock, and every writer after it waits on that lock
-//! without an error or an end (BENCHMARKS.md §29; `nq-coord restore` has
-//! its own watch, `nq_store::backup::Error::Stalled`). A coordinator caught
+//! without an error or an end (BENCHMARKS.md §29; `nq-coord restore` watches
+//! its import by the same rule, [`Stall`]). A coordinator caught
 //! in it would stop settling results and hold its workers' reports forever
 //! while its health still says it serves. [`watch`] notices from a thread
 //! of its own (the runtime's threads may be the ones stuck) when a write
@@ -20,7 +20,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nq_store::{WriteProgress, Writes};
+use nq_store::{Stall, WriteProgress};
 
 /// How long a write may be in progress with none finishing before the
 /// store counts as stuck. A commit group's batch and flush take
@@ -28,39 +28,6 @@ use nq_store::{WriteProgress, Writes};
 /// second (BENCHMARKS.md §28); a backup holds the commit loop at its write
 /// gate, before any write begins, so its minutes do not count here.
 pub(crate) const STORE_STALL: Duration = Duration::from_secs(300);
-
-/// What the watch has seen of the writes: since when none has finished
-/// while some were in progress.
-#[derive(Debug)]
-struct Stall {
-    finished: u64,
-    since: Instant,
-}
-
-impl Stall {
-    fn new(now: Instant, writes: Writes) -> Stall {
-        Stall {
-            finished: writes.finished,
-            since: now,
-        }
-    }
-
-    /// Notes `writes` read at `now`; returns how long no write finished
-    /// while some were in progress, once that reaches `stall`.
-    fn observe(
-        &mut self,
-        now: Instant,
-        writes: Writes,
-        stall: Duration,
-    ) -> Option<Duration> {
-        if writes.in_flight == 0 || writes.finished != self.finished {
-            *self = Stall::new(now, writes);
-            return None;
-        }
-        let stuck = now.saturating_duration_since(self.since);
-        (stuck >= stall).then_some(stuck)
-    }
-}
 
 /// The running watch; dropping it stops the watch.
 #[derive(Debug)]
@@ -119,64 +86,6 @@ pub(crate) fn watch(
 mod tests {
     use super::*;
 
-    const STALL: Duration = Duration::from_secs(300);
-
-    fn writes(in_flight: usize, finished: u64) -> Writes {
-        Writes {
-            in_flight,
-            finished,
-        }
-    }
-
-    #[test]
-    fn a_write_in_progress_with_none_finishing_is_a_stall_once_it_lasts() {
-        let t0 = Instant::now();
-        let mut s = Stall::new(t0, writes(0, 7));
-        // Idle for an hour: no write in progress, no stall.
-        assert_eq!(
-            s.observe(t0 + Duration::from_secs(3600), writes(0, 7), STALL),
-            None
-        );
-        // A write begins a second later; the stall counts from the last look
-        // without one, at most one look before it began.
-        let looked = t0 + Duration::from_secs(3600);
-        let begun = looked + Duration::from_secs(1);
-        assert_eq!(s.observe(begun, writes(1, 7), STALL), None);
-        assert_eq!(s.observe(looked + STALL / 2, writes(1, 7), STALL), None);
-        assert_eq!(
-            s.observe(
-                looked + STALL - Duration::from_millis(1),
-                writes(1, 7),
-                STALL
-            ),
-            None
-        );
-        assert_eq!(s.observe(looked + STALL, writes(1, 7), STALL), Some(STALL));
-    }
-
-    #[test]
-    fn writes_that_keep_finishing_are_no_stall_however_many_overlap() {
-        let t0 = Instant::now();
-        let mut s = Stall::new(t0, writes(0, 0));
-        // Always some in progress (the commit loop and the lease records
-        // overlapping), but one finishing every minute: never stuck.
-        for minute in 1..=60u64 {
-            let at = t0 + Duration::from_secs(60 * minute);
-            assert_eq!(
-                s.observe(at, writes(2, minute), STALL),
-                None,
-                "minute {minute}"
-            );
-        }
-        // A flush that then hangs is measured from the last one finished.
-        let last = t0 + Duration::from_secs(3600);
-        assert_eq!(
-            s.observe(last + STALL - Duration::from_secs(1), writes(1, 60), STALL),
-            None
-        );
-        assert!(s.observe(last + STALL, writes(1, 60), STALL).is_some());
-    }
-
     #[test]
     fn the_watch_reports_a_write_that_never_ends_and_stops_when_dropped() {
         let progress = Arc::new(WriteProgress::default());
@@ -210,7 +119,7 @@ mod tests {
     fn a_dropped_watch_stops_without_reporting() {
         let progress = Arc::new(WriteProgress::default());
         let (tx, rx) = mpsc::channel();
-        let w = watch(Arc::clone(&progress), STALL, move |e| {
+        let w = watch(Arc::clone(&progress), STORE_STALL, move |e| {
             let _ = tx.send(e);
         })
         .expect("thread");

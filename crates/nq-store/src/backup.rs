@@ -879,15 +879,18 @@ fn watched<T: Send + 'static>(
             let _ = done.send(work());
         })?;
     let check = (stall / 10).max(Duration::from_millis(10));
-    let (mut seen, mut since) = (progress.load(Ordering::Relaxed), Instant::now());
+    // The import is one write in progress for as long as it runs, and each
+    // entry applied finishes one: the serving coordinator's rule.
+    let applied = || crate::Writes {
+        in_flight: 1,
+        finished: progress.load(Ordering::Relaxed),
+    };
+    let mut seen = crate::Stall::new(Instant::now(), applied());
     loop {
         match result.recv_timeout(check) {
             Ok(value) => return Ok(Some(value)),
             Err(RecvTimeoutError::Timeout) => {
-                let now = progress.load(Ordering::Relaxed);
-                if now != seen {
-                    (seen, since) = (now, Instant::now());
-                } else if since.elapsed() >= stall {
+                if seen.observe(Instant::now(), applied(), stall).is_some() {
                     return Ok(None);
                 }
             }

@@ -103,7 +103,7 @@ pub use seal::{KeyError, StoreKey};
 pub use settings::{RunSettings, SettingChange};
 pub use states::RecordKind;
 pub use worker::StoredWorker;
-pub use writes::{WriteProgress, Writes};
+pub use writes::{Stall, WriteProgress, Writes};
 
 use codec::{Reader, key_u64};
 use seal::SealedTree;

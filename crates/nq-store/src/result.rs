@@ -77,22 +77,19 @@ impl StoredResult {
         self.counts == other.counts && self.solutions == other.solutions
     }
 
-    /// Stamps this copy, received at `received_unix_ms`, as received after
-    /// every copy in `earlier` (a job's copies already stored or judged):
-    /// one millisecond after the latest of them if the clock says otherwise
-    /// (two copies in one millisecond, or a clock set back). A job's copies
-    /// then sort by the time received into the order they were judged in,
-    /// whatever the store moved since (see [`in_received_order`]).
+    /// Stamps this copy as received after every copy in `earlier` (a job's
+    /// copies already stored or judged): one millisecond after the latest
+    /// of them where its own `received_unix_ms` says otherwise (two copies
+    /// in one millisecond, or a clock set back). A job's copies then sort
+    /// by the time received into the order they were judged in, whatever
+    /// the store moved since (see [`in_received_order`]).
     pub fn stamp_after<'a>(
         &mut self,
-        received_unix_ms: u64,
         earlier: impl IntoIterator<Item = &'a StoredResult>,
     ) {
-        let latest = earlier.into_iter().map(|c| c.received_unix_ms).max();
-        self.received_unix_ms = match latest {
-            Some(latest) => received_unix_ms.max(latest.saturating_add(1)),
-            None => received_unix_ms,
-        };
+        if let Some(latest) = earlier.into_iter().map(|c| c.received_unix_ms).max() {
+            self.received_unix_ms = self.received_unix_ms.max(latest.saturating_add(1));
+        }
     }
 
     #[cfg(test)]
@@ -478,7 +475,8 @@ mod tests {
         c.identity = identity.into();
         c.lease = lease;
         // One millisecond for all: the stamp alone sets them apart.
-        c.stamp_after(1_000, earlier);
+        c.received_unix_ms = 1_000;
+        c.stamp_after(earlier);
         c
     }
 
@@ -519,7 +517,8 @@ mod tests {
         assert_eq!((ordered, record), (stored, Some(0)));
         // A clock set back still stamps after the latest copy.
         let mut late = sample();
-        late.stamp_after(5, &[sample()]);
+        late.received_unix_ms = 5;
+        late.stamp_after(&[sample()]);
         assert_eq!(late.received_unix_ms, sample().received_unix_ms + 1);
     }
 }

@@ -210,9 +210,10 @@ impl GpuRunner {
         Ok(runner)
     }
 
-    /// The CUDA devices counting, by index.
-    pub(crate) fn devices(&self) -> &[usize] {
-        &self.devices
+    /// Jobs its GPUs may hold at most: [`crate::config::GPU_MAX_JOBS`]
+    /// each (what the worker leases for them, and claims at registration).
+    pub(crate) fn max_jobs(&self) -> usize {
+        crate::config::GPU_MAX_JOBS.saturating_mul(self.devices.len())
     }
 
     /// Launch streams on the GPUs still counting: how many launches can be

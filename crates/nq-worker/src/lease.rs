@@ -357,9 +357,7 @@ impl<'a> LeaseLoop<'a> {
         let connection = self.client.connection();
         // The coordinator caps a worker's leases by its claim: the threads'
         // share, and what the GPUs still counting may hold.
-        let gpu_jobs = self.pool.gpu().map_or(0, |gpu| {
-            crate::config::GPU_MAX_JOBS.saturating_mul(gpu.devices().len())
-        });
+        let gpu_jobs = self.pool.gpu().map_or(0, crate::gpu::GpuRunner::max_jobs);
         let response = match self.client.register(self.config, gpu_jobs).await {
             Ok(response) => response,
             // FAILED_PRECONDITION here is a protocol version mismatch, not an

@@ -287,8 +287,7 @@ pub async fn run(
     if let Some(gpu) = &gpu {
         // `--gpu all` is resolved only now: each GPU may hold up to its own
         // limit.
-        let jobs = config::GPU_MAX_JOBS.saturating_mul(gpu.devices().len());
-        config.max_jobs = config.max_jobs.max(jobs);
+        config.max_jobs = config.max_jobs.max(gpu.max_jobs());
     }
     tracing::info!(
         threads = config.threads.get(),

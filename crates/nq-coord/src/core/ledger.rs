@@ -304,7 +304,7 @@ pub(crate) fn decide(
     let old_done = jc.done;
     if let Some(v) = new {
         let mut copy = v.result.clone();
-        copy.stamp_after(v.result.received_unix_ms, &jc.copies);
+        copy.stamp_after(&jc.copies);
         jc.copies.push(copy);
         if v.stored_solutions {
             jc.stored = Some(jc.copies.len() - 1);
@@ -502,7 +502,7 @@ pub(crate) fn late_copy(copies: &[StoredResult], late: &Verified) -> (Write, Out
         Outcome::Conflict
     };
     let mut copy = late.result.clone();
-    copy.stamp_after(late.result.received_unix_ms, copies);
+    copy.stamp_after(copies);
     (keep(late.job, &copy, agrees), outcome)
 }
 

@@ -300,9 +300,8 @@ impl Model {
     fn seal(&mut self) {
         for j in 0..self.jobs.len() {
             if self.jobs[j].sealed.is_none() {
-                let received =
-                    nq_store::in_received_order(self.copy_refs(JobId(j as u64)));
-                self.jobs[j].sealed = Some(received.0.len());
+                let (received, _) = judged(self.copy_refs(JobId(j as u64)), None);
+                self.jobs[j].sealed = Some(received.len());
             }
         }
     }
@@ -382,8 +381,9 @@ fn needs_second_vote(sched: &Scheduler, id: IdentityId) -> bool {
 }
 
 /// The distinct non-banned identities that vote for each class of a job's
-/// `copies`, in the order received (one identity, its first copy), as `(a copy of the class,
-/// voters)`. Written apart from `quorum::judge`, as a second opinion.
+/// `copies`, in the order received (one identity, its first copy), as
+/// `(a copy of the class, voters)`. Written apart from `quorum::judge`, as
+/// a second opinion.
 fn classes<'a>(
     sched: &Scheduler,
     copies: &[&'a StoredResult],

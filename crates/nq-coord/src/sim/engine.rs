@@ -610,9 +610,9 @@ impl Sim {
         if core.sched().is_complete() && self.sealed.is_none() {
             // The copies judged: those of jobs settled (and checked) before
             // the window in which the run completed, as they were then, and
-            // every copy of the others (copies that came after the completing group in the
-            // same window are counted as judged: a rare false alarm, never
-            // a missed one).
+            // every copy of the others (copies that came after the
+            // completing group in the same window are counted as judged: a
+            // rare false alarm, never a missed one).
             let sealed = match &self.before {
                 Some((counts, settled)) => copies
                     .iter()
@@ -890,7 +890,7 @@ fn stored(store: &Store, job: JobId, lease: u64) -> Result<bool, String> {
 /// How many copies of a job the store holds, `copies` as it gives them:
 /// the number received, which seals those judged (see `core::judged`).
 fn received(copies: &[StoredResult]) -> usize {
-    nq_store::in_received_order(copies.iter().collect()).0.len()
+    judged(copies.iter().collect(), None).0.len()
 }
 
 /// Every job's copies as the store holds them (the Done record's first).

@@ -139,6 +139,16 @@ impl From<u32> for Claim {
     }
 }
 
+impl From<&nq_store::StoredWorker> for Claim {
+    /// The claim a worker registered with, as a session recorded it.
+    fn from(w: &nq_store::StoredWorker) -> Claim {
+        Claim {
+            threads: w.threads,
+            gpu_jobs: w.gpu_jobs,
+        }
+    }
+}
+
 impl Claim {
     /// The most leases a remote worker with this claim may hold at once
     /// (its measured allowance may lower it): 4 per thread, at least 16,

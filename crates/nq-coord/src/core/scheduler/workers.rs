@@ -167,13 +167,10 @@ impl Scheduler {
             None => remote_identity(name, caller.address),
         };
         let (name, claim) = match self.workers.recorded.remove(id) {
-            Some(w) if w.identity == resolve(&w.name) => (
-                w.name,
-                Claim {
-                    threads: w.threads,
-                    gpu_jobs: w.gpu_jobs,
-                },
-            ),
+            Some(w) if w.identity == resolve(&w.name) => {
+                let claim = Claim::from(&w);
+                (w.name, claim)
+            }
             _ => (id.0.clone(), Claim::from(RECOGNIZED_THREADS)),
         };
         let identity = resolve(&name);
