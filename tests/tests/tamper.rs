@@ -14,6 +14,10 @@
 //!   the real one: resume and audit must refuse the store, naming the
 //!   record, and the key must be needed to open it at all.
 //!
+//! A third test writes no lie into the counted records: it adds copies
+//! that judging the run again would read otherwise than the run did, and
+//! checks that a finished run is reprinted from its records.
+//!
 //! See: issue 18 (`issues show 18`).
 
 use std::path::{Path, PathBuf};
@@ -24,7 +28,7 @@ use nq_core::split::{SubProblem, Tally};
 use nq_core::{Board, Prefix};
 use nq_e2e::client::lie;
 use nq_e2e::{Coord, LOG_ENV, Proc, Report, binary, within};
-use nq_store::{CommitBatch, JobId, Store, StoreOptions};
+use nq_store::{CommitBatch, Duplicate, DuplicateKind, JobId, Store, StoreOptions};
 
 use crate::LIMIT;
 
@@ -128,6 +132,85 @@ async fn a_tampered_store_is_refused_with_a_key_and_fails_the_audit_without() ->
         Ok(())
     })
     .await
+}
+
+/// A finished run whose coordinator died before writing report.json (in
+/// the audit digest, which takes minutes at 10^8 jobs) is reprinted from
+/// its stored summary, checked against its Done records: they are what the
+/// run counted. Judging its copies again is not the run's verdict: restore
+/// judges without the reputations each job settled under, and a store
+/// written before copies kept after completion were marked holds those
+/// copies unmarked. Here job 0's record is a remote identity's true copy,
+/// and two other identities agree on a lie beside it, which judging again
+/// would count. The reprint must print the run's total, exit 0 and move no
+/// record; it used to refuse the directory as damaged, after moving the
+/// record to the lie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_is_reprinted_from_its_records_not_judged_again() -> Result<()> {
+    within(LIMIT, "finished run reprinted", async {
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("run");
+        let report = run_to_the_end(&dir, &[]).await?;
+        let record = outvote_job_0(&dir)?;
+        std::fs::remove_file(dir.join("report.json"))?;
+
+        let args = [
+            "--data",
+            &dir.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned);
+        let mut again = Proc::spawn("nq-coord", &binary("nq-coord")?, &args, LOG_ENV)?;
+        let status = again.wait().await?;
+        let out = again.output();
+        ensure!(status.success(), "the finished run was refused:\n{out}");
+        ensure!(
+            out.contains(&format!("status=complete total={} ", report.total)),
+            "the reprint did not print the run's total {}:\n{out}",
+            report.total
+        );
+        let store = Store::open(&dir, &StoreOptions::default())?;
+        ensure!(
+            store.result(JobId(0))?.as_ref() == Some(&record),
+            "the reprint moved job 0's record"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Rewrites job 0's record in the finished run in `dir` as a remote
+/// identity's copy (the same counts) and adds two copies from two other
+/// identities that agree on a lie, received after it. Returns the record.
+fn outvote_job_0(dir: &Path) -> Result<nq_store::StoredResult> {
+    let store = Store::open(dir, &StoreOptions::default())?;
+    let manifest = store.manifest()?.context("no run stored")?;
+    let (board, spec) = (manifest.key.board, manifest.key.spec);
+    let mut record = store.result(JobId(0))?.context("job 0 is not done")?;
+    record.identity = "token:honest".into();
+    let mut batch = CommitBatch::new();
+    batch.replace_result(
+        JobId(0),
+        record.clone(),
+        store.job_record(JobId(0))?.attempts,
+    );
+    for (at, identity) in ["token:liar-a", "token:liar-b"].into_iter().enumerate() {
+        let mut copy = record.clone();
+        lie(&mut copy.counts);
+        copy.tally = tally_of(&store, board, spec, &copy.counts)?;
+        copy.identity = identity.into();
+        copy.received_unix_ms = record.received_unix_ms + 1 + at as u64;
+        let duplicate = Duplicate {
+            kind: DuplicateKind::Conflict,
+            result: copy,
+            after_completion: false,
+        };
+        batch.duplicate(JobId(0), &duplicate);
+    }
+    store.apply(batch)?;
+    store.flush()?;
+    Ok(record)
 }
 
 /// Runs N = 14 to the end in `dir` and checks its exact totals.

@@ -39,6 +39,11 @@
 //!   `nq_core::split::Tally` (`Σ w·count` and `Σ w·Σ Fix`); `total` and
 //!   `burnside` in the `end` line are their sums over the rows, and `unique`
 //!   is `burnside / 8` (`-` until every job is settled).
+//! * `copies` and `workers` list every stored copy, each as
+//!   `IDENTITY:agrees` or `IDENTITY:differs` (against the counted copy). A
+//!   copy that arrived once the run was complete ends in `-after-completion`:
+//!   it is evidence only, and `verification` and `state`, like the run
+//!   itself, judge the copies without it.
 //! * `plan` is the SHA-256 of every job's sub-problem prefixes
 //!   (`Prefix::rows()`, N bytes each, 255 for an empty column) in job order:
 //!   it proves that the jobs are exactly the split's sub-problems in plan
@@ -65,7 +70,7 @@ use crate::core::quorum::Fraction;
 use crate::core::scheduler::ExactOrder;
 use crate::core::{Core, Standing};
 use crate::error::{Error, Result};
-use crate::restore::restore;
+use crate::restore::judge_stored;
 
 /// The first line of every audit, after `# `: the format and its version.
 pub const FORMAT: &str = "nq-audit v2";
@@ -423,7 +428,8 @@ fn restored_core(store: &Store, manifest: &Manifest, verify: Fraction) -> Result
         Instant::now(),
     );
     core.restorer().trust(trusted.iter().map(String::as_str));
-    restore(store, &shape, &mut core, Instant::now())?;
+    // The audit reads; it never moves a record (see `judge_stored`).
+    judge_stored(store, &shape, &mut core, Instant::now(), |_| Ok(()))?;
     Ok(core)
 }
 
@@ -485,17 +491,20 @@ impl Row {
         };
         let attempts = entry.record.attempts;
         let state = state_of(&entry.record.state, job, core, finished);
+        let late: Vec<StoredResult> = entry.kept_after_completion().cloned().collect();
         let copies = entry.into_copies();
+        let listed = |c: &StoredResult, after: &str| {
+            let verdict = if c.agrees(&copies[0]) {
+                "agrees"
+            } else {
+                "differs"
+            };
+            format!("{}:{verdict}{after}", c.identity)
+        };
         let workers = copies
             .iter()
-            .map(|c| {
-                let verdict = if c.agrees(&copies[0]) {
-                    "agrees"
-                } else {
-                    "differs"
-                };
-                format!("{}:{verdict}", c.identity)
-            })
+            .map(|c| listed(c, ""))
+            .chain(late.iter().map(|c| listed(c, "-after-completion")))
             .collect::<Vec<_>>()
             .join(" ");
         Row {
@@ -513,7 +522,7 @@ impl Row {
                     c.received_unix_ms,
                 )
             }),
-            copies: copies.len(),
+            copies: copies.len() + late.len(),
             workers,
             attempts,
             prefixes,

@@ -54,13 +54,7 @@ pub(crate) fn restore(
     core: &mut Core,
     now: Instant,
 ) -> Result<()> {
-    let writes = restore_from(
-        core,
-        |scan| store.scan_jobs(scan),
-        |entry| check(store, shape, entry),
-        shape.solutions,
-        now,
-    )?;
+    let writes = judge_stored(store, shape, core, now, |_| Ok(()))?;
     if !writes.is_empty() {
         let mut batch = CommitBatch::new();
         ledger::add_writes(&mut batch, writes);
@@ -68,6 +62,35 @@ pub(crate) fn restore(
         store.flush()?;
     }
     Ok(())
+}
+
+/// Judges the copies in `store`, a run of `shape`, into `core` as
+/// [`restore`] does, and returns the writes that would move Done records to
+/// the copies that count now, without making them. `visit` sees every done
+/// job first. The readers of a run that must not change it (the audit, and
+/// the report of a finished run, whose records are what it counted) call
+/// this and drop the writes.
+///
+/// # Errors
+///
+/// As [`restore`], and what `visit` returns.
+pub(crate) fn judge_stored(
+    store: &Store,
+    shape: &RunShape,
+    core: &mut Core,
+    now: Instant,
+    mut visit: impl FnMut(&ScannedJob) -> Result<()>,
+) -> Result<Vec<Write>> {
+    restore_from(
+        core,
+        |scan| store.scan_jobs(scan),
+        |entry| {
+            visit(entry)?;
+            check(store, shape, entry)
+        },
+        shape.solutions,
+        now,
+    )
 }
 
 /// What restore learns of a done job beyond its copies, from its stored
@@ -290,9 +313,7 @@ pub(crate) fn restore_indexed(
             of_job.push(duplicates.next().expect("peeked")?.1);
         }
         if let JobState::Done(counted) = store.job_record(job)?.state {
-            let copies: Vec<StoredResult> = std::iter::once(*counted)
-                .chain(of_job.iter().map(|d| d.result.clone()))
-                .collect();
+            let copies = nq_store::judged_copies(*counted, of_job.iter().cloned());
             voters.learn(core, job, &of_job, &copies);
         }
     }

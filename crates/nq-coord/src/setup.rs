@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
-use nq_core::split::SPLIT_VERSION;
+use nq_core::split::{SPLIT_VERSION, Tally};
 use nq_proto::convert::RunShape;
 use nq_store::{
-    Checkpoint, Creation, Manifest, NewRun, PlanParams, RunKey, RunSummary, SetAside,
-    Store, StoreKey, StoreOptions,
+    Checkpoint, Creation, JobState, Manifest, NewRun, PlanParams, RunKey, RunSummary,
+    SetAside, Store, StoreKey, StoreOptions,
 };
 use tracing::{info, warn};
 
@@ -28,7 +28,7 @@ use crate::core::scheduler::{
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
-use crate::restore::{restore, restore_indexed, restore_leases};
+use crate::restore::{judge_stored, restore, restore_indexed, restore_leases};
 use crate::settings::{self, Deciding};
 use crate::wall::unix_ms;
 
@@ -517,10 +517,26 @@ fn finished_report(
         .expect_local_threads(config.local_threads > 0);
     core.restorer()
         .trust(deciding.trusted.iter().map(String::as_str));
-    restore(store, &shape_of(m), &mut core, Instant::now())?;
-    // The stored summary is a cached sum too: it must equal the results.
+    // Read only: a finished run's records are final. Judging its copies
+    // again rebuilds who lost conflicts (and, for a summary of format 2,
+    // what settled unchecked), but its verdicts are not the run's: restore
+    // judges without the reputations of the moment each job settled, and
+    // can reach other verdicts (a known divergence of standings, see
+    // `sim::core`). Its writes, which would move Done records to the copies
+    // it counts, are dropped, and the summary is checked against the
+    // records, which are what the run counted.
+    let mut recorded = Tally::default();
+    judge_stored(store, &shape_of(m), &mut core, Instant::now(), |entry| {
+        if let JobState::Done(counted) = &entry.record.state {
+            recorded
+                .merge(&counted.tally)
+                .map_err(Error::Inconsistent)?;
+        }
+        Ok(())
+    })?;
     let standing = core.standing();
-    let derived = standing.tally.total;
+    // The stored summary is a cached sum too: it must equal the results.
+    let derived = recorded.total;
     if derived != s.total {
         return Err(Error::SummaryMismatch {
             dir: config.data_dir.clone(),

@@ -206,14 +206,17 @@ fn job_record() -> impl Strategy<Value = JobRecord> {
 }
 
 fn duplicate() -> impl Strategy<Value = Duplicate> {
-    (any::<bool>(), stored_result()).prop_map(|(conflict, result)| Duplicate {
-        kind: if conflict {
-            DuplicateKind::Conflict
-        } else {
-            DuplicateKind::Confirmation
+    (any::<bool>(), stored_result(), any::<bool>()).prop_map(
+        |(conflict, result, after_completion)| Duplicate {
+            kind: if conflict {
+                DuplicateKind::Conflict
+            } else {
+                DuplicateKind::Confirmation
+            },
+            result,
+            after_completion,
         },
-        result,
-    })
+    )
 }
 
 fn summary() -> impl Strategy<Value = RunSummary> {

@@ -97,6 +97,7 @@ pub use manifest::{Manifest, RunKey};
 pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{
     CommitBatch, Duplicate, DuplicateKind, RunSummary, StoredResult, in_received_order,
+    judged_copies,
 };
 pub use scan::{JobScan, Scan, ScannedJob};
 pub use seal::{KeyError, StoreKey};
@@ -741,7 +742,11 @@ impl Store {
                 .push((at, states::pack(records.iter().copied())));
         }
         for entry in self.duplicates() {
-            voters.insert(entry?.1.result.identity);
+            let duplicate = entry?.1;
+            // As `CommitBatch::duplicate`: a copy never judged is no voter.
+            if !duplicate.after_completion {
+                voters.insert(duplicate.result.identity);
+            }
         }
         for (chunk, states) in index {
             self.states
@@ -1302,6 +1307,7 @@ mod tests {
             let duplicate = Duplicate {
                 kind: DuplicateKind::Confirmation,
                 result: result(j as u128, w),
+                after_completion: false,
             };
             batch.duplicate(JobId(j), &duplicate);
         }
@@ -1464,10 +1470,21 @@ mod tests {
         let mut dup = Duplicate {
             kind: DuplicateKind::Confirmation,
             result: result(1, "c"),
+            after_completion: false,
         };
         dup.result.identity = "c".into();
+        // A copy kept after the run completed is never judged: no voter.
+        let late = Duplicate {
+            after_completion: true,
+            result: StoredResult {
+                identity: "late".into(),
+                ..dup.result.clone()
+            },
+            ..dup.clone()
+        };
         let mut batch = CommitBatch::new();
         batch.duplicate(JobId(5), &dup);
+        batch.duplicate(JobId(17), &late);
         store.apply(batch).unwrap();
         let mut voters = store.voters().unwrap();
         voters.sort();
@@ -1526,6 +1543,7 @@ mod tests {
                 &Duplicate {
                     kind: DuplicateKind::Conflict,
                     result: result(4, "w2"),
+                    after_completion: false,
                 },
             );
             assert_eq!(batch.len(), 2);

@@ -193,22 +193,43 @@ pub struct Duplicate {
     pub kind: DuplicateKind,
     /// What was received.
     pub result: StoredResult,
+    /// Received once the run was complete. Its result was final by then, so
+    /// this copy is evidence only: it is counted as a confirmation or a
+    /// conflict, but never judged ([`judged_copies`]). Judging it again
+    /// after a restart could unsettle a job of the finished run (two late
+    /// liars that agree outvote the counted copy), and the finished run's
+    /// directory would then be refused for a total it did reach.
+    pub after_completion: bool,
 }
+
+/// Format of duplicates: version 3 adds a flags byte after the kind (bit 0:
+/// [`Duplicate::after_completion`]). A duplicate without a flag is still
+/// written as version 2, so that only a store holding copies kept after
+/// its run completed needs this version to be read.
+const DUPLICATE_VERSION: u8 = 3;
 
 impl Duplicate {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = vec![RESULT_VERSION];
+        let version = if self.after_completion {
+            DUPLICATE_VERSION
+        } else {
+            RESULT_VERSION
+        };
+        let mut out = vec![version];
         out.push(match self.kind {
             DuplicateKind::Confirmation => 0,
             DuplicateKind::Conflict => 1,
         });
+        if version >= 3 {
+            out.push(u8::from(self.after_completion));
+        }
         self.result.encode_into(&mut out);
         seal(&mut out);
         out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Duplicate> {
-        let (version, mut r) = open("duplicates", bytes, 2, RESULT_VERSION)?;
+        let (version, mut r) = open("duplicates", bytes, 2, DUPLICATE_VERSION)?;
         let kind = match r.u8()? {
             0 => DuplicateKind::Confirmation,
             1 => DuplicateKind::Conflict,
@@ -218,10 +239,48 @@ impl Duplicate {
                 }));
             }
         };
-        let result = StoredResult::decode_from(&mut r, version)?;
+        let after_completion = if version >= 3 {
+            match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => {
+                    return Err(r.corrupt(Corruption::Field {
+                        field: "duplicate.flags",
+                    }));
+                }
+            }
+        } else {
+            false
+        };
+        // The result inside is of the results' format.
+        let result = StoredResult::decode_from(&mut r, version.min(RESULT_VERSION))?;
         r.end()?;
-        Ok(Duplicate { kind, result })
+        Ok(Duplicate {
+            kind,
+            result,
+            after_completion,
+        })
     }
+}
+
+/// The copies of a done job that were judged, as the store holds them: the
+/// Done record's `counted` copy first, then its `duplicates` but those kept
+/// after the run completed ([`Duplicate::after_completion`]). Every reader
+/// that judges a job's copies (the commit loop, restore, the audit) reads
+/// them through this, so that a finished run judged again reaches the
+/// result it finished with.
+pub fn judged_copies(
+    counted: StoredResult,
+    duplicates: impl IntoIterator<Item = Duplicate>,
+) -> Vec<StoredResult> {
+    std::iter::once(counted)
+        .chain(
+            duplicates
+                .into_iter()
+                .filter(|d| !d.after_completion)
+                .map(|d| d.result),
+        )
+        .collect()
 }
 
 /// Writes gathered for one group commit: [`crate::Store::apply`] them, then
@@ -288,9 +347,12 @@ impl CommitBatch {
         self.records.push((job, record.encode(), false));
     }
 
-    /// Records a repeated result of `job`.
+    /// Records a repeated result of `job`. One kept after the run completed
+    /// is no voter: it is never judged.
     pub fn duplicate(&mut self, job: JobId, duplicate: &Duplicate) {
-        self.voters.push(duplicate.result.identity.clone());
+        if !duplicate.after_completion {
+            self.voters.push(duplicate.result.identity.clone());
+        }
         self.duplicates.push((job, duplicate.encode()));
     }
 
@@ -416,8 +478,18 @@ mod tests {
         let d = Duplicate {
             kind: DuplicateKind::Conflict,
             result: r,
+            after_completion: false,
         };
         assert_eq!(Duplicate::decode(&d.encode()).unwrap(), d);
+        // Only a copy kept after completion needs format 3: an older binary
+        // still reads every other duplicate.
+        assert_eq!(d.encode()[0], 2);
+        let late = Duplicate {
+            after_completion: true,
+            ..d.clone()
+        };
+        assert_eq!(late.encode()[0], 3);
+        assert_eq!(Duplicate::decode(&late.encode()).unwrap(), late);
         let s = RunSummary {
             total: 1 << 100,
             unique: 3,
@@ -440,20 +512,45 @@ mod tests {
 
     #[test]
     fn a_damaged_value_is_refused() {
-        let d = Duplicate {
-            kind: DuplicateKind::Confirmation,
-            result: sample(),
-        };
-        let bytes = d.encode();
-        for i in 0..bytes.len() {
-            let mut bad = bytes.clone();
-            bad[i] ^= 0x10;
-            assert!(
-                Duplicate::decode(&bad).is_err(),
-                "flip at byte {i} went unseen"
-            );
+        for after_completion in [false, true] {
+            let d = Duplicate {
+                kind: DuplicateKind::Confirmation,
+                result: sample(),
+                after_completion,
+            };
+            let bytes = d.encode();
+            for i in 0..bytes.len() {
+                let mut bad = bytes.clone();
+                bad[i] ^= 0x10;
+                assert!(
+                    Duplicate::decode(&bad).is_err(),
+                    "flip at byte {i} went unseen"
+                );
+            }
         }
         assert!(StoredResult::decode(&sample().encode()).is_ok());
+    }
+
+    #[test]
+    fn copies_kept_after_completion_are_not_judged() {
+        let copy = |identity: &str, after_completion| Duplicate {
+            kind: DuplicateKind::Conflict,
+            result: StoredResult {
+                identity: identity.into(),
+                ..sample()
+            },
+            after_completion,
+        };
+        let judged = judged_copies(
+            sample(),
+            [
+                copy("before", false),
+                copy("late", true),
+                copy("also", false),
+            ],
+        );
+        let who: Vec<&str> = judged.iter().map(|c| c.identity.as_str()).collect();
+        assert_eq!(who, [sample().identity.as_str(), "before", "also"]);
     }
 
     #[test]

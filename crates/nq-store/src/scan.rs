@@ -11,7 +11,7 @@
 use std::iter::Peekable;
 
 use crate::job::{JobId, JobRecord, JobState, StoredJob};
-use crate::result::{Duplicate, StoredResult};
+use crate::result::{Duplicate, StoredResult, judged_copies};
 use crate::{Error, Result, Store};
 
 /// Which jobs a [`Store::scan_jobs`] yields, and whether it reads their
@@ -42,15 +42,23 @@ pub struct ScannedJob {
 }
 
 impl ScannedJob {
-    /// The job's copies: the `Done` record's result first, then the
-    /// duplicates' results. Empty for a job that is not done.
+    /// The job's copies that were judged ([`judged_copies`]): the `Done`
+    /// record's result first, then the duplicates received before the run
+    /// completed. Empty for a job that is not done.
     pub fn into_copies(self) -> Vec<StoredResult> {
         let JobState::Done(counted) = self.record.state else {
             return Vec::new();
         };
-        std::iter::once(*counted)
-            .chain(self.duplicates.into_iter().map(|d| d.result))
-            .collect()
+        judged_copies(*counted, self.duplicates)
+    }
+
+    /// The copies kept after the run completed: evidence, never judged
+    /// ([`crate::Duplicate::after_completion`]).
+    pub fn kept_after_completion(&self) -> impl Iterator<Item = &StoredResult> {
+        self.duplicates
+            .iter()
+            .filter(|d| d.after_completion)
+            .map(|d| &d.result)
     }
 
     /// True when the job has a stored result.

@@ -271,8 +271,9 @@ pub(crate) fn votes_of(
 }
 
 /// A copy kept as evidence: a confirmation when it agrees with the recorded
-/// copy, else a conflict.
-fn keep(job: JobId, copy: &StoredResult, agrees: bool) -> Write {
+/// copy, else a conflict; received before the run completed, or
+/// `after_completion` (then never judged).
+fn keep(job: JobId, copy: &StoredResult, agrees: bool, after_completion: bool) -> Write {
     let kind = if agrees {
         DuplicateKind::Confirmation
     } else {
@@ -283,6 +284,7 @@ fn keep(job: JobId, copy: &StoredResult, agrees: bool) -> Write {
         duplicate: Duplicate {
             kind,
             result: copy.clone(),
+            after_completion,
         },
     }
 }
@@ -396,17 +398,17 @@ fn record_writes(
                 result: jc.copies[l].clone(),
                 attempts: jc.attempts,
             });
-            writes.push(keep(job, &jc.copies[d], false));
+            writes.push(keep(job, &jc.copies[d], false, false));
             jc.done = Some(l);
             if judged_new && l != newest {
                 let agrees = votes[newest].class == votes[l].class;
-                writes.push(keep(job, &jc.copies[newest], agrees));
+                writes.push(keep(job, &jc.copies[newest], agrees, false));
             }
         }
         (Some(d), _) => {
             if judged_new {
                 let agrees = votes[newest].class == votes[d].class;
-                writes.push(keep(job, &jc.copies[newest], agrees));
+                writes.push(keep(job, &jc.copies[newest], agrees, false));
             }
         }
     }
@@ -493,7 +495,8 @@ pub(crate) fn refuse_late_alone(
 }
 
 /// A copy that arrives once the run is complete: the result is final, so it
-/// is only compared with the recorded copy and kept as evidence.
+/// is only compared with the recorded copy and kept as evidence, marked so
+/// that no later judging reads it ([`Duplicate::after_completion`]).
 pub(crate) fn late_copy(copies: &[StoredResult], late: &Verified) -> (Write, Outcome) {
     let agrees = copies.first().is_some_and(|r| r.agrees(&late.result));
     let outcome = if agrees {
@@ -503,7 +506,7 @@ pub(crate) fn late_copy(copies: &[StoredResult], late: &Verified) -> (Write, Out
     };
     let mut copy = late.result.clone();
     copy.stamp_after(copies);
-    (keep(late.job, &copy, agrees), outcome)
+    (keep(late.job, &copy, agrees, true), outcome)
 }
 
 /// The verification machine a copy came from: the coordinator's threads are
@@ -1042,6 +1045,7 @@ mod tests {
         // Kept after the recorded copy though both read the same clock.
         assert!(
             matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Confirmation
+                && duplicate.after_completion
                 && duplicate.result.received_unix_ms > recorded.result.received_unix_ms)
         );
         let (w, outcome) = late_copy(
@@ -1049,8 +1053,10 @@ mod tests {
             &copy("liar@127.0.0.1", 9),
         );
         assert_eq!(outcome, Outcome::Conflict);
+        // Marked, so that no later judging reads it: the result is final.
         assert!(
-            matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Conflict)
+            matches!(w, Write::Keep { duplicate, .. } if duplicate.kind == DuplicateKind::Conflict
+                && duplicate.after_completion)
         );
     }
 

@@ -172,17 +172,12 @@ struct Stored {
 /// Reads the stored copies of `job`.
 fn read(engine: &Engine, job: JobId) -> Result<Stored> {
     let record = engine.store.job_record(job)?;
-    let mut copies = Vec::new();
-    if let JobState::Done(result) = record.state {
-        copies.push(*result);
-        copies.extend(
-            engine
-                .store
-                .job_duplicates(job)?
-                .into_iter()
-                .map(|d| d.result),
-        );
-    }
+    let copies = match record.state {
+        JobState::Done(result) => {
+            nq_store::judged_copies(*result, engine.store.job_duplicates(job)?)
+        }
+        _ => Vec::new(),
+    };
     Ok(Stored {
         copies,
         attempts: record.attempts,

@@ -1191,8 +1191,9 @@ impl Sim {
         let fresh = self.restored()?;
         if self.core.sched().is_complete() {
             // A finished run does not serve again: setup answers with its
-            // report, after checking that the total restored from the
-            // stored copies (late ones included) is the stored summary.
+            // report, after checking its summary against the Done records
+            // (which `check_ledger` holds to the live tally). Judging the
+            // copies again is compared for what it is, a known divergence.
             self.finished = true;
             let r = finished(self.core.sched(), &fresh);
             return self.judged_restore(r);
@@ -1689,26 +1690,31 @@ pub(super) enum Restored {
     /// reputations. The settled state then follows the standings and is not
     /// compared; `NQ_SIM_STRICT_RESTORE=1` makes it a failure.
     StandingDiverged(String),
-    /// A KNOWN BUG: copies that arrive after the run completed are kept as
-    /// evidence only (`ledger::late_copy`), but a restore judges them with
-    /// the others; two late liars that agree overturn a settled job (and
-    /// can charge the honest identity a loss), so the restored total is not
-    /// the finished one and `setup::finished_report` refuses the directory
-    /// with `SummaryMismatch`.
+    /// A KNOWN DIVERGENCE, of the standings above: a complete run judged
+    /// again from its copies reaches another total when the restored
+    /// standings differ (seed 3040: restore charges an honest identity the
+    /// loss that bans it, and every job it counted reopens). A finished run
+    /// is not judged again for its total: it is reprinted from its summary,
+    /// checked against its records (`setup::finished_report`), and at every
+    /// step the checks hold the records to the scheduler's tally
+    /// (`check_ledger`). A complete run without a summary (its coordinator
+    /// killed during the linger) resumes and computes the reopened jobs
+    /// again. Copies kept after completion are never judged
+    /// (`Duplicate::after_completion`), so they cannot cause it.
     FinishedDiverged(String),
     /// A KNOWN DIVERGENCE of probation (see `compare`): who is off
     /// probation, or a job that live still waits a copy for.
     ProbationDiverged(String),
 }
 
-/// A finished run restored from its copies must give the total of the live
-/// run (`setup::finished_report` refuses the directory otherwise).
+/// A complete run judged again from its copies should give the total of
+/// the live run (see [`Restored::FinishedDiverged`]).
 pub(super) fn finished(live: &Scheduler, restored: &Scheduler) -> Restored {
     if live.tally() == restored.tally() {
         return Restored::Same;
     }
     Restored::FinishedDiverged(format!(
-        "a finished run restores to {} but finished with {}: its directory would be refused",
+        "a complete run judged again restores to {} but finished with {}: the reopened jobs are computed again",
         restored.tally().total,
         live.tally().total
     ))

@@ -113,8 +113,8 @@ pub(crate) struct Stats {
     /// Restores whose standings differed from the live ones (a known
     /// divergence, see `core::Restored`).
     pub(crate) standing_divergences: u64,
-    /// Finished runs whose restored total differed (a known bug, see
-    /// `core::Restored`).
+    /// Complete runs whose restored total differed (a known divergence,
+    /// see `core::Restored`).
     pub(crate) finished_divergences: u64,
     /// Restores whose probation state differed (a known divergence, see
     /// `core::Restored`).
