@@ -4,11 +4,15 @@
 //! Three streaming passes over the store in job order ([`Store::scan_jobs`]),
 //! so that memory does not grow with the run:
 //!
-//! 1. the machines of the copies (records and duplicates), which set the
+//! 1. the machines of the copies (records and the duplicates received
+//!    before the run completed), which set the
 //!    selection as the previous session left it;
 //! 2. the conflicts lost and the results confirmed in jobs with several
-//!    copies ([`ledger::records_in`]), which rebuild every identity's
-//!    reputation and probation record;
+//!    copies, which rebuild every identity's reputation and probation
+//!    record: the losses as the run charged them where the store keeps them
+//!    ([`Store::keeps_losses`], every run created since), else judged again
+//!    ([`ledger::records_in`], which cannot know the reputations each job
+//!    settled under), and the confirmations judged again;
 //! 3. every copy checked against its job's definition (its tally derived
 //!    again from its counts must equal the stored one, or the store is
 //!    damaged) and every job judged again with those reputations
@@ -88,7 +92,7 @@ pub(crate) fn judge_stored(
             visit(entry)?;
             check(store, shape, entry)
         },
-        shape.solutions,
+        (shape.solutions, store.keeps_losses()?),
         now,
     )
 }
@@ -109,9 +113,11 @@ pub(crate) struct Checked {
 /// Done records to the copies that count now (see
 /// [`ledger::judge_restored`]), for the caller to make durable. `check` checks a done job's copies
 /// against its definition (the store's damage checks) and says what restore
-/// needs of it. The judging is all here, over plain [`ScannedJob`] values,
-/// so that a model of the store (the simulation) restores exactly as the
-/// coordinator does.
+/// needs of it. `solutions_mode` is the run's; `kept_losses` says whether
+/// the store keeps the conflicts charged (`Store::keeps_losses`), which are
+/// then read back rather than judged again. The judging is all here, over
+/// plain [`ScannedJob`] values, so that a model of the store (the
+/// simulation) restores exactly as the coordinator does.
 ///
 /// # Errors
 ///
@@ -121,7 +127,7 @@ pub(crate) fn restore_from<I>(
     core: &mut Core,
     mut scan: impl FnMut(Scan) -> I,
     mut check: impl FnMut(&ScannedJob) -> Result<Checked>,
-    solutions_mode: bool,
+    (solutions_mode, kept_losses): (bool, bool),
     now: Instant,
 ) -> Result<Vec<Write>>
 where
@@ -129,13 +135,20 @@ where
 {
     let mut voters = Voters::default();
     for entry in scan(Scan::Done) {
-        let entry = entry?;
+        let mut entry = entry?;
         let (job, duplicates) = (entry.job, entry.duplicates.clone());
+        let losses = std::mem::take(&mut entry.losses);
         let copies = entry.into_copies();
         for c in &copies {
             voters.note(&c.identity);
         }
-        voters.learn(core, job, &duplicates, &copies);
+        voters.learn(
+            core,
+            job,
+            &duplicates,
+            &copies,
+            kept_losses.then_some(&losses),
+        );
     }
     voters.restore(core, now);
     let mut writes = Vec::new();
@@ -177,8 +190,9 @@ impl Voters {
     }
 
     /// Learns the conflicts lost and the results confirmed in done `job`,
-    /// whose copies are `copies` (the counted one first) and whose recorded
-    /// duplicates are `duplicates`: they rebuild every identity's
+    /// whose copies are `copies` (the counted one first), whose recorded
+    /// duplicates are `duplicates` and, in a run that keeps them, whose
+    /// conflicts charged are `losses`: they rebuild every identity's
     /// reputation and probation record. Only a job with duplicates can hold
     /// either.
     fn learn(
@@ -187,6 +201,7 @@ impl Voters {
         job: nq_store::JobId,
         duplicates: &[nq_store::Duplicate],
         copies: &[StoredResult],
+        losses: Option<&Vec<nq_store::StoredLoss>>,
     ) {
         if duplicates.is_empty() {
             return;
@@ -197,7 +212,8 @@ impl Voters {
                 DuplicateKind::Conflict => self.conflicts += 1,
             }
         }
-        core.restorer().learn_records(job, copies);
+        core.restorer()
+            .learn_records(job, copies, losses.map(Vec::as_slice));
     }
 
     /// Gives `core` what was learnt: the duplicates' counts, and the
@@ -303,6 +319,7 @@ pub(crate) fn restore_indexed(
     for identity in store.voters()? {
         voters.note(&identity);
     }
+    let kept_losses = store.keeps_losses()?;
     let mut duplicates = store.duplicates().peekable();
     while let Some(first) = duplicates.next() {
         let (job, d) = first?;
@@ -314,7 +331,12 @@ pub(crate) fn restore_indexed(
         }
         if let JobState::Done(counted) = store.job_record(job)?.state {
             let copies = nq_store::judged_copies(*counted, of_job.iter().cloned());
-            voters.learn(core, job, &of_job, &copies);
+            let losses = if kept_losses {
+                Some(store.job_losses(job)?)
+            } else {
+                None
+            };
+            voters.learn(core, job, &of_job, &copies, losses.as_ref());
         }
     }
     voters.restore(core, now);
@@ -527,6 +549,7 @@ mod tests {
             job: JobId(job),
             record: JobRecord { state, attempts: 1 },
             duplicates: Vec::new(),
+            losses: Vec::new(),
             definition: None,
         }
     }

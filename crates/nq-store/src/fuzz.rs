@@ -31,6 +31,7 @@ use crate::job::{
     Chunk, JobRecord, JobState, NewJob, decode_record_chunk, encode_chunk,
     encode_record_chunk, update_record_chunk,
 };
+use crate::losses::StoredLoss;
 use crate::manifest::{Manifest, RunKey};
 use crate::result::{Duplicate, DuplicateKind, RunSummary, StoredResult};
 
@@ -215,6 +216,16 @@ fn duplicate() -> impl Strategy<Value = Duplicate> {
             },
             result,
             after_completion,
+        },
+    )
+}
+
+fn loss() -> impl Strategy<Value = StoredLoss> {
+    (text(), any::<bool>(), vec(text(), 0..3)).prop_map(
+        |(identity, by_trusted, by_credentials)| StoredLoss {
+            identity,
+            by_trusted,
+            by_credentials,
         },
     )
 }
@@ -472,6 +483,11 @@ proptest! {
     }
 
     #[test]
+    fn losses_round_trip(l in loss()) {
+        prop_assert_eq!(StoredLoss::decode(&l.encode())?, l);
+    }
+
+    #[test]
     fn duplicates_round_trip_and_unsealed_ones_are_refused(d in duplicate()) {
         prop_assert_eq!(&Duplicate::decode(&d.encode())?, &d);
         let err = Duplicate::decode(&encode_duplicate_v1(&d)).unwrap_err();
@@ -553,6 +569,13 @@ proptest! {
     ) {
         decodes_sanely(&bytes, StoredResult::decode)?;
         decodes_sanely(&bytes, Duplicate::decode)?;
+    }
+
+    #[test]
+    fn arbitrary_losses_decode_sanely(
+        bytes in mangled(loss().prop_map(|l| l.encode()))
+    ) {
+        decodes_sanely(&bytes, StoredLoss::decode)?;
     }
 
     #[test]
@@ -643,6 +666,11 @@ proptest! {
     #[test]
     fn damaged_duplicates_are_refused(d in duplicate()) {
         refuses_damage(&d.encode(), Duplicate::decode)?;
+    }
+
+    #[test]
+    fn damaged_losses_are_refused(l in loss()) {
+        refuses_damage(&l.encode(), StoredLoss::decode)?;
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //!   [`JobRecord`] with its [`JobState`] machine.
 //! * [`result`]: [`StoredResult`], [`Duplicate`], the group-commit
 //!   [`CommitBatch`] and the final [`RunSummary`].
+//! * [`losses`]: [`StoredLoss`], the conflicts lost as the coordinator
+//!   charged them.
 //! * [`backup`]: sealed backup files of a whole store, and restoring one.
 //! * `codec` (private): the byte encodings.
 //! * [`seal`]: the [`StoreKey`] and the keyed tags on every value.
@@ -35,6 +37,7 @@
 //! | `jobs` | job id / [`job::JOBS_PER_CHUNK`] (8) | that many jobs: work (8) and prefixes (N bytes each) |
 //! | `records` | job id / [`job::RECORDS_PER_CHUNK`] (8) | that many [`JobRecord`]s, with the result once done; an absent record means pending, 0 attempts |
 //! | `duplicates` | job id (8), sequence (8) | [`Duplicate`] |
+//! | `losses` | job id (8), sequence (8) | [`StoredLoss`], in runs created since they are kept ([`Store::keeps_losses`]) |
 //! | `solutions` | job id (8), sub-problem (4), batch (4) | completions, N bytes each |
 //!
 //! Every value that a count depends on (job chunks, record chunks and the
@@ -73,6 +76,7 @@ pub mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod job;
+pub mod losses;
 pub mod manifest;
 pub mod plan;
 pub mod result;
@@ -93,6 +97,7 @@ pub use error::{Corruption, Error, Result, disk_full};
 pub use job::{
     JOBS_PER_CHUNK, JobId, JobRecord, JobState, NewJob, RECORDS_PER_CHUNK, StoredJob,
 };
+pub use losses::StoredLoss;
 pub use manifest::{Manifest, RunKey};
 pub use plan::{Checkpoint, Creation, PlanParams};
 pub use result::{
@@ -136,6 +141,10 @@ const SET_ASIDE: &[u8] = b"set_aside";
 /// [`Store::rebuild_indexes`] built them for a store written before they
 /// existed.
 const INDEXED: &[u8] = b"indexed";
+/// Set when the `losses` tree holds every conflict charged in the run: from
+/// its creation on. A run created before has none stored, and a restart
+/// judges its stored copies again for them.
+const LOSSES_KEPT: &[u8] = b"losses_kept";
 /// The seal record of a keyed store: its salt and the key's check value
 /// (see [`seal`]). The one value that carries no tag: it is what tells a
 /// keyed store.
@@ -218,6 +227,8 @@ pub struct Store {
     /// Every identity that has a stored copy (key: the identity; value
     /// empty), so that a restart knows who voted without reading results.
     voters: SealedTree,
+    /// The conflicts lost, by job (see [`losses`]).
+    losses: SealedTree,
     /// The identities known to be in `voters`, loaded on the first write.
     voters_written: std::sync::Mutex<Option<std::collections::HashSet<String>>>,
     /// Whether values are sealed with a store key.
@@ -338,6 +349,7 @@ impl Store {
             "workers",
             "states",
             "voters",
+            "losses",
         ];
         let [
             meta,
@@ -349,6 +361,7 @@ impl Store {
             workers,
             states,
             voters,
+            losses,
         ] = names.map(|name| db.open_tree(name));
         let (meta, jobs, records, duplicates) = (meta?, jobs?, records?, duplicates?);
         let dir_name = dir
@@ -375,6 +388,7 @@ impl Store {
             workers: tree(workers?, "workers"),
             states: tree(states?, "states"),
             voters: tree(voters?, "voters"),
+            losses: tree(losses?, "losses"),
             voters_written: std::sync::Mutex::new(None),
             keyed: sealer.is_some(),
             db,
@@ -685,6 +699,16 @@ impl Store {
         Ok(self.meta.get(INDEXED)?.is_some())
     }
 
+    /// True when the `losses` tree holds every conflict charged in the run
+    /// ([`losses`]): runs created since it was kept.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn keeps_losses(&self) -> Result<bool> {
+        Ok(self.meta.get(LOSSES_KEPT)?.is_some())
+    }
+
     /// Calls `f` with every job whose record the state index names leased or
     /// done, in job order. A hint, never a count: see [`states`].
     ///
@@ -856,6 +880,27 @@ impl Store {
             .collect()
     }
 
+    /// The conflicts lost in one job, in the order charged.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (a damaged value), sled errors.
+    pub fn job_losses(&self, job: JobId) -> Result<Vec<StoredLoss>> {
+        self.losses
+            .scan_prefix(job.key())
+            .map(|entry| StoredLoss::decode(&entry?.1))
+            .collect()
+    }
+
+    /// Every conflict lost, in job order.
+    pub fn losses(&self) -> impl Iterator<Item = Result<(JobId, StoredLoss)>> + 'static {
+        self.losses.iter().map(|entry| {
+            let (k, v) = entry?;
+            let job = key_u64("losses", k.get(..8).unwrap_or(&[]))?;
+            Ok((JobId(job), StoredLoss::decode(&v)?))
+        })
+    }
+
     /// Every recorded duplicate, in job order.
     pub fn duplicates(
         &self,
@@ -868,22 +913,24 @@ impl Store {
     }
 
     /// One job as [`Store::scan_jobs`] with [`Scan::Every`] yields it: its
-    /// record, its duplicates (a done job's only) and its definition.
+    /// record, its duplicates and losses (a done job's only) and its
+    /// definition.
     ///
     /// # Errors
     ///
     /// [`Error::Corrupt`], sled errors.
     pub fn scanned_job(&self, job: JobId) -> Result<ScannedJob> {
         let record = self.job_record(job)?;
-        let duplicates = if matches!(record.state, JobState::Done(_)) {
-            self.job_duplicates(job)?
+        let (duplicates, losses) = if matches!(record.state, JobState::Done(_)) {
+            (self.job_duplicates(job)?, self.job_losses(job)?)
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         Ok(ScannedJob {
             job,
             record,
             duplicates,
+            losses,
             definition: Some(self.job(job)?),
         })
     }
@@ -902,12 +949,21 @@ impl Store {
             self.workers.insert(id.as_bytes(), value)?;
         }
         for (job, value) in batch.duplicates {
-            let mut key = [0u8; 16];
-            key[..8].copy_from_slice(&job.key());
-            key[8..].copy_from_slice(&self.db.generate_id()?.to_be_bytes());
-            self.duplicates.insert(key, value)?;
+            self.duplicates.insert(self.sequenced(job)?, value)?;
+        }
+        for (job, value) in batch.losses {
+            self.losses.insert(self.sequenced(job)?, value)?;
         }
         Ok(())
+    }
+
+    /// A new key of `job`'s entries in a tree of many per job, after its
+    /// others: the job id, then a sequence number.
+    fn sequenced(&self, job: JobId) -> Result<[u8; 16]> {
+        let mut key = [0u8; 16];
+        key[..8].copy_from_slice(&job.key());
+        key[8..].copy_from_slice(&self.db.generate_id()?.to_be_bytes());
+        Ok(key)
     }
 
     /// The stored registrations of workers that held leases, by worker id.
@@ -1285,7 +1341,7 @@ mod tests {
     }
 
     #[test]
-    fn a_scan_joins_records_duplicates_and_definitions_in_job_order() {
+    fn a_scan_joins_records_duplicates_losses_and_definitions_in_job_order() {
         let store = Store::temporary().unwrap();
         let many: Vec<NewJob> = (0..150u64)
             .map(|i| NewJob {
@@ -1310,6 +1366,15 @@ mod tests {
                 after_completion: false,
             };
             batch.duplicate(JobId(j), &duplicate);
+        }
+        // Losses on a done job, and one beside a job that is not done.
+        let loss = |who: &str| StoredLoss {
+            identity: who.into(),
+            by_trusted: true,
+            by_credentials: Vec::new(),
+        };
+        for (j, w) in [(5u64, "b"), (5, "c"), (7, "x")] {
+            batch.loss(JobId(j), &loss(w));
         }
         let leased = JobRecord {
             state: JobState::Leased {
@@ -1351,7 +1416,13 @@ mod tests {
         assert_eq!(every.len(), 150);
         assert_eq!(every[70].record, leased);
         assert!(every[7].duplicates.is_empty() && !every[7].is_done());
+        assert!(every[7].losses.is_empty());
         assert_eq!(every[5].duplicates.len(), 2);
+        assert_eq!(every[5].losses, vec![loss("b"), loss("c")]);
+        assert_eq!(store.job_losses(JobId(5)).unwrap(), every[5].losses);
+        assert_eq!(store.scanned_job(JobId(5)).unwrap().losses, every[5].losses);
+        assert!(every[64].losses.is_empty());
+        assert!(store.keeps_losses().unwrap(), "a new run keeps its losses");
         assert_eq!(every[149].definition.as_ref().unwrap().work(), 149);
     }
 

@@ -296,6 +296,8 @@ pub struct CommitBatch {
     /// Encoded records, each with whether it replaces a stored result.
     pub(crate) records: Vec<(JobId, Vec<u8>, bool)>,
     pub(crate) duplicates: Vec<(JobId, Vec<u8>)>,
+    /// Encoded conflicts lost, by job.
+    pub(crate) losses: Vec<(JobId, Vec<u8>)>,
     /// Encoded worker registrations, by worker id.
     pub(crate) workers: Vec<(String, Vec<u8>)>,
     /// The identities of the copies stored, for the voters index.
@@ -356,9 +358,17 @@ impl CommitBatch {
         self.duplicates.push((job, duplicate.encode()));
     }
 
-    /// Number of records, duplicates and registrations in the batch.
+    /// Records a conflict lost in `job`, charged as the job settled.
+    pub fn loss(&mut self, job: JobId, loss: &crate::StoredLoss) {
+        self.losses.push((job, loss.encode()));
+    }
+
+    /// Number of records, duplicates, losses and registrations in the batch.
     pub fn len(&self) -> usize {
-        self.records.len() + self.duplicates.len() + self.workers.len()
+        self.records.len()
+            + self.duplicates.len()
+            + self.losses.len()
+            + self.workers.len()
     }
 
     /// True when the batch holds nothing.

@@ -11,6 +11,7 @@
 use std::iter::Peekable;
 
 use crate::job::{JobId, JobRecord, JobState, StoredJob};
+use crate::losses::StoredLoss;
 use crate::result::{Duplicate, StoredResult, judged_copies};
 use crate::{Error, Result, Store};
 
@@ -37,6 +38,9 @@ pub struct ScannedJob {
     /// The recorded duplicates, in the order they were recorded. Only a
     /// done job has any (others are ignored, as everywhere).
     pub duplicates: Vec<Duplicate>,
+    /// The conflicts lost in it, in the order charged (a done job's only;
+    /// none in runs that did not keep them, see [`Store::keeps_losses`]).
+    pub losses: Vec<StoredLoss>,
     /// Its definition, unless the scan was [`Scan::Done`].
     pub definition: Option<StoredJob>,
 }
@@ -76,6 +80,7 @@ pub struct JobScan {
     jobs: Option<Entries<StoredJob>>,
     records: Entries<JobRecord>,
     duplicates: Entries<Duplicate>,
+    losses: Entries<StoredLoss>,
     /// Set after an error, which ends the scan.
     failed: bool,
 }
@@ -147,13 +152,19 @@ impl JobScan {
         while let Some(d) = take(&mut self.duplicates, job)? {
             duplicates.push(d);
         }
+        let mut losses = Vec::new();
+        while let Some(l) = take(&mut self.losses, job)? {
+            losses.push(l);
+        }
         if !matches!(record.state, JobState::Done(_)) {
             duplicates.clear();
+            losses.clear();
         }
         Ok(Some(ScannedJob {
             job,
             record,
             duplicates,
+            losses,
             definition,
         }))
     }
@@ -185,6 +196,7 @@ impl Store {
             jobs,
             records: entries(self.job_records()),
             duplicates: entries(self.duplicates()),
+            losses: entries(self.losses()),
             failed: false,
         }
     }

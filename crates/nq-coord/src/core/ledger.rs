@@ -14,11 +14,12 @@
 
 use nq_core::split::{SubCounts, SubProblem, Tally};
 use nq_proto::convert::RunShape;
-use nq_store::{Duplicate, DuplicateKind, JobId, StoredResult};
+use nq_store::{Duplicate, DuplicateKind, JobId, StoredLoss, StoredResult};
 
 use crate::core::lease::LeaseId;
 use crate::core::quorum::{
-    GPU_KERNEL, Identities, Rules, Selection, Verdict, Vote, credentialed, judge,
+    Beaten, GPU_KERNEL, Identities, IdentityId, Rules, Selection, Verdict, Vote,
+    credentialed, judge,
 };
 use crate::core::scheduler::{Jobs, Outcome, Settlement};
 use crate::error::{Error, ReportFault, Result};
@@ -225,6 +226,9 @@ pub(crate) enum Write {
     },
     /// A copy kept beside the Done record, as evidence.
     Keep { job: JobId, duplicate: Duplicate },
+    /// A conflict lost as the job settled, charged to its loser once the
+    /// writes are durable: a restart reads it back (`nq_store::losses`).
+    Loss { job: JobId, loss: StoredLoss },
 }
 
 /// What judging a job's copies decided.
@@ -336,7 +340,8 @@ pub(crate) fn decide(
     // its own (its writer deletes the stale ones first).
     let solutions_missing =
         solutions_mode && verdict.leader.is_some() && stored_leads.is_none();
-    let writes = record_writes(job, jc, new.is_some(), &votes, leader_copy, stored_leads);
+    let mut writes =
+        record_writes(job, jc, new.is_some(), &votes, leader_copy, stored_leads);
     let newest = jc.copies.len() - 1;
     let outcome = match (old_done, verdict.leader) {
         (None, _) => Outcome::Accepted,
@@ -358,6 +363,12 @@ pub(crate) fn decide(
     );
     jc.counted = counted;
     jc.settled = settlement.settled;
+    // Stored with the decision's other writes, so that what a restart
+    // reads back is what the scheduler charges (`Scheduler::settle`).
+    writes.extend(settlement.losers.iter().map(|&loser| Write::Loss {
+        job,
+        loss: stored_loss(identities, loser, &settlement.beaten),
+    }));
     Decision {
         writes,
         settlement,
@@ -413,6 +424,40 @@ fn record_writes(
         }
     }
     writes
+}
+
+/// The stored form of a conflict `loser` lost against `beaten`.
+fn stored_loss(
+    identities: &Identities,
+    loser: IdentityId,
+    beaten: &Beaten,
+) -> StoredLoss {
+    StoredLoss {
+        identity: identities.name(loser).to_owned(),
+        by_trusted: beaten.by_trusted,
+        by_credentials: beaten
+            .by_credentials
+            .iter()
+            .map(|&id| identities.name(id).to_owned())
+            .collect(),
+    }
+}
+
+/// A stored conflict lost, as [`Identities::add_loss`] charges it: the
+/// loser and whom it lost against, interned.
+pub(crate) fn charged(
+    identities: &mut Identities,
+    loss: &StoredLoss,
+) -> (IdentityId, Beaten) {
+    let beaten = Beaten {
+        by_trusted: loss.by_trusted,
+        by_credentials: loss
+            .by_credentials
+            .iter()
+            .map(|name| identities.intern(name))
+            .collect(),
+    };
+    (identities.intern(&loss.identity), beaten)
 }
 
 /// The scheduler's side of a verdict.
@@ -563,6 +608,7 @@ pub(crate) fn judge_restored(
     let mut d = decide(identities, at, job, &mut jc, None, solutions_mode);
     d.settlement.losers.clear();
     d.settlement.confirmed.clear();
+    d.writes.retain(|w| !matches!(w, Write::Loss { .. }));
     (d.settlement, d.writes)
 }
 
@@ -582,6 +628,7 @@ pub(crate) fn add_writes(batch: &mut nq_store::CommitBatch, writes: Vec<Write>) 
                 attempts,
             } => batch.replace_result(job, result, attempts),
             Write::Keep { job, duplicate } => batch.duplicate(job, &duplicate),
+            Write::Loss { job, loss } => batch.loss(job, &loss),
         }
     }
 }
@@ -724,6 +771,7 @@ mod tests {
                 Write::Keep { duplicate, .. } => {
                     duplicates.push(duplicate.result.clone())
                 }
+                Write::Loss { .. } => {}
             }
         }
         record.into_iter().chain(duplicates).collect()
@@ -884,14 +932,69 @@ mod tests {
                 if duplicate.kind == DuplicateKind::Conflict && duplicate.result == liar.result)));
         let liar_id = s.intern("liar@127.0.0.1");
         assert_eq!(s.identities().lost(liar_id), 1, "the loser is charged once");
+        // The loss is stored with the decision that charges it.
+        let stored: Vec<&StoredLoss> = d
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::Loss { loss, .. } => Some(loss),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[0].identity, "liar@127.0.0.1");
         assert_eq!(s.tally().total, 24);
         assert_eq!(s.jobs_disputed(), 0);
         // The store now holds the honest copy as the record.
         let copies = vec![honest.result.clone(), liar.result, third.result];
-        let r = restored(1.0, copies, &["liar@127.0.0.1"]);
+        let r = restored(1.0, copies.clone(), &["liar@127.0.0.1"]);
         assert!(r.settled);
         assert_eq!(r.counted, Some(honest.result.tally));
         assert!(r.losers.is_empty(), "restore does not charge losses twice");
+        // Read back as stored, the loss is the one charged.
+        let mut back = sched(1.0);
+        back.restorer()
+            .learn_records(JOB, &copies, Some(&[stored[0].clone()]));
+        let id = back.intern("liar@127.0.0.1");
+        assert_eq!(back.identities().lost(id), 1);
+        // Judging the copies again on restore stores no loss.
+        let (_, writes) = judge_restored(&mut back, JOB, copies, (1, 5), true, false);
+        assert!(!writes.iter().any(|w| matches!(w, Write::Loss { .. })));
+    }
+
+    /// A lie that comes after its job settled is kept, not charged: the run
+    /// stores no loss for it, and a restart that reads the stored losses
+    /// charges none either (judging the copies again would, as restarts did
+    /// before the losses were kept: core simulation seed 3040, where such a
+    /// charge banned an honest identity).
+    #[test]
+    fn a_lie_after_the_job_settled_costs_nothing_across_a_restart() {
+        let mut s = sched(1.0);
+        let mut jc = empty(&s);
+        let a = copy("a@127.0.0.1", 3);
+        let b = copy("b@127.0.0.1", 3);
+        decide_and_settle(&mut s, &mut jc, &a, false);
+        decide_and_settle(&mut s, &mut jc, &b, false);
+        assert!(jc.settled);
+        let late_liar = copy("liar@127.0.0.1", 9);
+        let d = decide_and_settle(&mut s, &mut jc, &late_liar, false);
+        assert_eq!(d.outcome, Outcome::Conflict);
+        assert!(!d.writes.iter().any(|w| matches!(w, Write::Loss { .. })));
+        let liar_id = s.intern("liar@127.0.0.1");
+        assert_eq!(s.identities().lost(liar_id), 0, "not charged live");
+        let copies = vec![a.result, b.result, late_liar.result];
+        let mut kept = sched(1.0);
+        kept.restorer().learn_records(JOB, &copies, Some(&[]));
+        let id = kept.intern("liar@127.0.0.1");
+        assert_eq!(kept.identities().lost(id), 0, "nor on a restart");
+        let mut judged = sched(1.0);
+        judged.restorer().learn_records(JOB, &copies, None);
+        let id = judged.intern("liar@127.0.0.1");
+        assert_eq!(
+            judged.identities().lost(id),
+            1,
+            "judging again charges what the run did not"
+        );
     }
 
     /// A verified copy of `JOB` that ran on a GPU (`nq-worker --gpu`).

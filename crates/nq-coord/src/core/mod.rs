@@ -461,12 +461,32 @@ impl Core {
 impl Restorer<'_> {
     /// Learns from done `job`'s stored `copies` (the counted one first) the
     /// conflicts its voters lost and the results they had confirmed, judged
-    /// as the job was when it settled (see [`ledger::records_in`]).
-    pub(crate) fn learn_records(&mut self, job: JobId, copies: &[StoredResult]) {
+    /// as the job was when it settled (see [`ledger::records_in`]). In a run
+    /// that keeps its losses (`kept`, the job's), those are charged instead
+    /// of the judged ones: they are what the run charged, with the
+    /// reputations of the moment the job settled, which judging again
+    /// cannot know.
+    pub(crate) fn learn_records(
+        &mut self,
+        job: JobId,
+        copies: &[StoredResult],
+        kept: Option<&[nq_store::StoredLoss]>,
+    ) {
         let (identities, at) = self.sched.judging(job);
         let records = ledger::records_in(identities, at, copies);
-        for loser in records.losers {
-            self.restore_loss(loser, &records.beaten);
+        match kept {
+            Some(losses) => {
+                for loss in losses {
+                    let (loser, beaten) =
+                        ledger::charged(self.sched.judging(job).0, loss);
+                    self.restore_loss(loser, &beaten);
+                }
+            }
+            None => {
+                for loser in records.losers {
+                    self.restore_loss(loser, &records.beaten);
+                }
+            }
         }
         for confirmed in records.confirmed {
             self.restore_confirmation(confirmed);

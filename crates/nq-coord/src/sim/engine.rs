@@ -714,25 +714,17 @@ impl Sim {
                 let engine = Arc::clone(self.engine());
                 let core = engine.core();
                 if live.is_complete() {
-                    finished(&live, core.sched())
+                    finished(&live, core.sched())?;
+                    Restored::Same
                 } else {
                     compare(&live, core.sched())?
                 }
             };
-            match r {
-                Restored::Same => {}
-                Restored::StandingDiverged(what) | Restored::FinishedDiverged(what) => {
-                    if std::env::var("NQ_SIM_STRICT_RESTORE").is_ok() {
-                        return Err(what);
-                    }
-                    self.stats.standing_divergences += 1;
+            if let Restored::ProbationDiverged(what) = r {
+                if std::env::var("NQ_SIM_STRICT_RESTORE").is_ok() {
+                    return Err(what);
                 }
-                Restored::ProbationDiverged(what) => {
-                    if std::env::var("NQ_SIM_STRICT_RESTORE").is_ok() {
-                        return Err(what);
-                    }
-                    self.stats.probation_divergences += 1;
-                }
+                self.stats.probation_divergences += 1;
             }
         }
         self.check()
