@@ -351,6 +351,21 @@ pub fn audit_store(
     out: &mut dyn Write,
     verify: Fraction,
 ) -> Result<AuditReport> {
+    Ok(judged(store, out, verify)?.0)
+}
+
+/// [`audit_store`], with the core that judged the stored copies: the
+/// report of a finished run reads the workers that lost conflicts from it,
+/// rather than judging the store a second time.
+///
+/// # Errors
+///
+/// As [`audit`].
+pub(crate) fn judged(
+    store: &Store,
+    out: &mut dyn Write,
+    verify: Fraction,
+) -> Result<(AuditReport, Core)> {
     let manifest = store.manifest()?.ok_or_else(|| Error::NoRun {
         dir: store
             .dir()
@@ -380,7 +395,7 @@ pub fn audit_store(
     writeln!(out.out, "# digest={digest}").map_err(write_error)?;
     let summary = store.summary()?;
     let tally = standing.tally;
-    Ok(AuditReport {
+    let report = AuditReport {
         jobs: standing.jobs,
         settled: standing.jobs_done,
         total: tally.total,
@@ -394,7 +409,8 @@ pub fn audit_store(
         stored_unique: summary.as_ref().map(|s| s.unique),
         published: nq_core::published::published(manifest.key.board.n()),
         digest,
-    })
+    };
+    Ok((report, core))
 }
 
 /// The error of a failed write of the audit.

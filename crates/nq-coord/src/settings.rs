@@ -260,28 +260,13 @@ fn log_adopted_gpu_sample(share: f64) {
     );
 }
 
-/// The settings a finished run is judged by when its report is shown
-/// again: the stored ones, or `config`'s for a run finished before they
-/// were stored, with no CPU sample ([`UNSTORED_GPU_SAMPLE`]: the build
-/// that finished it took none). Nothing is refused or written: the run is
-/// final.
-pub(crate) fn finished(config: &Config, store: &Store) -> Result<Deciding> {
-    match store.run_settings()? {
-        Some(stored) => Deciding::of_stored(&stored),
-        None => Ok(Deciding {
-            gpu_sample: UNSTORED_GPU_SAMPLE,
-            ..Deciding::of_config(config)
-        }),
-    }
-}
-
 /// The changes made to the run's stored settings, for its report.
 pub(crate) fn changes(store: &Store) -> Result<Vec<SettingChange>> {
     Ok(store.run_settings()?.map(|s| s.changes).unwrap_or_default())
 }
 
 /// The verification policy and trusted identities a reader of the run in
-/// `store` judges its copies by (the audit): the stored settings, or for a
+/// `store` judges its copies by (the audit, and a finished run's report): the stored settings, or for a
 /// run stored before they were, `verify` with the default ban limit, no
 /// trusted identity and no CPU sample ([`UNSTORED_GPU_SAMPLE`]).
 ///
@@ -444,8 +429,8 @@ mod tests {
             ("gpu-sample", "0.25", "0.005")
         );
         assert_eq!(resume(&bare, &store).unwrap().gpu_sample, 0.005);
-        // The finished run and the audit judge by the stored share too.
-        assert_eq!(finished(&sampling(1.0), &store).unwrap().gpu_sample, 0.005);
+        // The audit, and with it a finished run's report, judge by the
+        // stored share too.
         let (policy, _) = judging(&store, Fraction::Auto).unwrap();
         assert_eq!(policy.gpu_sample, 0.005);
     }
@@ -498,7 +483,6 @@ mod tests {
         // was run: with no CPU sample.
         let store = Store::temporary().unwrap();
         store_without_gpu_sample(&store, &made);
-        assert_eq!(finished(&bare, &store).unwrap().gpu_sample, 0.0);
         let (policy, _) = judging(&store, Fraction::Auto).unwrap();
         assert_eq!(policy.gpu_sample, 0.0);
         assert_eq!(store.run_settings().unwrap().unwrap().gpu_sample, None);

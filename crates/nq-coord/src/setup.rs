@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant, SystemTime};
 
-use nq_core::split::{SPLIT_VERSION, Tally};
+use nq_core::split::SPLIT_VERSION;
 use nq_proto::convert::RunShape;
 use nq_store::{
-    Checkpoint, Creation, JobState, Manifest, NewRun, PlanParams, RunKey, RunSummary,
-    SetAside, Store, StoreKey, StoreOptions,
+    Checkpoint, Creation, Manifest, NewRun, PlanParams, RunKey, RunSummary, SetAside,
+    Store, StoreKey, StoreOptions,
 };
 use tracing::{info, warn};
 
@@ -22,13 +22,11 @@ use crate::config::{Config, default_split, default_target_jobs};
 use crate::core::Core;
 use crate::core::lease::WorkerId;
 use crate::core::quorum::Policy;
-use crate::core::scheduler::{
-    Claim, EXACT_ORDER_UP_TO, ExactOrder, HandOut, MAX_DEFERRED,
-};
+use crate::core::scheduler::{Claim, EXACT_ORDER_UP_TO, HandOut, MAX_DEFERRED};
 use crate::error::{Error, Result};
 use crate::plan::{self, MAX_SUBS_PER_JOB, PLAN_FORMAT};
 use crate::report::{REPORT_FILE, RunReport, Totals};
-use crate::restore::{judge_stored, restore, restore_indexed, restore_leases};
+use crate::restore::{restore, restore_indexed, restore_leases};
 use crate::settings::{self, Deciding};
 use crate::wall::unix_ms;
 
@@ -494,67 +492,46 @@ fn begin_creating(
     Ok((params, Checkpoint::default()))
 }
 
-/// The report of a run an earlier session finished. The workers that lost
-/// conflicts are found again in the stored copies.
+/// The report of a run an earlier session finished, from one reading of
+/// the store: the audit's, whose digest the report prints, and whose
+/// judging of the stored copies finds again the workers that lost
+/// conflicts (and, for a summary of format 2, what settled unchecked). At
+/// 10^8 jobs each reading is minutes; the report used to judge the store
+/// once for itself and once more for the digest.
 fn finished_report(
     config: &Config,
     store: &Store,
     m: &Manifest,
     s: &RunSummary,
 ) -> Result<RunReport> {
-    // Judged by the settings the run was judged by.
-    let deciding = settings::finished(config, store)?;
-    // Judging needs no hand-out order: nothing is handed out.
-    let mut core = Core::with_order(
-        (m.jobs, m.total_work),
-        Box::new(ExactOrder::new(&[])),
-        0,
-        config.lease_ttl,
-        deciding.policy(store)?,
-        Instant::now(),
-    );
-    core.restorer()
-        .expect_local_threads(config.local_threads > 0);
-    core.restorer()
-        .trust(deciding.trusted.iter().map(String::as_str));
-    // Read only: a finished run's records are final. Judging its copies
-    // again rebuilds who lost conflicts (and, for a summary of format 2,
-    // what settled unchecked), but its verdicts are not the run's: restore
-    // judges without the reputations of the moment each job settled, and
-    // can reach other verdicts (a known divergence of standings, see
-    // `sim::core`). Its writes, which would move Done records to the copies
-    // it counts, are dropped, and the summary is checked against the
-    // records, which are what the run counted.
-    let mut recorded = Tally::default();
-    judge_stored(store, &shape_of(m), &mut core, Instant::now(), |entry| {
-        if let JobState::Done(counted) = &entry.record.state {
-            recorded
-                .merge(&counted.tally)
-                .map_err(Error::Inconsistent)?;
-        }
-        Ok(())
-    })?;
-    let standing = core.standing();
+    // Read only: a finished run's records are final. The audit's judging
+    // is not the run's verdict (restore judges confirmations again, without
+    // the moments each job settled), and it moves no record; the summary
+    // is checked against the records, which are what the run counted.
+    let (audit, core) = crate::audit::judged(
+        store,
+        &mut std::io::sink(),
+        crate::core::quorum::Fraction::Auto,
+    )?;
     // The stored summary is a cached sum too: it must equal the results.
-    let derived = recorded.total;
-    if derived != s.total {
+    if audit.rows_total != s.total {
         return Err(Error::SummaryMismatch {
             dir: config.data_dir.clone(),
             stored: s.total,
-            derived,
+            derived: audit.rows_total,
         });
     }
+    let standing = core.standing();
     let mut report = RunReport::new(
         m,
         &config.data_dir,
         // Every job settled in the finished run. Its summary says how many
         // settled unchecked; one written before it did is judged again:
-        // those left waiting for a check settled without one too (or a
-        // copy kept after the run completed disputes them).
+        // those left waiting for a check settled without one too.
         Totals::of_summary(s, 0, standing.jobs_unchecked + standing.jobs_in_check),
         core.verification().faulty_workers(),
     );
-    report.audit_digest = Some(crate::audit::digest(store)?);
+    report.audit_digest = Some(audit.digest);
     report.setting_changes = settings::changes(store)?;
     Ok(report)
 }
