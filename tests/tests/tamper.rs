@@ -137,14 +137,15 @@ async fn a_tampered_store_is_refused_with_a_key_and_fails_the_audit_without() ->
 /// A finished run whose coordinator died before writing report.json (in
 /// the audit digest, which takes minutes at 10^8 jobs) is reprinted from
 /// its stored summary, checked against its Done records: they are what the
-/// run counted. Judging its copies again is not the run's verdict: restore
-/// judges without the reputations each job settled under, and a store
-/// written before copies kept after completion were marked holds those
-/// copies unmarked. Here job 0's record is a remote identity's true copy,
+/// run counted. Judging its copies again is not the run's verdict (a store
+/// written before copies kept after completion were marked holds such
+/// copies unmarked, and restore judges confirmations without the moments
+/// each job settled). Here job 0's record is a remote identity's true copy,
 /// and two other identities agree on a lie beside it, which judging again
 /// would count. The reprint must print the run's total, exit 0 and move no
 /// record; it used to refuse the directory as damaged, after moving the
-/// record to the lie.
+/// record to the lie. The audit, which judges every copy again, names the
+/// difference, and lists a copy kept after completion as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_run_is_reprinted_from_its_records_not_judged_again() -> Result<()> {
     within(LIMIT, "finished run reprinted", async {
@@ -170,10 +171,29 @@ async fn a_finished_run_is_reprinted_from_its_records_not_judged_again() -> Resu
             "the reprint did not print the run's total {}:\n{out}",
             report.total
         );
-        let store = Store::open(&dir, &StoreOptions::default())?;
+        {
+            let store = Store::open(&dir, &StoreOptions::default())?;
+            ensure!(
+                store.result(JobId(0))?.as_ref() == Some(&record),
+                "the reprint moved job 0's record"
+            );
+        }
+        let (status, out) = audit(&dir, &[]).await?;
         ensure!(
-            store.result(JobId(0))?.as_ref() == Some(&record),
-            "the reprint moved job 0's record"
+            !status.success() && out.contains("differs from the total"),
+            "the audit did not name the copies that judge otherwise:\n{out}"
+        );
+        let csv = std::fs::read_to_string(dir.with_extension("audit.csv"))?;
+        let row = csv
+            .lines()
+            .find(|l| l.starts_with("0,"))
+            .context("no row for job 0")?;
+        ensure!(
+            row.contains(
+                "token:honest:agrees token:liar-a:differs token:liar-b:differs \
+                 token:late:differs-after-completion"
+            ),
+            "job 0's row does not list its copies as stored: {row}"
         );
         Ok(())
     })
@@ -182,7 +202,8 @@ async fn a_finished_run_is_reprinted_from_its_records_not_judged_again() -> Resu
 
 /// Rewrites job 0's record in the finished run in `dir` as a remote
 /// identity's copy (the same counts) and adds two copies from two other
-/// identities that agree on a lie, received after it. Returns the record.
+/// identities that agree on a lie, received after it, and a third lie kept
+/// after the run completed. Returns the record.
 fn outvote_job_0(dir: &Path) -> Result<nq_store::StoredResult> {
     let store = Store::open(dir, &StoreOptions::default())?;
     let manifest = store.manifest()?.context("no run stored")?;
@@ -195,7 +216,12 @@ fn outvote_job_0(dir: &Path) -> Result<nq_store::StoredResult> {
         record.clone(),
         store.job_record(JobId(0))?.attempts,
     );
-    for (at, identity) in ["token:liar-a", "token:liar-b"].into_iter().enumerate() {
+    let copies = [
+        ("token:liar-a", false),
+        ("token:liar-b", false),
+        ("token:late", true),
+    ];
+    for (at, (identity, after_completion)) in copies.into_iter().enumerate() {
         let mut copy = record.clone();
         lie(&mut copy.counts);
         copy.tally = tally_of(&store, board, spec, &copy.counts)?;
@@ -204,7 +230,7 @@ fn outvote_job_0(dir: &Path) -> Result<nq_store::StoredResult> {
         let duplicate = Duplicate {
             kind: DuplicateKind::Conflict,
             result: copy,
-            after_completion: false,
+            after_completion,
         };
         batch.duplicate(JobId(0), &duplicate);
     }
