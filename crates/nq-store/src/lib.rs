@@ -699,16 +699,6 @@ impl Store {
         Ok(self.meta.get(INDEXED)?.is_some())
     }
 
-    /// True when the `losses` tree holds every conflict charged in the run
-    /// ([`losses`]): runs created since it was kept.
-    ///
-    /// # Errors
-    ///
-    /// sled errors.
-    pub fn keeps_losses(&self) -> Result<bool> {
-        Ok(self.meta.get(LOSSES_KEPT)?.is_some())
-    }
-
     /// Calls `f` with every job whose record the state index names leased or
     /// done, in job order. A hint, never a count: see [`states`].
     ///
@@ -865,73 +855,6 @@ impl Store {
             )) => Some(Ok((id, *result))),
             Ok(_) => None,
             Err(e) => Some(Err(e)),
-        })
-    }
-
-    /// The recorded duplicates of one job, in the order they were recorded.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Corrupt`] (a damaged value), sled errors.
-    pub fn job_duplicates(&self, job: JobId) -> Result<Vec<Duplicate>> {
-        self.duplicates
-            .scan_prefix(job.key())
-            .map(|entry| Duplicate::decode(&entry?.1))
-            .collect()
-    }
-
-    /// The conflicts lost in one job, in the order charged.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Corrupt`] (a damaged value), sled errors.
-    pub fn job_losses(&self, job: JobId) -> Result<Vec<StoredLoss>> {
-        self.losses
-            .scan_prefix(job.key())
-            .map(|entry| StoredLoss::decode(&entry?.1))
-            .collect()
-    }
-
-    /// Every conflict lost, in job order.
-    pub fn losses(&self) -> impl Iterator<Item = Result<(JobId, StoredLoss)>> + 'static {
-        self.losses.iter().map(|entry| {
-            let (k, v) = entry?;
-            let job = key_u64("losses", k.get(..8).unwrap_or(&[]))?;
-            Ok((JobId(job), StoredLoss::decode(&v)?))
-        })
-    }
-
-    /// Every recorded duplicate, in job order.
-    pub fn duplicates(
-        &self,
-    ) -> impl Iterator<Item = Result<(JobId, Duplicate)>> + 'static {
-        self.duplicates.iter().map(|entry| {
-            let (k, v) = entry?;
-            let job = key_u64("duplicates", k.get(..8).unwrap_or(&[]))?;
-            Ok((JobId(job), Duplicate::decode(&v)?))
-        })
-    }
-
-    /// One job as [`Store::scan_jobs`] with [`Scan::Every`] yields it: its
-    /// record, its duplicates and losses (a done job's only) and its
-    /// definition.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Corrupt`], sled errors.
-    pub fn scanned_job(&self, job: JobId) -> Result<ScannedJob> {
-        let record = self.job_record(job)?;
-        let (duplicates, losses) = if matches!(record.state, JobState::Done(_)) {
-            (self.job_duplicates(job)?, self.job_losses(job)?)
-        } else {
-            (Vec::new(), Vec::new())
-        };
-        Ok(ScannedJob {
-            job,
-            record,
-            duplicates,
-            losses,
-            definition: Some(self.job(job)?),
         })
     }
 

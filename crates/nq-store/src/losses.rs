@@ -12,8 +12,9 @@
 //! counted (about 1 % of the simulated restores). Reading back what was
 //! charged gives a restart the standings the run had.
 
-use crate::codec::{open, put_str, put_varint, seal};
+use crate::codec::{key_u64, open, put_str, put_varint, seal};
 use crate::error::{Corruption, Result};
+use crate::{JobId, LOSSES_KEPT, Store};
 
 /// The `losses` tree's value format.
 const LOSS_VERSION: u8 = 1;
@@ -68,6 +69,39 @@ impl StoredLoss {
             identity,
             by_trusted,
             by_credentials,
+        })
+    }
+}
+
+impl Store {
+    /// True when the `losses` tree holds every conflict charged in the run
+    /// ([`losses`]): runs created since it was kept.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn keeps_losses(&self) -> Result<bool> {
+        Ok(self.meta.get(LOSSES_KEPT)?.is_some())
+    }
+
+    /// The conflicts lost in one job, in the order charged.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (a damaged value), sled errors.
+    pub fn job_losses(&self, job: JobId) -> Result<Vec<StoredLoss>> {
+        self.losses
+            .scan_prefix(job.key())
+            .map(|entry| StoredLoss::decode(&entry?.1))
+            .collect()
+    }
+
+    /// Every conflict lost, in job order.
+    pub fn losses(&self) -> impl Iterator<Item = Result<(JobId, StoredLoss)>> + 'static {
+        self.losses.iter().map(|entry| {
+            let (k, v) = entry?;
+            let job = key_u64("losses", k.get(..8).unwrap_or(&[]))?;
+            Ok((JobId(job), StoredLoss::decode(&v)?))
         })
     }
 }

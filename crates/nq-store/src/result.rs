@@ -2,7 +2,7 @@
 
 use nq_core::split::{SubCounts, Tally};
 
-use crate::codec::{Reader, open, put_str, put_varint, seal};
+use crate::codec::{Reader, key_u64, open, put_str, put_varint, seal};
 use crate::error::{Corruption, Result};
 use crate::job::{JobId, JobRecord, JobState};
 
@@ -281,6 +281,31 @@ pub fn judged_copies(
                 .map(|d| d.result),
         )
         .collect()
+}
+
+impl crate::Store {
+    /// The recorded duplicates of one job, in the order they were recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] (a damaged value), sled errors.
+    pub fn job_duplicates(&self, job: JobId) -> Result<Vec<Duplicate>> {
+        self.duplicates
+            .scan_prefix(job.key())
+            .map(|entry| Duplicate::decode(&entry?.1))
+            .collect()
+    }
+
+    /// Every recorded duplicate, in job order.
+    pub fn duplicates(
+        &self,
+    ) -> impl Iterator<Item = Result<(JobId, Duplicate)>> + 'static {
+        self.duplicates.iter().map(|entry| {
+            let (k, v) = entry?;
+            let job = key_u64("duplicates", k.get(..8).unwrap_or(&[]))?;
+            Ok((JobId(job), Duplicate::decode(&v)?))
+        })
+    }
 }
 
 /// Writes gathered for one group commit: [`crate::Store::apply`] them, then

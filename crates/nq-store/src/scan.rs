@@ -186,6 +186,29 @@ impl Iterator for JobScan {
 }
 
 impl Store {
+    /// One job as [`Store::scan_jobs`] with [`Scan::Every`] yields it: its
+    /// record, its duplicates and losses (a done job's only) and its
+    /// definition.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`], sled errors.
+    pub fn scanned_job(&self, job: JobId) -> Result<ScannedJob> {
+        let record = self.job_record(job)?;
+        let (duplicates, losses) = if matches!(record.state, JobState::Done(_)) {
+            (self.job_duplicates(job)?, self.job_losses(job)?)
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Ok(ScannedJob {
+            job,
+            record,
+            duplicates,
+            losses,
+            definition: Some(self.job(job)?),
+        })
+    }
+
     /// Walks the run's jobs in id order with their records, copies and (as
     /// `scan` says) definitions, reading each tree once and holding one job
     /// at a time. The first damaged entry ends the walk with its error.
