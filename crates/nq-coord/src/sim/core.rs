@@ -89,16 +89,22 @@ fn the_core_keeps_its_invariants_in_seeded_scenarios() {
     }
 }
 
-/// The known divergence of restored probation (see [`Restored`]) is rare
-/// (3 in 23,849 crashes at the time of writing): a restore that forgets or
-/// invents confirmations wholesale shows as many more.
+/// The known divergences of restores (see [`Restored`]) are rare (at the
+/// time of writing, in 23,849 crashes: 3 of probation, and a dozen of
+/// standings in the runs that did not keep their losses): a restore that
+/// forgets or invents reputations or confirmations wholesale shows as many
+/// more.
 pub(super) fn assert_rare_divergence(stats: &Stats) {
-    assert!(
-        stats.probation_divergences * 50 < stats.crashes.max(1),
-        "SIM FAILURE test=restore_divergence: {} of {} restores reached another probation than the live run (the known divergence stays under 2 %); {stats:?}",
-        stats.probation_divergences,
-        stats.crashes
-    );
+    for (what, n) in [
+        ("standings", stats.standing_divergences),
+        ("probation", stats.probation_divergences),
+    ] {
+        assert!(
+            n * 50 < stats.crashes.max(1),
+            "SIM FAILURE test=restore_divergence: {n} of {} restores reached other {what} than the live run (the known divergence stays under 2 %); {stats:?}",
+            stats.crashes
+        );
+    }
 }
 
 /// One scenario, from its seed.
@@ -452,6 +458,11 @@ struct Sim {
     claim: bool,
     /// The coordinator runs threads of its own, the trusted arbiter.
     arbiter: bool,
+    /// The store keeps the conflicts lost (`nq_store::losses`). Not in one
+    /// scenario in eight: a run created before they were kept, whose
+    /// restores judge them again from the copies, with the known divergence
+    /// of standings that this has ([`Restored::StandingDiverged`]).
+    losses_kept: bool,
     /// `NQ_SIM_DEBUG` is set: log the steps, dump the model on a failure.
     debug: bool,
     stats: Stats,
@@ -557,6 +568,9 @@ impl Sim {
         sched.restorer().expect_local_threads(arbiter);
         Sim {
             arbiter,
+            // From the seed without a draw, so that the scenarios' paths
+            // are the ones they were.
+            losses_kept: !mix(seed, 0x1055).is_multiple_of(8),
             seed,
             rng,
             subs,
@@ -1206,7 +1220,9 @@ impl Sim {
             // (a complete run resumed without its summary), its copies must
             // give the live total too.
             self.finished = true;
-            return finished(self.core.sched(), &fresh).map_err(|e| self.dump(e));
+            let r = finished(self.core.sched(), &fresh, self.losses_kept)
+                .map_err(|e| self.dump(e))?;
+            return self.judged_restore(r);
         }
         self.compared(&fresh)?;
         self.session += 1;
@@ -1232,10 +1248,10 @@ impl Sim {
     }
 
     /// Compares a restore with the live scheduler, counting the known
-    /// divergence of probation (a failure when `NQ_SIM_STRICT_RESTORE` is
-    /// set).
+    /// divergences (a failure when `NQ_SIM_STRICT_RESTORE` is set).
     fn compared(&mut self, fresh: &Scheduler) -> Result<(), String> {
-        let r = compare(self.core.sched(), fresh).map_err(|e| self.dump(e))?;
+        let r = compare(self.core.sched(), fresh, self.losses_kept)
+            .map_err(|e| self.dump(e))?;
         self.judged_restore(r)
     }
 
@@ -1244,6 +1260,10 @@ impl Sim {
     fn judged_restore(&mut self, r: Restored) -> Result<(), String> {
         let what = match r {
             Restored::Same => return Ok(()),
+            Restored::StandingDiverged(what) => {
+                self.stats.standing_divergences += 1;
+                what
+            }
             Restored::ProbationDiverged(what) => {
                 self.stats.probation_divergences += 1;
                 what
@@ -1277,7 +1297,7 @@ impl Sim {
                     stored: true,
                 })
             },
-            (false, true),
+            (false, self.losses_kept),
             self.now(),
         )
         .map_err(|e| format!("restore failed: {e}"))?;
@@ -1465,7 +1485,9 @@ impl Sim {
             self.no_wait_for_a_voice_that_cannot_come()?;
             return self.compared(&fresh);
         }
-        finished(self.core.sched(), &fresh).map_err(|e| self.dump(e))?;
+        let r = finished(self.core.sched(), &fresh, self.losses_kept)
+            .map_err(|e| self.dump(e))?;
+        self.judged_restore(r)?;
         self.stats.completed += 1;
         let mut truth = 0u128;
         let mut outnumbered = true;
@@ -1683,6 +1705,16 @@ fn check_quorum(
 pub(super) enum Restored {
     /// The same settled state.
     Same,
+    /// A KNOWN DIVERGENCE of runs created before the store kept the
+    /// conflicts lost: their restores judge every stored copy again with no
+    /// reputations, while the live run charged a loss when a disputed job
+    /// settled, with the reputations of that moment. The two disagree when
+    /// a job's copies arrive after it settled, or when banned identities'
+    /// copies decide the job without reputations; a complete run may then
+    /// restore to another total (seed 3040: an honest identity banned, and
+    /// every job it counted reopened). The settled state follows the
+    /// standings and is not compared.
+    StandingDiverged(String),
     /// A KNOWN DIVERGENCE of probation (see `compare`): who is off
     /// probation, or a job that live still waits a copy for.
     ProbationDiverged(String),
@@ -1692,18 +1724,27 @@ pub(super) enum Restored {
 /// summary, its coordinator killed during the linger) must give the total
 /// of the live run. It did not when restore judged copies kept after
 /// completion (seed 5879: two late liars that agree), or re-derived the
-/// standings without the reputations each job settled under (seed 3040:
-/// an honest identity charged a loss it never had, banned, and every job it
-/// counted reopened); see `Duplicate::after_completion` and
-/// `nq_store::losses`.
-pub(super) fn finished(live: &Scheduler, restored: &Scheduler) -> Result<(), String> {
-    ensure!(
-        live.tally() == restored.tally(),
+/// standings without the reputations each job settled under (seed 3040);
+/// see `Duplicate::after_completion` and `nq_store::losses`. The second
+/// is still known in a run whose store did not keep its losses
+/// (`losses_kept` false).
+pub(super) fn finished(
+    live: &Scheduler,
+    restored: &Scheduler,
+    losses_kept: bool,
+) -> Result<Restored, String> {
+    if live.tally() == restored.tally() {
+        return Ok(Restored::Same);
+    }
+    let what = format!(
         "a complete run judged again restores to {} but finished with {}",
         restored.tally().total,
         live.tally().total
     );
-    Ok(())
+    if losses_kept {
+        return Err(what);
+    }
+    Ok(Restored::StandingDiverged(what))
 }
 
 /// A restored scheduler must reach the live one's settled state: the same
@@ -1713,6 +1754,7 @@ pub(super) fn finished(live: &Scheduler, restored: &Scheduler) -> Result<(), Str
 pub(super) fn compare(
     live: &Scheduler,
     restored: &Scheduler,
+    losses_kept: bool,
 ) -> Result<Restored, String> {
     if live.rules() != restored.rules() {
         // Restore takes "two machines at work" from the stored copies; the
@@ -1720,22 +1762,36 @@ pub(super) fn compare(
         return Ok(Restored::Same);
     }
     // Every loss, as charged: restore reads back the losses the run
-    // stored as it charged them (`nq_store::losses`).
+    // stored as it charged them (`nq_store::losses`). A run that did not
+    // keep them is held to what behaviour depends on (suspect, banned):
+    // live, a banned identity's votes are left out of the judging, so it
+    // loses nothing more, while judging again finds every conflict it took
+    // part in.
     let standing = |s: &Scheduler| -> Vec<(String, u32)> {
+        let cap = if losses_kept {
+            u32::MAX
+        } else {
+            s.policy().ban_after
+        };
         let mut v: Vec<(String, u32)> = s
             .identities()
             .faulty()
-            .map(|(id, _, l)| (s.identities().name(id).to_owned(), l))
+            .map(|(id, _, l)| (s.identities().name(id).to_owned(), l.min(cap)))
             .collect();
         v.sort();
         v
     };
-    ensure!(
-        standing(live) == standing(restored),
-        "after a restore the standings (lost conflicts) are {:?} but were {:?}",
-        standing(restored),
-        standing(live)
-    );
+    if standing(live) != standing(restored) {
+        let what = format!(
+            "after a restore the standings (lost conflicts) are {:?} but were {:?}",
+            standing(restored),
+            standing(live)
+        );
+        if losses_kept {
+            return Err(what);
+        }
+        return Ok(Restored::StandingDiverged(what));
+    }
     // Probation: who has left it. Live, a confirmation is counted when a
     // job settles; restore counts the confirmations stored.
     let trusted = |s: &Scheduler| -> Vec<String> {

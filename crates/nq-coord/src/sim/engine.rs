@@ -713,18 +713,24 @@ impl Sim {
             let r = {
                 let engine = Arc::clone(self.engine());
                 let core = engine.core();
+                // The engine's stores are new: they keep their losses.
                 if live.is_complete() {
-                    finished(&live, core.sched())?;
-                    Restored::Same
+                    finished(&live, core.sched(), true)?
                 } else {
-                    compare(&live, core.sched())?
+                    compare(&live, core.sched(), true)?
                 }
             };
-            if let Restored::ProbationDiverged(what) = r {
-                if std::env::var("NQ_SIM_STRICT_RESTORE").is_ok() {
-                    return Err(what);
+            match r {
+                Restored::Same => {}
+                Restored::StandingDiverged(what) => {
+                    return Err(format!("not a known divergence here: {what}"));
                 }
-                self.stats.probation_divergences += 1;
+                Restored::ProbationDiverged(what) => {
+                    if std::env::var("NQ_SIM_STRICT_RESTORE").is_ok() {
+                        return Err(what);
+                    }
+                    self.stats.probation_divergences += 1;
+                }
             }
         }
         self.check()
