@@ -75,7 +75,7 @@ impl StoredLoss {
 
 impl Store {
     /// True when the `losses` tree holds every conflict charged in the run
-    /// ([`losses`]): runs created since it was kept.
+    /// ([`crate::losses`]): runs created since it was kept.
     ///
     /// # Errors
     ///
@@ -88,7 +88,7 @@ impl Store {
     ///
     /// # Errors
     ///
-    /// [`Error::Corrupt`] (a damaged value), sled errors.
+    /// [`crate::Error::Corrupt`] (a damaged value), sled errors.
     pub fn job_losses(&self, job: JobId) -> Result<Vec<StoredLoss>> {
         self.losses
             .scan_prefix(job.key())

@@ -288,7 +288,7 @@ impl crate::Store {
     ///
     /// # Errors
     ///
-    /// [`Error::Corrupt`] (a damaged value), sled errors.
+    /// [`crate::Error::Corrupt`] (a damaged value), sled errors.
     pub fn job_duplicates(&self, job: JobId) -> Result<Vec<Duplicate>> {
         self.duplicates
             .scan_prefix(job.key())
