@@ -182,6 +182,16 @@ pub(crate) fn build(
         None => create(config, &store, key, creating, &deciding, stop)?,
     };
     let session_no = store.next_boot()?;
+    // This build stores every conflict it charges: carried on from the
+    // sessions before, unless one of them did not (see `keep_losses`).
+    // Flushed at once, so that a crash before this session's first commit
+    // does not read as a session that kept none.
+    if !store.keep_losses(session_no)? && !created {
+        info!(
+            "the run's conflicts lost were not all stored (a run created before they were kept, or a session of such a build): restores judge them again from the copies"
+        );
+    }
+    store.flush()?;
     let mut core = scheduler(
         &store,
         &manifest,

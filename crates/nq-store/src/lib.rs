@@ -141,9 +141,10 @@ const SET_ASIDE: &[u8] = b"set_aside";
 /// [`Store::rebuild_indexes`] built them for a store written before they
 /// existed.
 const INDEXED: &[u8] = b"indexed";
-/// Set when the `losses` tree holds every conflict charged in the run: from
-/// its creation on. A run created before has none stored, and a restart
-/// judges its stored copies again for them.
+/// The session ([`Store::next_boot`]) up to which the `losses` tree holds
+/// every conflict charged in the run: set at its creation, and carried on
+/// by each session that keeps them. A session of a build that does not
+/// (a rollback) leaves it behind, and the run is judged again from then on.
 const LOSSES_KEPT: &[u8] = b"losses_kept";
 /// The seal record of a keyed store: its salt and the key's check value
 /// (see [`seal`]). The one value that carries no tag: it is what tells a
@@ -1014,6 +1015,15 @@ impl Store {
 
     // ----- meta -------------------------------------------------------------
 
+    /// The number of the latest session ([`Store::next_boot`]); 0 before
+    /// the first.
+    pub(crate) fn boot(&self) -> Result<u64> {
+        match self.meta.get(BOOT)? {
+            None => Ok(0),
+            Some(b) => key_u64("meta", &b),
+        }
+    }
+
     /// Increments and returns the session counter (1 for the first session).
     /// The coordinator folds it into lease and worker ids, so that ids of
     /// different sessions never collide.
@@ -1346,7 +1356,38 @@ mod tests {
         assert_eq!(store.scanned_job(JobId(5)).unwrap().losses, every[5].losses);
         assert!(every[64].losses.is_empty());
         assert!(store.keeps_losses().unwrap(), "a new run keeps its losses");
+        let session = store.next_boot().unwrap();
+        assert!(store.keep_losses(session).unwrap());
         assert_eq!(every[149].definition.as_ref().unwrap().work(), 149);
+    }
+
+    /// A run keeps its losses while every session since its creation kept
+    /// them; a session that did not (a build from before, after a
+    /// rollback) ends that for good.
+    #[test]
+    fn losses_are_kept_while_every_session_keeps_them() {
+        let store = Store::temporary().unwrap();
+        let jobs = vec![NewJob {
+            rows: vec![0, 255, 255, 255],
+            work: 1,
+        }];
+        store
+            .create_run(new_run(key(4, 1, 0, false)), jobs)
+            .unwrap();
+        assert!(store.keeps_losses().unwrap(), "kept from the creation");
+        for _ in 0..2 {
+            let session = store.next_boot().unwrap();
+            assert!(store.keep_losses(session).unwrap());
+            assert!(store.keeps_losses().unwrap());
+        }
+        // A session of an older build: it counts itself, and keeps nothing.
+        store.next_boot().unwrap();
+        assert!(!store.keeps_losses().unwrap(), "that session's are missing");
+        for _ in 0..2 {
+            let session = store.next_boot().unwrap();
+            assert!(!store.keep_losses(session).unwrap(), "not from then on");
+            assert!(!store.keeps_losses().unwrap());
+        }
     }
 
     #[test]

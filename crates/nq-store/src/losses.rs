@@ -75,13 +75,44 @@ impl StoredLoss {
 
 impl Store {
     /// True when the `losses` tree holds every conflict charged in the run
-    /// ([`crate::losses`]): runs created since it was kept.
+    /// ([`crate::losses`]): the run was created by a build that keeps them,
+    /// and every session since kept them ([`Store::keep_losses`]).
     ///
     /// # Errors
     ///
     /// sled errors.
     pub fn keeps_losses(&self) -> Result<bool> {
-        Ok(self.meta.get(LOSSES_KEPT)?.is_some())
+        Ok(self.losses_kept_up_to()? == Some(self.boot()?))
+    }
+
+    /// Notes that this session, `session` ([`Store::next_boot`]), keeps the
+    /// conflicts it charges, and says whether the `losses` tree then holds
+    /// every one of the run's: only if every session before kept them too.
+    /// A session of a build that does not (a rollback, then this build
+    /// again) breaks the chain for good, and the run is judged again from
+    /// its copies, as one created before losses were kept. Not durable
+    /// until a flush.
+    ///
+    /// # Errors
+    ///
+    /// sled errors.
+    pub fn keep_losses(&self, session: u64) -> Result<bool> {
+        let kept = self.losses_kept_up_to()? == Some(session.saturating_sub(1));
+        if kept {
+            self.meta.insert(LOSSES_KEPT, session.to_be_bytes())?;
+        } else {
+            self.meta.remove(LOSSES_KEPT)?;
+        }
+        Ok(kept)
+    }
+
+    /// The last session that kept its losses, with every one before it.
+    fn losses_kept_up_to(&self) -> Result<Option<u64>> {
+        Ok(self
+            .meta
+            .get(LOSSES_KEPT)?
+            .and_then(|b| <[u8; 8]>::try_from(&b[..]).ok())
+            .map(u64::from_be_bytes))
     }
 
     /// The conflicts lost in one job, in the order charged.

@@ -290,7 +290,8 @@ impl Store {
         // A new run has no records: its (empty) indexes cover them all, and
         // every conflict it charges is kept.
         self.meta.insert(crate::INDEXED, [1u8])?;
-        self.meta.insert(crate::LOSSES_KEPT, [1u8])?;
+        self.meta
+            .insert(crate::LOSSES_KEPT, self.boot()?.to_be_bytes())?;
         self.meta.remove(CHECKPOINT)?;
         self.meta.remove(ORDER_BUILT)?;
         // Durable with the first batch's flush: a crash before it leaves
