@@ -61,6 +61,16 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
 
+    /// A byte that must be 0 (false) or 1 (true); any other is a damaged
+    /// `field`, never read as either.
+    pub(crate) fn flag(&mut self, field: &'static str) -> Result<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(self.corrupt(Corruption::Field { field })),
+        }
+    }
+
     pub(crate) fn u32(&mut self) -> Result<u32> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes(b.try_into().expect("took 4 bytes")))

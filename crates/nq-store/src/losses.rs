@@ -47,15 +47,7 @@ impl StoredLoss {
     pub(crate) fn decode(bytes: &[u8]) -> Result<StoredLoss> {
         let (_, mut r) = open("losses", bytes, 1, LOSS_VERSION)?;
         let identity = r.str()?;
-        let by_trusted = match r.u8()? {
-            0 => false,
-            1 => true,
-            _ => {
-                return Err(r.corrupt(Corruption::Field {
-                    field: "loss.by_trusted",
-                }));
-            }
-        };
+        let by_trusted = r.flag("loss.by_trusted")?;
         let len = r.varint_u64()?;
         // Each name takes at least its length's bytes: a damaged length
         // cannot reserve more than the value holds.

@@ -88,11 +88,7 @@ impl Manifest {
         let (ring, extra) = (r.u8()?, r.u8()?);
         let spec =
             SplitSpec::new(ring, extra).map_err(|e| r.corrupt(Corruption::Core(e)))?;
-        let solutions = match r.u8()? {
-            0 => false,
-            1 => true,
-            _ => return Err(r.corrupt(Corruption::Field { field: "solutions" })),
-        };
+        let solutions = r.flag("solutions")?;
         let jobs = r.u64()?;
         let total_work = r.varint()?;
         let created_unix_ms = r.u64()?;

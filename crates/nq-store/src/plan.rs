@@ -110,11 +110,7 @@ impl Creation {
         let (ring, extra) = (r.u8()?, r.u8()?);
         let spec = nq_core::split::SplitSpec::new(ring, extra)
             .map_err(|e| r.corrupt(Corruption::Core(e)))?;
-        let solutions = match r.u8()? {
-            0 => false,
-            1 => true,
-            _ => return Err(r.corrupt(Corruption::Field { field: "solutions" })),
-        };
+        let solutions = r.flag("solutions")?;
         let created_unix_ms = r.u64()?;
         let program_version = r.str()?;
         let run_id = r.str()?;

@@ -239,19 +239,7 @@ impl Duplicate {
                 }));
             }
         };
-        let after_completion = if version >= 3 {
-            match r.u8()? {
-                0 => false,
-                1 => true,
-                _ => {
-                    return Err(r.corrupt(Corruption::Field {
-                        field: "duplicate.flags",
-                    }));
-                }
-            }
-        } else {
-            false
-        };
+        let after_completion = version >= 3 && r.flag("duplicate.flags")?;
         // The result inside is of the results' format.
         let result = StoredResult::decode_from(&mut r, version.min(RESULT_VERSION))?;
         r.end()?;
