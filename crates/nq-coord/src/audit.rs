@@ -445,7 +445,7 @@ fn restored_core(store: &Store, manifest: &Manifest, verify: Fraction) -> Result
     );
     core.restorer().trust(trusted.iter().map(String::as_str));
     // The audit reads; it never moves a record (see `judge_stored`).
-    judge_stored(store, &shape, &mut core, Instant::now(), |_| Ok(()))?;
+    judge_stored(store, &shape, &mut core, Instant::now())?;
     Ok(core)
 }
 

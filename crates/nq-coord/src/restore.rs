@@ -58,7 +58,7 @@ pub(crate) fn restore(
     core: &mut Core,
     now: Instant,
 ) -> Result<()> {
-    let writes = judge_stored(store, shape, core, now, |_| Ok(()))?;
+    let writes = judge_stored(store, shape, core, now)?;
     if !writes.is_empty() {
         let mut batch = CommitBatch::new();
         ledger::add_writes(&mut batch, writes);
@@ -70,28 +70,24 @@ pub(crate) fn restore(
 
 /// Judges the copies in `store`, a run of `shape`, into `core` as
 /// [`restore`] does, and returns the writes that would move Done records to
-/// the copies that count now, without making them. `visit` sees every done
-/// job first. The readers of a run that must not change it (the audit, and
-/// the report of a finished run, whose records are what it counted) call
-/// this and drop the writes.
+/// the copies that count now, without making them. The readers of a run
+/// that must not change it (the audit, and through it the report of a
+/// finished run, whose records are what it counted) call this and drop the
+/// writes.
 ///
 /// # Errors
 ///
-/// As [`restore`], and what `visit` returns.
+/// As [`restore`].
 pub(crate) fn judge_stored(
     store: &Store,
     shape: &RunShape,
     core: &mut Core,
     now: Instant,
-    mut visit: impl FnMut(&ScannedJob) -> Result<()>,
 ) -> Result<Vec<Write>> {
     restore_from(
         core,
         |scan| store.scan_jobs(scan),
-        |entry| {
-            visit(entry)?;
-            check(store, shape, entry)
-        },
+        |entry| check(store, shape, entry),
         (shape.solutions, store.keeps_losses()?),
         now,
     )
@@ -147,7 +143,7 @@ where
             job,
             &duplicates,
             &copies,
-            kept_losses.then_some(&losses),
+            kept_losses.then_some(losses.as_slice()),
         );
     }
     voters.restore(core, now);
@@ -201,7 +197,7 @@ impl Voters {
         job: nq_store::JobId,
         duplicates: &[nq_store::Duplicate],
         copies: &[StoredResult],
-        losses: Option<&Vec<nq_store::StoredLoss>>,
+        losses: Option<&[nq_store::StoredLoss]>,
     ) {
         if duplicates.is_empty() {
             return;
@@ -212,8 +208,7 @@ impl Voters {
                 DuplicateKind::Conflict => self.conflicts += 1,
             }
         }
-        core.restorer()
-            .learn_records(job, copies, losses.map(Vec::as_slice));
+        core.restorer().learn_records(job, copies, losses);
     }
 
     /// Gives `core` what was learnt: the duplicates' counts, and the
@@ -336,7 +331,7 @@ pub(crate) fn restore_indexed(
             } else {
                 None
             };
-            voters.learn(core, job, &of_job, &copies, losses.as_ref());
+            voters.learn(core, job, &of_job, &copies, losses.as_deref());
         }
     }
     voters.restore(core, now);
